@@ -1,0 +1,268 @@
+//! Argument parsing for the FLOCK commands: pure functions over byte slices.
+//!
+//! Every malformed call maps to one [`ArgError`], whose text is the error reply (G8).
+
+use crate::core::MAX_OWNER_LEN;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    /// Wrong number of arguments: Redis's own arity error is sent.
+    Arity,
+    Syntax,
+    Owner,
+    Ttl { max: u64 },
+    Timeout,
+    Token,
+}
+
+impl ArgError {
+    pub fn message(&self) -> String {
+        match self {
+            ArgError::Arity => "ERR wrong number of arguments".to_string(),
+            ArgError::Syntax => "ERR syntax error".to_string(),
+            ArgError::Owner => {
+                format!("ERR invalid owner: must be 1 to {MAX_OWNER_LEN} bytes")
+            }
+            ArgError::Ttl { max } => format!(
+                "ERR invalid ttl: must be an integer from 1 to {max} (flock.max-ttl-ms)"
+            ),
+            ArgError::Timeout => {
+                "ERR invalid timeout: must be an integer of milliseconds, 0 or more".to_string()
+            }
+            ArgError::Token => "ERR invalid token: must be a positive integer".to_string(),
+        }
+    }
+}
+
+/// A decimal integer as Redis writes them: optional '-', digits, no spaces, fits in i64.
+pub fn parse_i64(b: &[u8]) -> Option<i64> {
+    let digits = b.strip_prefix(b"-").unwrap_or(b);
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse::<i64>().ok()
+}
+
+pub fn parse_owner(b: &[u8]) -> Result<&[u8], ArgError> {
+    if b.is_empty() || b.len() > MAX_OWNER_LEN {
+        Err(ArgError::Owner)
+    } else {
+        Ok(b)
+    }
+}
+
+pub fn parse_ttl(b: &[u8], max_ttl_ms: u64) -> Result<u64, ArgError> {
+    match parse_i64(b) {
+        Some(v) if v >= 1 && (v as u64) <= max_ttl_ms => Ok(v as u64),
+        _ => Err(ArgError::Ttl { max: max_ttl_ms }),
+    }
+}
+
+pub fn parse_token(b: &[u8]) -> Result<u64, ArgError> {
+    match parse_i64(b) {
+        Some(v) if v >= 1 => Ok(v as u64),
+        _ => Err(ArgError::Token),
+    }
+}
+
+pub fn parse_timeout(b: &[u8]) -> Result<u64, ArgError> {
+    match parse_i64(b) {
+        Some(v) if v >= 0 => Ok(v as u64),
+        _ => Err(ArgError::Timeout),
+    }
+}
+
+/// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`, argv including the command name.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub owner: &'a [u8],
+    pub ttl_ms: u64,
+    /// `Some(timeout_ms)` with BLOCK (0 = no limit).
+    pub block: Option<u64>,
+}
+
+pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, ArgError> {
+    let [_, _key, owner, ttl, rest @ ..] = argv else {
+        return Err(ArgError::Arity);
+    };
+    let owner = parse_owner(owner)?;
+    let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
+    let block = match rest {
+        [] => None,
+        [opt, timeout] if opt.eq_ignore_ascii_case(b"BLOCK") => Some(parse_timeout(timeout)?),
+        _ => return Err(ArgError::Syntax),
+    };
+    Ok(AcquireArgs {
+        owner,
+        ttl_ms,
+        block,
+    })
+}
+
+/// `FLOCK.RELEASE key owner`.
+pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], ArgError> {
+    let [_, _key, owner] = argv else {
+        return Err(ArgError::Arity);
+    };
+    parse_owner(owner)
+}
+
+/// `FLOCK.RENEW key owner ttl`.
+pub fn parse_renew<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<(&'a [u8], u64), ArgError> {
+    let [_, _key, owner, ttl] = argv else {
+        return Err(ArgError::Arity);
+    };
+    Ok((parse_owner(owner)?, parse_ttl(ttl, max_ttl_ms)?))
+}
+
+/// `FLOCK.CHECK key token`.
+pub fn parse_check(argv: &[&[u8]]) -> Result<u64, ArgError> {
+    let [_, _key, token] = argv else {
+        return Err(ArgError::Arity);
+    };
+    parse_token(token)
+}
+
+/// `FLOCK.INFO key`.
+pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
+    match argv {
+        [_, _key] => Ok(()),
+        _ => Err(ArgError::Arity),
+    }
+}
+
+/// The replication effect `FLOCK.APPLY key GRANT owner token deadline_wall_ms`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct GrantEffect<'a> {
+    pub owner: &'a [u8],
+    pub token: u64,
+    pub deadline_wall_ms: i64,
+}
+
+pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<GrantEffect<'a>, ArgError> {
+    let [_, _key, kind, owner, token, deadline] = argv else {
+        return Err(ArgError::Arity);
+    };
+    if !kind.eq_ignore_ascii_case(b"GRANT") {
+        return Err(ArgError::Syntax);
+    }
+    let owner = parse_owner(owner)?;
+    let token = parse_token(token)?;
+    if token > crate::core::MAX_TOKEN {
+        return Err(ArgError::Token);
+    }
+    let deadline_wall_ms = parse_i64(deadline).ok_or(ArgError::Syntax)?;
+    Ok(GrantEffect {
+        owner,
+        token,
+        deadline_wall_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &[&'static str]) -> Vec<&'static [u8]> {
+        s.iter().map(|a| a.as_bytes()).collect()
+    }
+
+    #[test]
+    fn integers() {
+        let table: &[(&str, Option<i64>)] = &[
+            ("0", Some(0)),
+            ("1000", Some(1000)),
+            ("-5", Some(-5)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("99999999999999999999", None),
+            ("", None),
+            ("-", None),
+            ("+5", None),
+            (" 5", None),
+            ("5 ", None),
+            ("1.5", None),
+            ("1e3", None),
+            ("abc", None),
+        ];
+        for (input, want) in table {
+            assert_eq!(parse_i64(input.as_bytes()), *want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn acquire_table() {
+        let max = 1000;
+        let ok = |owner: &'static str, ttl, block| {
+            Ok(AcquireArgs {
+                owner: owner.as_bytes(),
+                ttl_ms: ttl,
+                block,
+            })
+        };
+        let long_owner: &'static str = Box::leak("x".repeat(257).into_boxed_str());
+        let max_owner: &'static str = Box::leak("x".repeat(256).into_boxed_str());
+        let table: Vec<(Vec<&'static str>, Result<AcquireArgs, ArgError>)> = vec![
+            (vec!["A", "k", "o", "100"], ok("o", 100, None)),
+            (vec!["A", "k", "o", "1000"], ok("o", 1000, None)),
+            (vec!["A", "k", "o", "1"], ok("o", 1, None)),
+            (vec!["A", "k", "o", "100", "BLOCK", "0"], ok("o", 100, Some(0))),
+            (vec!["A", "k", "o", "100", "block", "50"], ok("o", 100, Some(50))),
+            (vec!["A", "k", max_owner, "1"], ok(max_owner, 1, None)),
+            (vec!["A", "k", "o"], Err(ArgError::Arity)),
+            (vec!["A"], Err(ArgError::Arity)),
+            (vec![], Err(ArgError::Arity)),
+            (vec!["A", "k", "o", "0"], Err(ArgError::Ttl { max })),
+            (vec!["A", "k", "o", "1001"], Err(ArgError::Ttl { max })),
+            (vec!["A", "k", "o", "-1"], Err(ArgError::Ttl { max })),
+            (vec!["A", "k", "o", "ten"], Err(ArgError::Ttl { max })),
+            (vec!["A", "k", "", "100"], Err(ArgError::Owner)),
+            (vec!["A", "k", long_owner, "100"], Err(ArgError::Owner)),
+            (vec!["A", "k", "o", "100", "FOO"], Err(ArgError::Syntax)),
+            (vec!["A", "k", "o", "100", "BLOCK"], Err(ArgError::Syntax)),
+            (vec!["A", "k", "o", "100", "BLOCK", "1", "x"], Err(ArgError::Syntax)),
+            (vec!["A", "k", "o", "100", "BLOCK", "-1"], Err(ArgError::Timeout)),
+            (vec!["A", "k", "o", "100", "BLOCK", "x"], Err(ArgError::Timeout)),
+        ];
+        for (argv, want) in table {
+            assert_eq!(parse_acquire(&v(&argv), max), want, "argv {argv:?}");
+        }
+    }
+
+    #[test]
+    fn other_commands_table() {
+        assert_eq!(parse_release(&v(&["R", "k", "o"])), Ok(&b"o"[..]));
+        assert_eq!(parse_release(&v(&["R", "k"])), Err(ArgError::Arity));
+        assert_eq!(parse_release(&v(&["R", "k", ""])), Err(ArgError::Owner));
+        assert_eq!(parse_renew(&v(&["N", "k", "o", "5"]), 10), Ok((&b"o"[..], 5)));
+        assert_eq!(parse_renew(&v(&["N", "k", "o", "11"]), 10), Err(ArgError::Ttl { max: 10 }));
+        assert_eq!(parse_renew(&v(&["N", "k", "o"]), 10), Err(ArgError::Arity));
+        assert_eq!(parse_check(&v(&["C", "k", "7"])), Ok(7));
+        for bad in ["0", "-1", "abc", "1.5", ""] {
+            assert_eq!(parse_check(&v(&["C", "k", bad])), Err(ArgError::Token), "{bad}");
+        }
+        assert_eq!(parse_check(&v(&["C", "k"])), Err(ArgError::Arity));
+        assert_eq!(parse_info(&v(&["I", "k"])), Ok(()));
+        assert_eq!(parse_info(&v(&["I", "k", "x"])), Err(ArgError::Arity));
+    }
+
+    #[test]
+    fn apply_table() {
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1700000000000"])),
+            Ok(GrantEffect {
+                owner: b"o",
+                token: 9,
+                deadline_wall_ms: 1_700_000_000_000
+            })
+        );
+        assert_eq!(parse_apply(&v(&["P", "k", "X", "o", "9", "1"])), Err(ArgError::Syntax));
+        assert_eq!(parse_apply(&v(&["P", "k", "GRANT", "o", "0", "1"])), Err(ArgError::Token));
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "9007199254740992", "1"])),
+            Err(ArgError::Token)
+        );
+        assert_eq!(parse_apply(&v(&["P", "k", "GRANT", "o", "9"])), Err(ArgError::Arity));
+    }
+}

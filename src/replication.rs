@@ -1,0 +1,54 @@
+//! Deterministic copies (G7): the effect command `FLOCK.APPLY` that the master replicates and
+//! that AOF rewrite emits, carrying who holds the key, which token, and until when (an absolute
+//! wall-clock deadline). Nothing clock-dependent is ever replicated verbatim.
+
+use crate::core::Grant;
+use crate::ffi::{Ctx, RStr};
+use crate::rm;
+use redis_module::raw;
+use std::os::raw::{c_char, c_longlong};
+
+const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
+const GRANT_FMT: &std::ffi::CStr = c"scbll";
+
+/// Replicate (to replicas and the AOF) that `key` is held by `grant`.
+pub fn grant(ctx: Ctx, key: RStr, grant: &Grant) {
+    rm!(RedisModule_Replicate, 0;
+        ctx,
+        APPLY.as_ptr(),
+        GRANT_FMT.as_ptr(),
+        key,
+        c"GRANT".as_ptr(),
+        grant.owner.as_ptr().cast::<c_char>(),
+        grant.owner.len(),
+        grant.token as c_longlong,
+        grant.deadline_wall_ms as c_longlong
+    );
+}
+
+/// Replicate that `key` left the keyspace (release, expiry).
+pub fn delete(ctx: Ctx, key: RStr) {
+    rm!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key);
+}
+
+/// The same effect, written by AOF rewrite.
+pub fn emit_grant(aof: *mut raw::RedisModuleIO, key: RStr, grant: &Grant) {
+    rm!(RedisModule_EmitAOF, ();
+        aof,
+        APPLY.as_ptr(),
+        GRANT_FMT.as_ptr(),
+        key,
+        c"GRANT".as_ptr(),
+        grant.owner.as_ptr().cast::<c_char>(),
+        grant.owner.len(),
+        grant.token as c_longlong,
+        grant.deadline_wall_ms as c_longlong
+    );
+}
+
+/// Only the replication stream and AOF loading may apply effects: a client that could call
+/// `FLOCK.APPLY` could forge tokens.
+pub fn caller_may_apply(ctx: Ctx) -> bool {
+    let flags = crate::ffi::context_flags(ctx);
+    flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
+}

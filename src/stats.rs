@@ -1,0 +1,43 @@
+//! Counters shown in `INFO flock`.
+
+use crate::rm;
+use redis_module::raw;
+use std::os::raw::c_char;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+    pub fn incr(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+pub static GRANTS: Counter = Counter::new();
+pub static RELEASES: Counter = Counter::new();
+pub static EXPIRATIONS: Counter = Counter::new();
+pub static RENEWALS: Counter = Counter::new();
+pub static CONTENDED: Counter = Counter::new();
+
+/// The `INFO flock` section (fields appear as `flock_<name>`).
+pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
+    rm!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr());
+    let fields: [(&std::ffi::CStr, u64); 6] = [
+        (c"grants", GRANTS.get()),
+        (c"releases", RELEASES.get()),
+        (c"expirations", EXPIRATIONS.get()),
+        (c"renewals", RENEWALS.get()),
+        (c"contended_acquires", CONTENDED.get()),
+        (c"token_high_water", crate::server::tokens().high_water()),
+    ];
+    for (name, value) in fields {
+        rm!(RedisModule_InfoAddFieldULongLong, 0; ctx, name.as_ptr() as *const c_char, value);
+    }
+}
+
