@@ -10,7 +10,9 @@ pub enum ArgError {
     Arity,
     Syntax,
     Owner,
-    Ttl { max: u64 },
+    Ttl {
+        max: u64,
+    },
     Timeout,
     Token,
 }
@@ -23,9 +25,9 @@ impl ArgError {
             ArgError::Owner => {
                 format!("ERR invalid owner: must be 1 to {MAX_OWNER_LEN} bytes")
             }
-            ArgError::Ttl { max } => format!(
-                "ERR invalid ttl: must be an integer from 1 to {max} (flock.max-ttl-ms)"
-            ),
+            ArgError::Ttl { max } => {
+                format!("ERR invalid ttl: must be an integer from 1 to {max} (flock.max-ttl-ms)")
+            }
             ArgError::Timeout => {
                 "ERR invalid timeout: must be an integer of milliseconds, 0 or more".to_string()
             }
@@ -131,32 +133,44 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
     }
 }
 
-/// The replication effect `FLOCK.APPLY key GRANT owner token deadline_wall_ms`.
+/// The replication effects, `FLOCK.APPLY key GRANT owner token deadline_ms` (the key is held)
+/// and `FLOCK.APPLY key DELAY token until_ms` (nobody holds it; lock-delay until then).
 #[derive(Debug, PartialEq, Eq)]
-pub struct GrantEffect<'a> {
-    pub owner: &'a [u8],
-    pub token: u64,
-    pub deadline_wall_ms: i64,
+pub enum Effect<'a> {
+    Grant {
+        owner: &'a [u8],
+        token: u64,
+        deadline_wall_ms: i64,
+    },
+    Delay {
+        token: u64,
+        until_wall_ms: i64,
+    },
 }
 
-pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<GrantEffect<'a>, ArgError> {
-    let [_, _key, kind, owner, token, deadline] = argv else {
-        return Err(ArgError::Arity);
-    };
-    if !kind.eq_ignore_ascii_case(b"GRANT") {
-        return Err(ArgError::Syntax);
+fn parse_effect_token(b: &[u8]) -> Result<u64, ArgError> {
+    match parse_token(b)? {
+        t if t > crate::core::MAX_TOKEN => Err(ArgError::Token),
+        t => Ok(t),
     }
-    let owner = parse_owner(owner)?;
-    let token = parse_token(token)?;
-    if token > crate::core::MAX_TOKEN {
-        return Err(ArgError::Token);
+}
+
+pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Effect<'a>, ArgError> {
+    match argv {
+        [_, _key, kind, owner, token, deadline] if kind.eq_ignore_ascii_case(b"GRANT") => {
+            Ok(Effect::Grant {
+                owner: parse_owner(owner)?,
+                token: parse_effect_token(token)?,
+                deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
+            })
+        }
+        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => Ok(Effect::Delay {
+            token: parse_effect_token(token)?,
+            until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
+        }),
+        [_, _key, _, ..] if argv.len() >= 5 => Err(ArgError::Syntax),
+        _ => Err(ArgError::Arity),
     }
-    let deadline_wall_ms = parse_i64(deadline).ok_or(ArgError::Syntax)?;
-    Ok(GrantEffect {
-        owner,
-        token,
-        deadline_wall_ms,
-    })
 }
 
 #[cfg(test)]
@@ -207,8 +221,14 @@ mod tests {
             (vec!["A", "k", "o", "100"], ok("o", 100, None)),
             (vec!["A", "k", "o", "1000"], ok("o", 1000, None)),
             (vec!["A", "k", "o", "1"], ok("o", 1, None)),
-            (vec!["A", "k", "o", "100", "BLOCK", "0"], ok("o", 100, Some(0))),
-            (vec!["A", "k", "o", "100", "block", "50"], ok("o", 100, Some(50))),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "0"],
+                ok("o", 100, Some(0)),
+            ),
+            (
+                vec!["A", "k", "o", "100", "block", "50"],
+                ok("o", 100, Some(50)),
+            ),
             (vec!["A", "k", max_owner, "1"], ok(max_owner, 1, None)),
             (vec!["A", "k", "o"], Err(ArgError::Arity)),
             (vec!["A"], Err(ArgError::Arity)),
@@ -221,9 +241,18 @@ mod tests {
             (vec!["A", "k", long_owner, "100"], Err(ArgError::Owner)),
             (vec!["A", "k", "o", "100", "FOO"], Err(ArgError::Syntax)),
             (vec!["A", "k", "o", "100", "BLOCK"], Err(ArgError::Syntax)),
-            (vec!["A", "k", "o", "100", "BLOCK", "1", "x"], Err(ArgError::Syntax)),
-            (vec!["A", "k", "o", "100", "BLOCK", "-1"], Err(ArgError::Timeout)),
-            (vec!["A", "k", "o", "100", "BLOCK", "x"], Err(ArgError::Timeout)),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "1", "x"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "-1"],
+                Err(ArgError::Timeout),
+            ),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "x"],
+                Err(ArgError::Timeout),
+            ),
         ];
         for (argv, want) in table {
             assert_eq!(parse_acquire(&v(&argv), max), want, "argv {argv:?}");
@@ -235,12 +264,22 @@ mod tests {
         assert_eq!(parse_release(&v(&["R", "k", "o"])), Ok(&b"o"[..]));
         assert_eq!(parse_release(&v(&["R", "k"])), Err(ArgError::Arity));
         assert_eq!(parse_release(&v(&["R", "k", ""])), Err(ArgError::Owner));
-        assert_eq!(parse_renew(&v(&["N", "k", "o", "5"]), 10), Ok((&b"o"[..], 5)));
-        assert_eq!(parse_renew(&v(&["N", "k", "o", "11"]), 10), Err(ArgError::Ttl { max: 10 }));
+        assert_eq!(
+            parse_renew(&v(&["N", "k", "o", "5"]), 10),
+            Ok((&b"o"[..], 5))
+        );
+        assert_eq!(
+            parse_renew(&v(&["N", "k", "o", "11"]), 10),
+            Err(ArgError::Ttl { max: 10 })
+        );
         assert_eq!(parse_renew(&v(&["N", "k", "o"]), 10), Err(ArgError::Arity));
         assert_eq!(parse_check(&v(&["C", "k", "7"])), Ok(7));
         for bad in ["0", "-1", "abc", "1.5", ""] {
-            assert_eq!(parse_check(&v(&["C", "k", bad])), Err(ArgError::Token), "{bad}");
+            assert_eq!(
+                parse_check(&v(&["C", "k", bad])),
+                Err(ArgError::Token),
+                "{bad}"
+            );
         }
         assert_eq!(parse_check(&v(&["C", "k"])), Err(ArgError::Arity));
         assert_eq!(parse_info(&v(&["I", "k"])), Ok(()));
@@ -251,18 +290,35 @@ mod tests {
     fn apply_table() {
         assert_eq!(
             parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1700000000000"])),
-            Ok(GrantEffect {
+            Ok(Effect::Grant {
                 owner: b"o",
                 token: 9,
                 deadline_wall_ms: 1_700_000_000_000
             })
         );
-        assert_eq!(parse_apply(&v(&["P", "k", "X", "o", "9", "1"])), Err(ArgError::Syntax));
-        assert_eq!(parse_apply(&v(&["P", "k", "GRANT", "o", "0", "1"])), Err(ArgError::Token));
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "DELAY", "9", "1700000000000"])),
+            Ok(Effect::Delay {
+                token: 9,
+                until_wall_ms: 1_700_000_000_000
+            })
+        );
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "X", "o", "9", "1"])),
+            Err(ArgError::Syntax)
+        );
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "0", "1"])),
+            Err(ArgError::Token)
+        );
         assert_eq!(
             parse_apply(&v(&["P", "k", "GRANT", "o", "9007199254740992", "1"])),
             Err(ArgError::Token)
         );
-        assert_eq!(parse_apply(&v(&["P", "k", "GRANT", "o", "9"])), Err(ArgError::Arity));
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "9"])),
+            Err(ArgError::Syntax)
+        );
+        assert_eq!(parse_apply(&v(&["P", "k", "GRANT"])), Err(ArgError::Arity));
     }
 }

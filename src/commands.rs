@@ -1,11 +1,12 @@
 //! The FLOCK.* command handlers: parse arguments, open the key, call the core, reply,
 //! replicate the effect, notify.
 
+use crate::args::Effect;
 use crate::args::{self, ArgError};
-use crate::core::{Acquired, Grant, LockState};
+use crate::core::{Acquired, Deadline, Grant, LockState};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::lock_type::LockRecord;
-use crate::{config, expiry, replication, server, stats};
+use crate::{config, handoff, replication, server, stats, waiters};
 use redis_module::raw;
 use std::os::raw::c_int;
 
@@ -38,26 +39,41 @@ fn key_arg(args: &[RStr]) -> RStr {
     args.get(1).copied().unwrap_or(std::ptr::null_mut())
 }
 
-/// Store a fresh record holding `state` under an empty key.
-fn create<'a>(key: &Key, state: LockState) -> Option<&'a mut LockRecord> {
-    let rec = Box::into_raw(Box::new(LockRecord {
-        state,
-        timer: 0,
-        timer_token: 0,
-    }));
-    if !key.set_value(server::lock_type(), rec.cast()) {
-        drop(unsafe { Box::from_raw(rec) });
-        return None;
+/// The lock record of a key opened for writing: the stored one, or a fresh empty one stored
+/// now (the caller settles and publishes it, which deletes it again if nothing needs it).
+fn record_for_write<'a>(key: &Key) -> Result<&'a mut LockRecord, c_int> {
+    match key.kind(server::lock_type()) {
+        KeyKind::Other => Err(0),
+        KeyKind::Ours => unsafe { key.value::<LockRecord>().as_mut() }.ok_or(1),
+        KeyKind::Empty => {
+            let rec = LockRecord::boxed(LockState::default());
+            if !key.set_value(server::lock_type(), rec.cast()) {
+                drop(unsafe { Box::from_raw(rec) });
+                return Err(1);
+            }
+            unsafe { rec.as_mut() }.ok_or(1)
+        }
     }
-    unsafe { rec.as_mut() }
 }
 
-fn granted(ctx: Ctx, key_name: RStr, grant: Option<&Grant>) {
-    if let Some(g) = grant {
-        replication::grant(ctx, key_name, g);
+/// Open `key` for writing and hand its settled record to `f`, or reply WRONGTYPE. When the
+/// key is deleted while settling, `f` gets `None`.
+fn with_settled_record(
+    ctx: Ctx,
+    key_name: RStr,
+    f: impl FnOnce(&Key, Option<&mut LockRecord>, crate::core::Now) -> c_int,
+) -> c_int {
+    let key = Key::open(ctx, key_name, true);
+    let rec = match record_for_write(&key) {
+        Ok(rec) => rec,
+        Err(0) => return ffi::reply_error_static(ctx, WRONGTYPE),
+        Err(_) => return ffi::reply_error_static(ctx, "ERR could not store the lock\0"),
+    };
+    let now = server::now();
+    if handoff::settle(ctx, key_name, &key, rec, now, false) {
+        return f(&key, None, now);
     }
-    stats::GRANTS.incr();
-    ffi::notify(ctx, "flock.acquired\0", key_name);
+    f(&key, Some(rec), now)
 }
 
 /// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`
@@ -67,68 +83,57 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
             Ok(a) => a,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        if a.block.is_some() {
-            return ffi::reply_error_static(
-                ctx,
-                "ERR BLOCK is not supported by this version of flock\0",
-            );
-        }
         let key_name = key_arg(args);
         let key = Key::open(ctx, key_name, true);
+        let rec = match record_for_write(&key) {
+            Ok(rec) => rec,
+            Err(0) => return ffi::reply_error_static(ctx, WRONGTYPE),
+            Err(_) => return ffi::reply_error_static(ctx, "ERR could not store the lock\0"),
+        };
         let now = server::now();
-        let mut tokens = server::tokens();
-        match key.kind(server::lock_type()) {
-            KeyKind::Other => ffi::reply_error_static(ctx, WRONGTYPE),
-            KeyKind::Empty => {
-                let mut state = LockState::default();
-                match state.acquire(a.owner, a.ttl_ms, now, &mut tokens) {
-                    Acquired::Granted(token) => {
-                        drop(tokens);
-                        let Some(rec) = create(&key, state) else {
-                            return ffi::reply_error_static(ctx, "ERR could not store the lock\0");
-                        };
-                        expiry::arm(ctx, key_name, rec);
-                        granted(ctx, key_name, rec.state.holder.as_ref());
-                        ffi::reply_int(ctx, token as i64)
-                    }
-                    _ => ffi::reply_error_static(ctx, "ERR token space exhausted\0"),
-                }
+        // Settle first (expiry, hand-off to waiters), publish once with the outcome.
+        let settled = server::is_master() && handoff::settle_state(ctx, key_name, rec, now);
+        let waiting = waiters::count(ctx, key_name);
+        let outcome = rec
+            .state
+            .acquire(a.owner, a.ttl_ms, now, waiting, &mut server::tokens());
+        match outcome {
+            Acquired::Granted(token) => {
+                stats::GRANTS.incr();
+                handoff::publish(ctx, key_name, &key, rec, now, true);
+                ffi::notify(ctx, "flock.acquired\0", key_name);
+                ffi::reply_int(ctx, token as i64)
             }
-            KeyKind::Ours => {
-                let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
+            Acquired::Refreshed(token) => {
+                handoff::publish(ctx, key_name, &key, rec, now, true);
+                ffi::reply_int(ctx, token as i64)
+            }
+            Acquired::Busy => {
+                stats::CONTENDED.incr();
+                let Some(timeout) = a.block else {
+                    handoff::publish(ctx, key_name, &key, rec, now, settled);
                     return ffi::reply_null(ctx);
                 };
-                if let Some(_ended) = rec.state.expire(now) {
-                    stats::EXPIRATIONS.incr();
-                    ffi::notify(ctx, "flock.expired\0", key_name);
+                if !waiters::can_block(ctx) {
+                    handoff::publish(ctx, key_name, &key, rec, now, settled);
+                    return ffi::reply_null(ctx);
                 }
-                match rec.state.acquire(a.owner, a.ttl_ms, now, &mut tokens) {
-                    Acquired::Granted(token) => {
-                        drop(tokens);
-                        granted(ctx, key_name, rec.state.holder.as_ref());
-                        expiry::arm(ctx, key_name, rec);
-                        ffi::reply_int(ctx, token as i64)
-                    }
-                    Acquired::Refreshed(token) => {
-                        drop(tokens);
-                        if let Some(g) = rec.state.holder.as_ref() {
-                            replication::grant(ctx, key_name, g);
-                        }
-                        ffi::reply_int(ctx, token as i64)
-                    }
-                    Acquired::Busy => {
-                        stats::CONTENDED.incr();
-                        ffi::reply_null(ctx)
-                    }
-                    Acquired::TokensExhausted => {
-                        drop(tokens);
-                        if rec.state.is_vacant(now) {
-                            replication::delete(ctx, key_name);
-                            key.delete();
-                        }
-                        ffi::reply_error_static(ctx, "ERR token space exhausted\0")
+                let blocked = waiters::block(ctx, key_name, a.owner, a.ttl_ms, timeout);
+                handoff::publish(ctx, key_name, &key, rec, now, settled);
+                match blocked {
+                    Ok(()) => raw::REDISMODULE_OK as c_int,
+                    Err(waiters::BlockError::TooMany) => ffi::reply_error_static(
+                        ctx,
+                        "ERR too many clients wait for this key (flock.max-waiters)\0",
+                    ),
+                    Err(waiters::BlockError::Failed) => {
+                        ffi::reply_error_static(ctx, "ERR could not block the client\0")
                     }
                 }
+            }
+            Acquired::TokensExhausted => {
+                handoff::publish(ctx, key_name, &key, rec, now, settled);
+                ffi::reply_error_static(ctx, "ERR token space exhausted\0")
             }
         }
     })
@@ -142,30 +147,48 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
             Err(e) => return reply_arg_error(ctx, e),
         };
         let key_name = key_arg(args);
-        let key = Key::open(ctx, key_name, true);
-        match key.kind(server::lock_type()) {
-            KeyKind::Other => ffi::reply_error_static(ctx, WRONGTYPE),
-            KeyKind::Empty => ffi::reply_int(ctx, 0),
-            KeyKind::Ours => {
-                let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
-                    return ffi::reply_int(ctx, 0);
-                };
-                let now = server::now();
-                if expiry::reap(ctx, key_name, &key, rec, now) {
-                    return ffi::reply_int(ctx, 0);
-                }
-                if !rec.state.release(owner, now) {
-                    return ffi::reply_int(ctx, 0);
-                }
-                stats::RELEASES.incr();
-                ffi::notify(ctx, "flock.released\0", key_name);
-                if rec.state.is_vacant(now) {
-                    replication::delete(ctx, key_name);
-                    key.delete();
-                }
-                ffi::reply_int(ctx, 1)
-            }
+        let key = Key::open(ctx, key_name, false);
+        if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
+            return ffi::reply_int(ctx, 0);
         }
+        drop(key);
+        with_settled_record(ctx, key_name, |key, rec, now| {
+            let Some(rec) = rec else {
+                return ffi::reply_int(ctx, 0);
+            };
+            if !rec.state.release(owner, now) {
+                return ffi::reply_int(ctx, 0);
+            }
+            stats::RELEASES.incr();
+            ffi::notify(ctx, "flock.released\0", key_name);
+            handoff::settle(ctx, key_name, key, rec, now, true);
+            ffi::reply_int(ctx, 1)
+        })
+    })
+}
+
+/// `FLOCK.REVOKE key`
+pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
+    if let Err(e) = with_bytes(args, args::parse_info) {
+        return reply_arg_error(ctx, e);
+    }
+    let key_name = key_arg(args);
+    let key = Key::open(ctx, key_name, false);
+    if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
+        return ffi::reply_int(ctx, 0);
+    }
+    drop(key);
+    with_settled_record(ctx, key_name, |key, rec, now| {
+        let Some(rec) = rec else {
+            return ffi::reply_int(ctx, 0);
+        };
+        if rec.state.revoke(now, config::lock_delay_ms()).is_none() {
+            return ffi::reply_int(ctx, 0);
+        }
+        stats::REVOKES.incr();
+        ffi::notify(ctx, "flock.revoked\0", key_name);
+        handoff::settle(ctx, key_name, key, rec, now, true);
+        ffi::reply_int(ctx, 1)
     })
 }
 
@@ -177,32 +200,60 @@ pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
             Err(e) => return reply_arg_error(ctx, e),
         };
         let key_name = key_arg(args);
-        let key = Key::open(ctx, key_name, true);
-        match key.kind(server::lock_type()) {
-            KeyKind::Other => ffi::reply_error_static(ctx, WRONGTYPE),
-            KeyKind::Empty => ffi::reply_null(ctx),
-            KeyKind::Ours => {
-                let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
-                    return ffi::reply_null(ctx);
-                };
-                let now = server::now();
-                if expiry::reap(ctx, key_name, &key, rec, now) {
-                    return ffi::reply_null(ctx);
+        let key = Key::open(ctx, key_name, false);
+        if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
+            return ffi::reply_null(ctx);
+        }
+        drop(key);
+        with_settled_record(ctx, key_name, |key, rec, now| {
+            let Some(rec) = rec else {
+                return ffi::reply_null(ctx);
+            };
+            match rec.state.renew(owner, ttl_ms, now) {
+                Some(token) => {
+                    stats::RENEWALS.incr();
+                    handoff::publish(ctx, key_name, key, rec, now, true);
+                    ffi::reply_int(ctx, token as i64)
                 }
-                match rec.state.renew(owner, ttl_ms, now) {
-                    Some(token) => {
-                        if let Some(g) = rec.state.holder.as_ref() {
-                            replication::grant(ctx, key_name, g);
-                        }
-                        stats::RENEWALS.incr();
-                        expiry::arm(ctx, key_name, rec);
-                        ffi::reply_int(ctx, token as i64)
-                    }
-                    None => ffi::reply_null(ctx),
+                None => ffi::reply_null(ctx),
+            }
+        })
+    })
+}
+
+/// A deferred look at a waited key (see `waiters::Job`): hand it to its first waiter when it
+/// is free, fail its waiters when it now holds another type, and release `ghost` (a grant
+/// whose client vanished before its reply) first.
+pub fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
+    if !server::is_master() {
+        return;
+    }
+    let key = Key::open(ctx, key_name, true);
+    match key.kind(server::lock_type()) {
+        KeyKind::Other => {
+            waiters::fail_all(
+                &waiters::key_id(ctx, key_name),
+                "ERR the lock key now holds a value of another type\0",
+            );
+        }
+        KeyKind::Empty if ghost.is_some() || waiters::count(ctx, key_name) == 0 => {}
+        _ => {
+            let Ok(rec) = record_for_write(&key) else {
+                return;
+            };
+            let now = server::now();
+            let mut changed = false;
+            if let Some(token) = ghost {
+                if rec.state.live_holder(now).is_some_and(|g| g.token == token) {
+                    rec.state.holder = None;
+                    stats::RELEASES.incr();
+                    ffi::notify(ctx, "flock.released\0", key_name);
+                    changed = true;
                 }
             }
+            handoff::settle(ctx, key_name, &key, rec, now, changed);
         }
-    })
+    }
 }
 
 /// Open `key` for reading and hand its lock state to `f`; replies for other outcomes.
@@ -242,30 +293,37 @@ pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
     if let Err(e) = with_bytes(args, args::parse_info) {
         return reply_arg_error(ctx, e);
     }
+    let key_name = key_arg(args);
+    let waiting = waiters::count(ctx, key_name);
     read_lock(
         ctx,
         args,
         || ffi::reply_null(ctx),
         |rec| {
             let now = server::now();
-            let Some(g) = rec.state.live_holder(now) else {
+            let holder = rec.state.live_holder(now);
+            if holder.is_none() && waiting == 0 && !rec.state.delay_active(now) {
                 return ffi::reply_null(ctx);
-            };
+            }
             ffi::reply_map(ctx, 4);
             ffi::reply_bulk(ctx, b"owner");
-            ffi::reply_bulk(ctx, &g.owner);
+            match holder {
+                Some(g) => ffi::reply_bulk(ctx, &g.owner),
+                None => ffi::reply_null(ctx),
+            };
             ffi::reply_bulk(ctx, b"token");
-            ffi::reply_int(ctx, g.token as i64);
+            ffi::reply_int(ctx, holder.map_or(rec.state.last_token, |g| g.token) as i64);
             ffi::reply_bulk(ctx, b"ttl");
-            ffi::reply_int(ctx, g.remaining_ms(now) as i64);
+            ffi::reply_int(ctx, holder.map_or(0, |g| g.remaining_ms(now)) as i64);
             ffi::reply_bulk(ctx, b"waiters");
-            ffi::reply_int(ctx, 0)
+            ffi::reply_int(ctx, waiting as i64)
         },
     )
 }
 
-/// `FLOCK.APPLY key GRANT owner token deadline_ms`: the replication effect. Accepted only from
-/// the master's replication stream and from AOF loading.
+/// `FLOCK.APPLY key GRANT owner token deadline_ms` and `FLOCK.APPLY key DELAY token until_ms`:
+/// the replication effects. Accepted only from the master's replication stream and from AOF
+/// loading.
 pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
     if !replication::caller_may_apply(ctx) {
         return ffi::reply_error_static(
@@ -278,26 +336,32 @@ pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
             Ok(e) => e,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        server::tokens().observe(effect.token);
-        let grant =
-            Grant::from_wall_deadline(effect.owner, effect.token, effect.deadline_wall_ms, server::now());
-        let key_name = key_arg(args);
-        let key = Key::open(ctx, key_name, true);
-        match key.kind(server::lock_type()) {
-            KeyKind::Other => ffi::reply_error_static(ctx, WRONGTYPE),
-            KeyKind::Empty => {
-                if create(&key, LockState::with_grant(grant)).is_some() {
-                    ffi::reply_simple(ctx, "OK\0")
-                } else {
-                    ffi::reply_error_static(ctx, "ERR could not store the lock\0")
-                }
-            }
-            KeyKind::Ours => {
-                if let Some(rec) = unsafe { key.value::<LockRecord>().as_mut() } {
-                    rec.state.holder = Some(grant);
-                }
+        let now = server::now();
+        let state = match effect {
+            Effect::Grant {
+                owner,
+                token,
+                deadline_wall_ms,
+            } => LockState::with_grant(Grant::from_wall_deadline(
+                owner,
+                token,
+                deadline_wall_ms,
+                now,
+            )),
+            Effect::Delay {
+                token,
+                until_wall_ms,
+            } => LockState::delayed(token, Deadline::from_wall(until_wall_ms, now)),
+        };
+        server::tokens().observe(state.last_token);
+        let key = Key::open(ctx, key_arg(args), true);
+        match record_for_write(&key) {
+            Ok(rec) => {
+                rec.state = state;
                 ffi::reply_simple(ctx, "OK\0")
             }
+            Err(0) => ffi::reply_error_static(ctx, WRONGTYPE),
+            Err(_) => ffi::reply_error_static(ctx, "ERR could not store the lock\0"),
         }
     })
 }
@@ -313,12 +377,17 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
             h as unsafe extern "C" fn(Ctx, *mut RStr, c_int) -> c_int
         }};
     }
-    let table: [(&std::ffi::CStr, unsafe extern "C" fn(Ctx, *mut RStr, c_int) -> c_int, &std::ffi::CStr); 6] = [
+    let table: [(
+        &std::ffi::CStr,
+        unsafe extern "C" fn(Ctx, *mut RStr, c_int) -> c_int,
+        &std::ffi::CStr,
+    ); 7] = [
         (c"flock.acquire", handler!(acquire), c"write deny-oom"),
         (c"flock.release", handler!(release), c"write fast"),
         (c"flock.renew", handler!(renew), c"write fast"),
         (c"flock.check", handler!(check), c"readonly fast"),
         (c"flock.info", handler!(info), c"readonly fast"),
+        (c"flock.revoke", handler!(revoke), c"write fast"),
         (c"flock.apply", handler!(apply), c"write"),
     ];
     for (name, h, flags) in table {

@@ -23,7 +23,9 @@ pub struct Now {
 impl Now {
     /// The wall clock in microseconds, the floor of every new token.
     fn wall_us(self) -> u64 {
-        u64::try_from(self.wall_ms).unwrap_or(0).saturating_mul(1000)
+        u64::try_from(self.wall_ms)
+            .unwrap_or(0)
+            .saturating_mul(1000)
     }
 }
 
@@ -65,61 +67,96 @@ impl TokenIssuer {
     }
 }
 
+/// A point in time on both clocks: the wall-clock value travels (replication, RDB, AOF), the
+/// monotonic one decides on this server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadline {
+    /// Absolute wall-clock time in Unix milliseconds.
+    pub wall_ms: i64,
+    /// The same moment on this process's monotonic clock.
+    pub mono_us: u64,
+}
+
+impl Deadline {
+    /// `ms` milliseconds after `now`.
+    pub fn after(ms: u64, now: Now) -> Deadline {
+        Deadline {
+            wall_ms: now
+                .wall_ms
+                .saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)),
+            mono_us: now.mono_us.saturating_add(ms.saturating_mul(1000)),
+        }
+    }
+
+    /// A deadline that arrived as an absolute wall-clock time: on this server it is what is
+    /// left of it by the local wall clock.
+    pub fn from_wall(wall_ms: i64, now: Now) -> Deadline {
+        let left_ms = u64::try_from(wall_ms.saturating_sub(now.wall_ms)).unwrap_or(0);
+        Deadline {
+            wall_ms,
+            mono_us: now.mono_us.saturating_add(left_ms.saturating_mul(1000)),
+        }
+    }
+
+    /// `ms` milliseconds after this deadline.
+    pub fn plus(self, ms: u64) -> Deadline {
+        Deadline {
+            wall_ms: self
+                .wall_ms
+                .saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)),
+            mono_us: self.mono_us.saturating_add(ms.saturating_mul(1000)),
+        }
+    }
+
+    pub fn passed(self, now: Now) -> bool {
+        now.mono_us >= self.mono_us
+    }
+
+    /// Microseconds until the deadline (0 once passed).
+    pub fn remaining_us(self, now: Now) -> u64 {
+        self.mono_us.saturating_sub(now.mono_us)
+    }
+
+    /// Whole milliseconds until the deadline, rounded up: at least 1 before it, 0 after.
+    pub fn remaining_ms(self, now: Now) -> u64 {
+        self.remaining_us(now).div_ceil(1000)
+    }
+}
+
 /// One continuous holding of a key by one owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub owner: Box<[u8]>,
     pub token: u64,
-    /// Absolute wall-clock deadline in Unix milliseconds: what replication, RDB and AOF carry.
-    pub deadline_wall_ms: i64,
-    /// The same deadline on this process's monotonic clock: what decides liveness here.
-    pub deadline_mono_us: u64,
+    pub deadline: Deadline,
 }
 
 impl Grant {
     /// A grant whose lease runs `ttl_ms` from `now`.
     pub fn new(owner: &[u8], token: u64, ttl_ms: u64, now: Now) -> Grant {
-        let mut grant = Grant {
-            owner: owner.into(),
-            token,
-            deadline_wall_ms: 0,
-            deadline_mono_us: 0,
-        };
-        grant.extend(ttl_ms, now);
-        grant
-    }
-
-    /// A grant that arrived with an absolute wall-clock deadline (replication, RDB, AOF,
-    /// RESTORE). Its monotonic deadline is what is left of it by this server's wall clock.
-    pub fn from_wall_deadline(owner: &[u8], token: u64, deadline_wall_ms: i64, now: Now) -> Grant {
-        let left_ms = u64::try_from(deadline_wall_ms.saturating_sub(now.wall_ms)).unwrap_or(0);
         Grant {
             owner: owner.into(),
             token,
-            deadline_wall_ms,
-            deadline_mono_us: now.mono_us.saturating_add(left_ms.saturating_mul(1000)),
+            deadline: Deadline::after(ttl_ms, now),
         }
     }
 
-    /// Reset the lease to end `ttl_ms` from `now`.
-    pub fn extend(&mut self, ttl_ms: u64, now: Now) {
-        let ttl = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
-        self.deadline_wall_ms = now.wall_ms.saturating_add(ttl);
-        self.deadline_mono_us = now.mono_us.saturating_add(ttl_ms.saturating_mul(1000));
+    /// A grant that arrived with an absolute wall-clock deadline (replication, RDB, AOF,
+    /// RESTORE).
+    pub fn from_wall_deadline(owner: &[u8], token: u64, deadline_wall_ms: i64, now: Now) -> Grant {
+        Grant {
+            owner: owner.into(),
+            token,
+            deadline: Deadline::from_wall(deadline_wall_ms, now),
+        }
     }
 
     pub fn is_live(&self, now: Now) -> bool {
-        self.deadline_mono_us > now.mono_us
+        !self.deadline.passed(now)
     }
 
-    /// Remaining lease in whole milliseconds, rounded up: at least 1 while live, else 0.
     pub fn remaining_ms(&self, now: Now) -> u64 {
-        self.deadline_mono_us.saturating_sub(now.mono_us).div_ceil(1000)
-    }
-
-    /// Microseconds until the lease ends (0 when it has ended).
-    pub fn remaining_us(&self, now: Now) -> u64 {
-        self.deadline_mono_us.saturating_sub(now.mono_us)
+        self.deadline.remaining_ms(now)
     }
 }
 
@@ -130,10 +167,86 @@ pub enum Acquired {
     Granted(u64),
     /// The caller already held the live grant: same token, lease reset (G4).
     Refreshed(u64),
-    /// Another owner holds a live grant.
+    /// Another owner holds a live grant, or the key is in lock-delay, or others wait first.
     Busy,
     /// No token left below 2^53.
     TokensExhausted,
+}
+
+/// A client waiting for a key (FLOCK.ACQUIRE ... BLOCK).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    pub id: u64,
+    pub owner: Box<[u8]>,
+    pub ttl_ms: u64,
+}
+
+/// The waiters of one key, first come first served.
+///
+/// Push and pop are O(1). A waiter that leaves early (timeout, disconnect) is only marked; the
+/// queue skips it when it reaches the front, and compacts itself when the marked ones
+/// outnumber the live ones, so memory stays proportional to the live waiters.
+#[derive(Clone, Debug, Default)]
+pub struct WaitQueue {
+    entries: std::collections::VecDeque<Waiter>,
+    live: std::collections::HashSet<u64>,
+}
+
+impl WaitQueue {
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    pub fn push(&mut self, waiter: Waiter) {
+        if self.live.insert(waiter.id) {
+            self.entries.push_back(waiter);
+        }
+    }
+
+    /// Remove waiter `id`; false when it was not waiting.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if !self.live.remove(&id) {
+            return false;
+        }
+        if self.entries.len() > 2 * self.live.len() + 16 {
+            let live = &self.live;
+            self.entries.retain(|w| live.contains(&w.id));
+        }
+        true
+    }
+
+    /// The first live waiter, taken off the queue.
+    pub fn pop(&mut self) -> Option<Waiter> {
+        while let Some(w) = self.entries.pop_front() {
+            if self.live.remove(&w.id) {
+                return Some(w);
+            }
+        }
+        None
+    }
+
+    /// Take every live waiter off the queue, in order.
+    pub fn drain(&mut self) -> Vec<Waiter> {
+        let mut out = Vec::with_capacity(self.live.len());
+        while let Some(w) = self.pop() {
+            out.push(w);
+        }
+        self.entries.clear();
+        out
+    }
+}
+
+/// What [`LockState::settle`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// The token of a grant whose lease ran out.
+    pub expired: Option<u64>,
+    /// A waiter that now holds the key, with its token.
+    pub handed_to: Option<(Waiter, u64)>,
 }
 
 /// The state of one lock key.
@@ -142,12 +255,27 @@ pub struct LockState {
     /// The current grant, live or run out (an expired grant is cleared lazily, by the next
     /// command that touches the key, or actively by the expiry timer on a master).
     pub holder: Option<Grant>,
+    /// The token of the latest grant of this key (shown by FLOCK.INFO when nobody holds it).
+    pub last_token: u64,
+    /// Lock-delay: no grant before this moment (after an expiry or a revoke).
+    pub delay: Option<Deadline>,
 }
 
 impl LockState {
     pub fn with_grant(grant: Grant) -> LockState {
         LockState {
+            last_token: grant.token,
             holder: Some(grant),
+            delay: None,
+        }
+    }
+
+    /// A key in lock-delay after the grant with `last_token` ended.
+    pub fn delayed(last_token: u64, until: Deadline) -> LockState {
+        LockState {
+            holder: None,
+            last_token,
+            delay: Some(until),
         }
     }
 
@@ -156,49 +284,99 @@ impl LockState {
         self.holder.as_ref().filter(|g| g.is_live(now))
     }
 
-    /// True when nothing is left worth keeping: the key should leave the keyspace.
-    pub fn is_vacant(&self, now: Now) -> bool {
-        self.live_holder(now).is_none()
+    pub fn delay_active(&self, now: Now) -> bool {
+        self.delay.is_some_and(|d| !d.passed(now))
     }
 
-    /// Clear a grant whose lease ran out. Returns the token of the grant that ended.
-    pub fn expire(&mut self, now: Now) -> Option<u64> {
+    /// Nobody holds the key and no lock-delay keeps it: the next in line may have it.
+    pub fn is_free(&self, now: Now) -> bool {
+        self.live_holder(now).is_none() && !self.delay_active(now)
+    }
+
+    /// Nothing left worth keeping (given no waiters): the key should leave the keyspace.
+    pub fn is_vacant(&self, now: Now) -> bool {
+        self.holder.is_none() && !self.delay_active(now)
+    }
+
+    /// When this key next needs attention: its lease's end, or its lock-delay's end.
+    pub fn next_deadline(&self) -> Option<Deadline> {
         match &self.holder {
-            Some(g) if !g.is_live(now) => {
-                let token = g.token;
-                self.holder = None;
-                Some(token)
-            }
-            _ => None,
+            Some(g) => Some(g.deadline),
+            None => self.delay,
         }
     }
 
-    /// FLOCK.ACQUIRE without waiting.
+    /// Clear a grant whose lease ran out, starting a lock-delay of `lock_delay_ms` counted
+    /// from its deadline. Returns the token of the grant that ended.
+    pub fn expire(&mut self, now: Now, lock_delay_ms: u64) -> Option<u64> {
+        let g = self.holder.as_ref().filter(|g| !g.is_live(now))?;
+        let (token, deadline) = (g.token, g.deadline);
+        self.holder = None;
+        if lock_delay_ms > 0 {
+            self.delay = Some(deadline.plus(lock_delay_ms));
+        }
+        Some(token)
+    }
+
+    /// Bring the key up to date at `now`: end a run-out lease, end a finished lock-delay, and
+    /// when the key is free hand it to the first waiter.
+    pub fn settle(
+        &mut self,
+        now: Now,
+        lock_delay_ms: u64,
+        queue: &mut WaitQueue,
+        tokens: &mut TokenIssuer,
+    ) -> Settled {
+        let expired = self.expire(now, lock_delay_ms);
+        if self.delay.is_some_and(|d| d.passed(now)) {
+            self.delay = None;
+        }
+        let mut handed_to = None;
+        if self.is_free(now) && !queue.is_empty() {
+            if let Some(token) = tokens.issue(now) {
+                if let Some(w) = queue.pop() {
+                    self.holder = Some(Grant::new(&w.owner, token, w.ttl_ms, now));
+                    self.last_token = token;
+                    self.delay = None;
+                    handed_to = Some((w, token));
+                }
+            }
+        }
+        Settled { expired, handed_to }
+    }
+
+    /// FLOCK.ACQUIRE without waiting, on a settled key. `waiting` is how many clients wait
+    /// for the key: a newcomer never overtakes them.
     pub fn acquire(
         &mut self,
         owner: &[u8],
         ttl_ms: u64,
         now: Now,
+        waiting: usize,
         tokens: &mut TokenIssuer,
     ) -> Acquired {
-        self.expire(now);
-        if let Some(holder) = self.holder.as_mut() {
+        if let Some(holder) = self.holder.as_mut().filter(|g| g.is_live(now)) {
             if *holder.owner == *owner {
-                holder.extend(ttl_ms, now);
+                holder.deadline = Deadline::after(ttl_ms, now);
                 return Acquired::Refreshed(holder.token);
             }
+            return Acquired::Busy;
+        }
+        if self.delay_active(now) || waiting > 0 {
             return Acquired::Busy;
         }
         match tokens.issue(now) {
             Some(token) => {
                 self.holder = Some(Grant::new(owner, token, ttl_ms, now));
+                self.last_token = token;
+                self.delay = None;
                 Acquired::Granted(token)
             }
             None => Acquired::TokensExhausted,
         }
     }
 
-    /// FLOCK.RELEASE: true when `owner` held the live grant, which is now over.
+    /// FLOCK.RELEASE: true when `owner` held the live grant, which is now over (no delay).
     pub fn release(&mut self, owner: &[u8], now: Now) -> bool {
         match self.live_holder(now) {
             Some(holder) if *holder.owner == *owner => {
@@ -209,6 +387,17 @@ impl LockState {
         }
     }
 
+    /// FLOCK.REVOKE: end the live grant now, starting a lock-delay of `lock_delay_ms` from now.
+    /// Returns the revoked token.
+    pub fn revoke(&mut self, now: Now, lock_delay_ms: u64) -> Option<u64> {
+        let token = self.live_holder(now)?.token;
+        self.holder = None;
+        if lock_delay_ms > 0 {
+            self.delay = Some(Deadline::after(lock_delay_ms, now));
+        }
+        Some(token)
+    }
+
     /// FLOCK.RENEW: the token when `owner` holds the live grant (lease now `ttl_ms` from
     /// `now`); `None` otherwise. Never revives an expired grant.
     pub fn renew(&mut self, owner: &[u8], ttl_ms: u64, now: Now) -> Option<u64> {
@@ -216,7 +405,7 @@ impl LockState {
         if *holder.owner != *owner {
             return None;
         }
-        holder.extend(ttl_ms, now);
+        holder.deadline = Deadline::after(ttl_ms, now);
         Some(holder.token)
     }
 
@@ -253,6 +442,157 @@ mod tests {
         }
     }
 
+    fn acquire_settled(
+        state: &mut LockState,
+        owner: &str,
+        ttl: u64,
+        now: Now,
+        tokens: &mut TokenIssuer,
+    ) -> Acquired {
+        let mut queue = WaitQueue::default();
+        state.settle(now, 0, &mut queue, tokens);
+        state.acquire(owner.as_bytes(), ttl, now, queue.len(), tokens)
+    }
+
+    fn waiter(id: u64, owner: &str, ttl_ms: u64) -> Waiter {
+        Waiter {
+            id,
+            owner: owner.as_bytes().into(),
+            ttl_ms,
+        }
+    }
+
+    #[test]
+    fn queue_is_first_come_first_served_and_skips_cancelled() {
+        let mut q = WaitQueue::default();
+        for id in 1..=5 {
+            q.push(waiter(id, "w", 10));
+        }
+        assert_eq!(q.len(), 5);
+        assert!(q.cancel(2));
+        assert!(!q.cancel(2), "cancelled twice");
+        assert!(!q.cancel(99), "never queued");
+        assert_eq!(q.len(), 4);
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|w| w.id).collect();
+        assert_eq!(order, vec![1, 3, 4, 5]);
+        assert!(q.is_empty());
+        assert!(!q.cancel(1), "popped waiters cannot be cancelled");
+    }
+
+    #[test]
+    fn queue_compacts_cancelled_entries() {
+        let mut q = WaitQueue::default();
+        for id in 0..10_000 {
+            q.push(waiter(id, "w", 10));
+        }
+        for id in 0..9_990 {
+            assert!(q.cancel(id));
+        }
+        assert_eq!(q.len(), 10);
+        assert!(
+            q.entries.len() <= 2 * 10 + 16,
+            "entries {}",
+            q.entries.len()
+        );
+        assert_eq!(q.pop().map(|w| w.id), Some(9_990));
+    }
+
+    #[test]
+    fn release_hands_off_to_the_first_waiter() {
+        let mut tokens = TokenIssuer::new();
+        let mut q = WaitQueue::default();
+        let mut state = LockState::default();
+        let Acquired::Granted(t1) = state.acquire(b"a", 100, T0, 0, &mut tokens) else {
+            panic!("not granted");
+        };
+        q.push(waiter(7, "b", 500));
+        q.push(waiter(8, "c", 500));
+        // Nothing to hand off while the holder is live; a newcomer does not overtake.
+        assert_eq!(
+            state.settle(at(10), 0, &mut q, &mut tokens),
+            Settled::default()
+        );
+        assert_eq!(
+            state.acquire(b"d", 100, at(10), q.len(), &mut tokens),
+            Acquired::Busy
+        );
+        assert!(state.release(b"a", at(20)));
+        let s = state.settle(at(20), 0, &mut q, &mut tokens);
+        let (w, t2) = s.handed_to.expect("handed off");
+        assert_eq!((w.id, &*w.owner), (7, &b"b"[..]));
+        assert!(t2 > t1);
+        assert_eq!(state.check(t2, at(20)), 500);
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn expiry_hands_off_when_the_lease_ends() {
+        let mut tokens = TokenIssuer::new();
+        let mut q = WaitQueue::default();
+        let mut state = LockState::default();
+        state.acquire(b"a", 100, T0, 0, &mut tokens);
+        q.push(waiter(1, "b", 100));
+        assert_eq!(state.settle(at(99), 0, &mut q, &mut tokens).handed_to, None);
+        let s = state.settle(at(100), 0, &mut q, &mut tokens);
+        assert!(s.expired.is_some());
+        assert_eq!(s.handed_to.map(|(w, _)| w.id), Some(1));
+    }
+
+    #[test]
+    fn lock_delay_after_expiry_and_revoke_but_not_release() {
+        let mut tokens = TokenIssuer::new();
+        let mut q = WaitQueue::default();
+        let mut state = LockState::default();
+        let delay = 50;
+        // Expiry: delay counted from the lease's deadline.
+        state.acquire(b"a", 100, T0, 0, &mut tokens);
+        q.push(waiter(1, "b", 100));
+        let s = state.settle(at(120), delay, &mut q, &mut tokens);
+        assert!(s.expired.is_some());
+        assert_eq!(s.handed_to, None, "granted during lock-delay");
+        assert!(!state.is_vacant(at(120)));
+        // The old owner gets nil too.
+        assert_eq!(
+            state.acquire(b"a", 100, at(120), 0, &mut tokens),
+            Acquired::Busy
+        );
+        assert_eq!(
+            state.next_deadline().map(|d| d.mono_us),
+            Some(at(150).mono_us)
+        );
+        let s = state.settle(at(150), delay, &mut q, &mut tokens);
+        let (w, tok) = s.handed_to.expect("granted when the delay ends");
+        assert_eq!(w.id, 1);
+        // Revoke: delay counted from the revoke.
+        assert_eq!(state.revoke(at(160), delay), Some(tok));
+        assert_eq!(state.check(tok, at(160)), 0);
+        assert_eq!(
+            state.acquire(b"c", 100, at(209), 0, &mut tokens),
+            Acquired::Busy
+        );
+        state.settle(at(210), delay, &mut q, &mut tokens);
+        assert!(matches!(
+            state.acquire(b"c", 100, at(210), 0, &mut tokens),
+            Acquired::Granted(_)
+        ));
+        // Release: never delayed.
+        assert!(state.release(b"c", at(220)));
+        assert!(state.is_vacant(at(220)));
+        assert!(matches!(
+            state.acquire(b"d", 100, at(220), 0, &mut tokens),
+            Acquired::Granted(_)
+        ));
+    }
+
+    #[test]
+    fn revoke_without_live_grant_is_none() {
+        let mut tokens = TokenIssuer::new();
+        let mut state = LockState::default();
+        assert_eq!(state.revoke(T0, 0), None);
+        state.acquire(b"a", 100, T0, 0, &mut tokens);
+        assert_eq!(state.revoke(at(100), 0), None, "expired grant is not live");
+    }
+
     #[derive(Debug)]
     enum Op {
         Acquire(&'static str, u64),
@@ -279,10 +619,7 @@ mod tests {
         let cases: Vec<(&str, Vec<(u64, Op, Out)>)> = vec![
             (
                 "free key grants, other owner busy",
-                vec![
-                    (0, Acquire("a", 100), New(0)),
-                    (10, Acquire("b", 100), Nil),
-                ],
+                vec![(0, Acquire("a", 100), New(0)), (10, Acquire("b", 100), Nil)],
             ),
             (
                 "holder repeats acquire: same token, fresh lease (G4)",
@@ -362,21 +699,23 @@ mod tests {
             for (i, (t, op, want)) in steps.into_iter().enumerate() {
                 let now = at(t);
                 let got = match op {
-                    Acquire(o, ttl) => match state.acquire(o.as_bytes(), ttl, now, &mut tokens) {
-                        Acquired::Granted(tok) => {
-                            assert!(
-                                seen.iter().all(|&s| tok > s),
-                                "{name}: token {tok} not above {seen:?}"
-                            );
-                            seen.push(tok);
-                            New(seen.len() - 1)
+                    Acquire(o, ttl) => {
+                        match acquire_settled(&mut state, o, ttl, now, &mut tokens) {
+                            Acquired::Granted(tok) => {
+                                assert!(
+                                    seen.iter().all(|&s| tok > s),
+                                    "{name}: token {tok} not above {seen:?}"
+                                );
+                                seen.push(tok);
+                                New(seen.len() - 1)
+                            }
+                            Acquired::Refreshed(tok) => {
+                                Same(seen.iter().position(|&s| s == tok).unwrap())
+                            }
+                            Acquired::Busy => Nil,
+                            Acquired::TokensExhausted => panic!("{name}: exhausted"),
                         }
-                        Acquired::Refreshed(tok) => {
-                            Same(seen.iter().position(|&s| s == tok).unwrap())
-                        }
-                        Acquired::Busy => Nil,
-                        Acquired::TokensExhausted => panic!("{name}: exhausted"),
-                    },
+                    }
                     Release(o) => Bool(state.release(o.as_bytes(), now)),
                     Renew(o, ttl) => match state.renew(o.as_bytes(), ttl, now) {
                         Some(tok) => Same(seen.iter().position(|&s| s == tok).unwrap()),
@@ -418,7 +757,7 @@ mod tests {
         assert_eq!(tokens.issue(T0), None);
         let mut state = LockState::default();
         assert_eq!(
-            state.acquire(b"a", 10, T0, &mut tokens),
+            state.acquire(b"a", 10, T0, 0, &mut tokens),
             Acquired::TokensExhausted
         );
         assert_eq!(state.holder, None);
@@ -429,7 +768,7 @@ mod tests {
         // G9: liveness is decided by the monotonic clock.
         let mut tokens = TokenIssuer::new();
         let mut state = LockState::default();
-        let Acquired::Granted(tok) = state.acquire(b"a", 1000, T0, &mut tokens) else {
+        let Acquired::Granted(tok) = state.acquire(b"a", 1000, T0, 0, &mut tokens) else {
             panic!("not granted");
         };
         // Wall clock jumps an hour forward: the lease is still live with 500 ms left.
@@ -442,21 +781,21 @@ mod tests {
     #[test]
     fn deadlines_that_travel_are_absolute() {
         let g = Grant::new(b"a", 7, 1000, T0);
-        assert_eq!(g.deadline_wall_ms, T0.wall_ms + 1000);
+        assert_eq!(g.deadline.wall_ms, T0.wall_ms + 1000);
         // Loaded 300 ms later on another server whose monotonic clock is elsewhere.
         let there = Now {
             wall_ms: T0.wall_ms + 300,
             mono_us: 42,
         };
-        let copy = Grant::from_wall_deadline(&g.owner, g.token, g.deadline_wall_ms, there);
+        let copy = Grant::from_wall_deadline(&g.owner, g.token, g.deadline.wall_ms, there);
         assert_eq!(copy.remaining_ms(there), 700);
-        assert_eq!(copy.deadline_wall_ms, g.deadline_wall_ms);
+        assert_eq!(copy.deadline.wall_ms, g.deadline.wall_ms);
         // Loaded after the deadline: not live.
         let late = Now {
             wall_ms: T0.wall_ms + 2000,
             mono_us: 42,
         };
-        let dead = Grant::from_wall_deadline(&g.owner, g.token, g.deadline_wall_ms, late);
+        let dead = Grant::from_wall_deadline(&g.owner, g.token, g.deadline.wall_ms, late);
         assert!(!dead.is_live(late));
         assert_eq!(dead.remaining_ms(late), 0);
     }
@@ -465,13 +804,13 @@ mod tests {
     fn expire_reports_the_ended_token_once() {
         let mut tokens = TokenIssuer::new();
         let mut state = LockState::default();
-        let Acquired::Granted(tok) = state.acquire(b"a", 100, T0, &mut tokens) else {
+        let Acquired::Granted(tok) = state.acquire(b"a", 100, T0, 0, &mut tokens) else {
             panic!("not granted");
         };
-        assert_eq!(state.expire(at(99)), None);
+        assert_eq!(state.expire(at(99), 0), None);
         assert!(!state.is_vacant(at(99)));
-        assert_eq!(state.expire(at(100)), Some(tok));
-        assert_eq!(state.expire(at(100)), None);
+        assert_eq!(state.expire(at(100), 0), Some(tok));
+        assert_eq!(state.expire(at(100), 0), None);
         assert!(state.is_vacant(at(100)));
     }
 }

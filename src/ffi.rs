@@ -80,6 +80,11 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_DigestAddStringBuffer,
         RedisModule_DigestAddLongLong,
         RedisModule_DigestEndSequence,
+        RedisModule_BlockClient,
+        RedisModule_UnblockClient,
+        RedisModule_SetDisconnectCallback,
+        RedisModule_GetBlockedClientPrivateData,
+        RedisModule_GetClientId,
     );
     None
 }
@@ -95,6 +100,11 @@ pub fn bytes<'a>(s: RStr) -> &'a [u8] {
         return &[];
     }
     unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+}
+
+/// A new Redis string owned by the caller (free it with [`free_string`]).
+pub fn create_string(ctx: Ctx, b: &[u8]) -> RStr {
+    rm!(RedisModule_CreateString, ptr::null_mut(); ctx, b.as_ptr().cast::<c_char>(), b.len())
 }
 
 /// Keep `s` alive beyond the command (a reference or a copy); free it with [`free_string`].
@@ -128,7 +138,10 @@ pub fn reply_error_static(ctx: Ctx, msg: &'static str) -> c_int {
 }
 
 pub fn reply_error_string(ctx: Ctx, msg: &str) -> c_int {
-    let mut buf: Vec<u8> = msg.bytes().filter(|&b| b != 0 && b != b'\r' && b != b'\n').collect();
+    let mut buf: Vec<u8> = msg
+        .bytes()
+        .filter(|&b| b != 0 && b != b'\r' && b != b'\n')
+        .collect();
     buf.push(0);
     rm!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, buf.as_ptr().cast::<c_char>())
 }

@@ -18,11 +18,17 @@ mod commands;
 #[cfg(not(test))]
 mod config;
 #[cfg(not(test))]
+mod events;
+#[cfg(not(test))]
 mod expiry;
 #[cfg(not(test))]
 mod ffi;
 #[cfg(not(test))]
+mod handoff;
+#[cfg(not(test))]
 mod lock_type;
+#[cfg(not(test))]
+mod module;
 #[cfg(not(test))]
 mod replication;
 #[cfg(not(test))]
@@ -30,4 +36,4 @@ mod server;
 #[cfg(not(test))]
 mod stats;
 #[cfg(not(test))]
-mod module;
+mod waiters;

@@ -2,23 +2,43 @@
 //! callbacks (RDB, AOF rewrite, DUMP/RESTORE, COPY, MEMORY USAGE, DEBUG DIGEST), plus the
 //! server-wide token high-water mark saved as RDB aux data.
 
-use crate::core::{Grant, LockState, MAX_OWNER_LEN, MAX_TOKEN};
+use crate::core::{Deadline, Grant, LockState, MAX_OWNER_LEN, MAX_TOKEN};
 use crate::{expiry, rm, server};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Current RDB encoding version; `rdb_load` accepts this and every older one.
 pub const ENCODING_VERSION: c_int = 1;
 
-/// The value of a lock key: the pure lock state plus this server's expiry timer for it.
-#[derive(Debug, Default)]
+/// The value of a lock key: the pure lock state plus this server's timer for it.
+#[derive(Debug)]
 pub struct LockRecord {
     pub state: LockState,
-    /// The pending expiry timer (0: none) and the token it was armed for.
+    /// Unique per record on this server: a timer acts only on the record it was armed for.
+    pub id: u64,
+    /// The pending timer (0: none) and when it fires, on the monotonic clock.
     pub timer: u64,
-    pub timer_token: u64,
+    pub timer_at_us: u64,
+}
+
+static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
+
+impl LockRecord {
+    pub fn new(state: LockState) -> LockRecord {
+        LockRecord {
+            state,
+            id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
+            timer: 0,
+            timer_at_us: 0,
+        }
+    }
+
+    pub fn boxed(state: LockState) -> *mut LockRecord {
+        Box::into_raw(Box::new(LockRecord::new(state)))
+    }
 }
 
 pub static LOCK_TYPE: RedisType = RedisType::new(
@@ -71,12 +91,7 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     match record(value) {
         // The copy gets its own timer when the copy_to event arms it.
-        Some(rec) => Box::into_raw(Box::new(LockRecord {
-            state: rec.state.clone(),
-            timer: 0,
-            timer_token: 0,
-        }))
-        .cast(),
+        Some(rec) => LockRecord::boxed(rec.state.clone()).cast(),
         None => ptr::null_mut(),
     }
 }
@@ -101,18 +116,28 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     if let Some(g) = &rec.state.holder {
         rm!(RedisModule_DigestAddStringBuffer, (); md, g.owner.as_ptr().cast::<c_char>().cast_mut(), g.owner.len());
         rm!(RedisModule_DigestAddLongLong, (); md, g.token as i64);
-        rm!(RedisModule_DigestAddLongLong, (); md, g.deadline_wall_ms);
+        rm!(RedisModule_DigestAddLongLong, (); md, g.deadline.wall_ms);
+    } else if let Some(d) = rec.state.delay {
+        rm!(RedisModule_DigestAddLongLong, (); md, rec.state.last_token as i64);
+        rm!(RedisModule_DigestAddLongLong, (); md, d.wall_ms);
     }
     rm!(RedisModule_DigestEndSequence, (); md);
 }
 
 // RDB layout, encoding version 1:
-//   unsigned token, signed deadline (Unix ms), string owner (empty: nobody holds the key).
+//   unsigned token, signed deadline (Unix ms), string owner.
+// With an owner: the key is held, until the deadline. Without: nobody holds it and it is in
+// lock-delay until the deadline; the token is the last one granted. Waiters are connections
+// and are never saved.
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let Some(rec) = record(value) else { return };
     let (token, deadline, owner): (u64, i64, &[u8]) = match &rec.state.holder {
-        Some(g) => (g.token, g.deadline_wall_ms, &g.owner),
-        None => (0, 0, &[]),
+        Some(g) => (g.token, g.deadline.wall_ms, &g.owner),
+        None => (
+            rec.state.last_token,
+            rec.state.delay.map_or(0, |d| d.wall_ms),
+            &[],
+        ),
     };
     rm!(RedisModule_SaveUnsigned, (); rdb, token);
     rm!(RedisModule_SaveSigned, (); rdb, deadline);
@@ -143,26 +168,17 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         rm!(RedisModule_Free, (); buf.cast());
     }
     // Refuse values no master could have written (a corrupt payload), rather than load them.
-    if owner.len() > MAX_OWNER_LEN || token > MAX_TOKEN || (owner.is_empty() != (token == 0)) {
+    if owner.len() > MAX_OWNER_LEN || token > MAX_TOKEN || (!owner.is_empty() && token == 0) {
         return ptr::null_mut();
     }
+    server::tokens().observe(token);
+    let now = server::now();
     let state = if owner.is_empty() {
-        LockState::default()
+        LockState::delayed(token, Deadline::from_wall(deadline, now))
     } else {
-        server::tokens().observe(token);
-        LockState::with_grant(Grant::from_wall_deadline(
-            &owner,
-            token,
-            deadline,
-            server::now(),
-        ))
+        LockState::with_grant(Grant::from_wall_deadline(&owner, token, deadline, now))
     };
-    Box::into_raw(Box::new(LockRecord {
-        state,
-        timer: 0,
-        timer_token: 0,
-    }))
-    .cast()
+    LockRecord::boxed(state).cast()
 }
 
 unsafe extern "C" fn aof_rewrite(
@@ -171,9 +187,7 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     let Some(rec) = record(value) else { return };
-    if let Some(g) = &rec.state.holder {
-        crate::replication::emit_grant(aof, key, g);
-    }
+    crate::replication::emit_state(aof, key, &rec.state);
 }
 
 // Aux data: the token high-water mark, so that tokens keep growing across restarts and full

@@ -2,7 +2,7 @@
 //! that AOF rewrite emits, carrying who holds the key, which token, and until when (an absolute
 //! wall-clock deadline). Nothing clock-dependent is ever replicated verbatim.
 
-use crate::core::Grant;
+use crate::core::{Grant, LockState};
 use crate::ffi::{Ctx, RStr};
 use crate::rm;
 use redis_module::raw;
@@ -22,7 +22,20 @@ pub fn grant(ctx: Ctx, key: RStr, grant: &Grant) {
         grant.owner.as_ptr().cast::<c_char>(),
         grant.owner.len(),
         grant.token as c_longlong,
-        grant.deadline_wall_ms as c_longlong
+        grant.deadline.wall_ms as c_longlong
+    );
+}
+
+/// Replicate that nobody holds `key`, which is in lock-delay until `until_wall_ms`.
+pub fn delay(ctx: Ctx, key: RStr, last_token: u64, until_wall_ms: i64) {
+    rm!(RedisModule_Replicate, 0;
+        ctx,
+        APPLY.as_ptr(),
+        c"scll".as_ptr(),
+        key,
+        c"DELAY".as_ptr(),
+        last_token as c_longlong,
+        until_wall_ms as c_longlong
     );
 }
 
@@ -31,19 +44,31 @@ pub fn delete(ctx: Ctx, key: RStr) {
     rm!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key);
 }
 
-/// The same effect, written by AOF rewrite.
-pub fn emit_grant(aof: *mut raw::RedisModuleIO, key: RStr, grant: &Grant) {
-    rm!(RedisModule_EmitAOF, ();
-        aof,
-        APPLY.as_ptr(),
-        GRANT_FMT.as_ptr(),
-        key,
-        c"GRANT".as_ptr(),
-        grant.owner.as_ptr().cast::<c_char>(),
-        grant.owner.len(),
-        grant.token as c_longlong,
-        grant.deadline_wall_ms as c_longlong
-    );
+/// The same effects, written by AOF rewrite.
+pub fn emit_state(aof: *mut raw::RedisModuleIO, key: RStr, state: &LockState) {
+    if let Some(grant) = &state.holder {
+        rm!(RedisModule_EmitAOF, ();
+            aof,
+            APPLY.as_ptr(),
+            GRANT_FMT.as_ptr(),
+            key,
+            c"GRANT".as_ptr(),
+            grant.owner.as_ptr().cast::<c_char>(),
+            grant.owner.len(),
+            grant.token as c_longlong,
+            grant.deadline.wall_ms as c_longlong
+        );
+    } else if let Some(d) = state.delay {
+        rm!(RedisModule_EmitAOF, ();
+            aof,
+            APPLY.as_ptr(),
+            c"scll".as_ptr(),
+            key,
+            c"DELAY".as_ptr(),
+            state.last_token as c_longlong,
+            d.wall_ms as c_longlong
+        );
+    }
 }
 
 /// Only the replication stream and AOF loading may apply effects: a client that could call

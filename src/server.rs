@@ -19,7 +19,9 @@ static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::nul
 
 /// The server-wide token issuer (G3).
 pub fn tokens() -> MutexGuard<'static, TokenIssuer> {
-    TOKENS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    TOKENS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Called once from the module's init, on the main thread.

@@ -24,20 +24,26 @@ pub static RELEASES: Counter = Counter::new();
 pub static EXPIRATIONS: Counter = Counter::new();
 pub static RENEWALS: Counter = Counter::new();
 pub static CONTENDED: Counter = Counter::new();
+pub static REVOKES: Counter = Counter::new();
+pub static BLOCKED: Counter = Counter::new();
+pub static TIMEOUTS: Counter = Counter::new();
 
 /// The `INFO flock` section (fields appear as `flock_<name>`).
 pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     rm!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr());
-    let fields: [(&std::ffi::CStr, u64); 6] = [
+    let fields: [(&std::ffi::CStr, u64); 10] = [
         (c"grants", GRANTS.get()),
         (c"releases", RELEASES.get()),
         (c"expirations", EXPIRATIONS.get()),
+        (c"revokes", REVOKES.get()),
         (c"renewals", RENEWALS.get()),
         (c"contended_acquires", CONTENDED.get()),
+        (c"blocked_acquires", BLOCKED.get()),
+        (c"blocked_clients", crate::waiters::blocked_now() as u64),
+        (c"timeouts", TIMEOUTS.get()),
         (c"token_high_water", crate::server::tokens().high_water()),
     ];
     for (name, value) in fields {
         rm!(RedisModule_InfoAddFieldULongLong, 0; ctx, name.as_ptr() as *const c_char, value);
     }
 }
-

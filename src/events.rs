@@ -1,0 +1,104 @@
+//! Keyspace and server events that concern locks and their waiters.
+
+use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
+use crate::lock_type::LockRecord;
+use crate::waiters::{self, Job};
+use crate::{expiry, rm, server};
+use redis_module::raw;
+use std::os::raw::{c_char, c_int, c_void};
+
+/// Every keyspace event except module ones (our own notifications).
+pub const SUBSCRIBED: c_int = raw::REDISMODULE_NOTIFY_GENERIC
+    | raw::REDISMODULE_NOTIFY_STRING
+    | raw::REDISMODULE_NOTIFY_LIST
+    | raw::REDISMODULE_NOTIFY_SET
+    | raw::REDISMODULE_NOTIFY_HASH
+    | raw::REDISMODULE_NOTIFY_ZSET
+    | raw::REDISMODULE_NOTIFY_EXPIRED
+    | raw::REDISMODULE_NOTIFY_EVICTED
+    | raw::REDISMODULE_NOTIFY_STREAM;
+
+/// A lock put under a new name, database or value (RESTORE, COPY, RENAME, MOVE) gets its
+/// timer there. A key with waiters that was deleted, flushed, renamed away or overwritten is
+/// looked at again right after the command: its waiters get the lock or an error.
+pub unsafe extern "C" fn on_keyspace_event(
+    ctx: Ctx,
+    _type: c_int,
+    event: *const c_char,
+    key: RStr,
+) -> c_int {
+    if event.is_null() || !server::is_master() {
+        return raw::REDISMODULE_OK as c_int;
+    }
+    let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
+    if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
+        let k = Key::open(ctx, key, false);
+        if matches!(k.kind(server::lock_type()), KeyKind::Ours) {
+            if let Some(rec) = unsafe { k.value::<LockRecord>().as_mut() } {
+                expiry::rearm(ctx, key, rec);
+            }
+        }
+    }
+    if waiters::blocked_now() > 0 {
+        let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
+        let name = ffi::bytes(key);
+        if waiters::is_waited(db, name) {
+            waiters::schedule(Job::Revisit((db, name.to_vec())));
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Role changes, the end of loading, flushes and SWAPDB.
+pub unsafe extern "C" fn on_server_event(
+    ctx: Ctx,
+    event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    match event.id {
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
+            let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
+            server::set_master(master);
+            if master {
+                expiry::arm_all(ctx);
+            } else {
+                // Redis disconnects blocked clients itself on demotion; make sure none is
+                // left waiting for a grant this server can no longer make.
+                waiters::fail_everyone("UNBLOCKED this server is now a replica\0");
+            }
+        }
+        raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+            server::refresh_role(ctx);
+            expiry::arm_all(ctx);
+            revisit_all();
+        }
+        raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
+            revisit_all();
+        }
+        raw::REDISMODULE_EVENT_SWAPDB => {
+            expiry::arm_all(ctx);
+            revisit_all();
+        }
+        _ => {}
+    }
+}
+
+fn revisit_all() {
+    for key in waiters::waited_keys(None) {
+        waiters::schedule(Job::Revisit(key));
+    }
+}
+
+pub fn subscribe(ctx: Ctx) {
+    rm!(RedisModule_SubscribeToKeyspaceEvents, 0; ctx, SUBSCRIBED, Some(on_keyspace_event));
+    for event in [
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_SWAPDB,
+    ] {
+        rm!(RedisModule_SubscribeToServerEvent, 0;
+            ctx, raw::RedisModuleEvent { id: event, dataver: 1 }, Some(on_server_event));
+    }
+}

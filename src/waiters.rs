@@ -1,0 +1,391 @@
+//! Clients waiting for a lock (FLOCK.ACQUIRE ... BLOCK): real blocked clients of Redis.
+//!
+//! The queues live here, keyed by database and key name, not inside the lock value: a waiter
+//! must outlive the value when the key is deleted, flushed, renamed or overwritten, and then
+//! be handed the lock or told why not. Each waiter is one `RedisModule_BlockClient` handle,
+//! unblocked exactly once: with its token (hand-off), with an error, or with nothing after its
+//! timeout or disconnect.
+//!
+//! Work that must not run inside a keyspace notification or a free callback (granting to the
+//! next waiter after a DEL, releasing a grant whose client vanished before its reply) is queued
+//! as a [`Job`] and run from a zero-delay timer, in a proper context, right after the command.
+
+use crate::core::{WaitQueue, Waiter};
+use crate::ffi::{self, Ctx, RStr};
+use crate::{rm, server, stats};
+use redis_module::raw;
+use std::collections::HashMap;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+type KeyId = (c_int, Vec<u8>);
+
+struct Blocked {
+    bc: *mut raw::RedisModuleBlockedClient,
+    client_id: u64,
+    key: KeyId,
+    /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
+    /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
+    /// passes after the module unblocked it but before the reply went out.
+    timer: u64,
+}
+
+impl Blocked {
+    fn stop_timer(&self) {
+        if self.timer != 0 {
+            let mut data: *mut c_void = ptr::null_mut();
+            rm!(RedisModule_StopTimer, 0; server::module_ctx(), self.timer, &mut data);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    queues: HashMap<KeyId, WaitQueue>,
+    blocked: HashMap<u64, Blocked>,
+    by_client: HashMap<u64, u64>,
+    next_id: u64,
+}
+
+// The raw handles are only touched on Redis's main thread.
+unsafe impl Send for Registry {}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+/// Number of blocked waiters: lets keyspace events skip the registry when nobody waits.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+struct RegistryGuard(MutexGuard<'static, Option<Registry>>);
+
+impl RegistryGuard {
+    fn get(&mut self) -> &mut Registry {
+        self.0.get_or_insert_with(Registry::default)
+    }
+}
+
+impl Drop for RegistryGuard {
+    fn drop(&mut self) {
+        let n = self.0.as_ref().map_or(0, |r| r.blocked.len());
+        WAITING.store(n, Ordering::Relaxed);
+    }
+}
+
+fn registry() -> RegistryGuard {
+    RegistryGuard(REGISTRY.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Clients blocked in FLOCK.ACQUIRE now.
+pub fn blocked_now() -> usize {
+    WAITING.load(Ordering::Relaxed)
+}
+
+pub fn key_id(ctx: Ctx, key: RStr) -> KeyId {
+    (
+        rm!(RedisModule_GetSelectedDb, 0; ctx),
+        ffi::bytes(key).to_vec(),
+    )
+}
+
+/// Number of clients waiting for `key`.
+pub fn count(ctx: Ctx, key: RStr) -> usize {
+    if blocked_now() == 0 {
+        return 0;
+    }
+    let id = key_id(ctx, key);
+    registry().get().queues.get(&id).map_or(0, WaitQueue::len)
+}
+
+/// Run `f` with the wait queue of `key` (empty when nobody waits); drops empty queues.
+pub fn with_queue<R>(ctx: Ctx, key: RStr, f: impl FnOnce(&mut WaitQueue) -> R) -> R {
+    if blocked_now() == 0 {
+        return f(&mut WaitQueue::default());
+    }
+    let id = key_id(ctx, key);
+    let mut guard = registry();
+    let reg = guard.get();
+    match reg.queues.get_mut(&id) {
+        Some(q) => {
+            let r = f(q);
+            if q.is_empty() {
+                reg.queues.remove(&id);
+            }
+            r
+        }
+        None => f(&mut WaitQueue::default()),
+    }
+}
+
+/// Whether this context may block its client (not inside MULTI, a script, or a context
+/// that denies blocking).
+pub fn can_block(ctx: Ctx) -> bool {
+    let flags = ffi::context_flags(ctx);
+    flags
+        & (raw::REDISMODULE_CTX_FLAGS_MULTI
+            | raw::REDISMODULE_CTX_FLAGS_LUA
+            | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING)
+        == 0
+}
+
+pub enum BlockError {
+    TooMany,
+    Failed,
+}
+
+/// Block the calling client until it is handed `key` (or times out: 0 = never).
+pub fn block(
+    ctx: Ctx,
+    key: RStr,
+    owner: &[u8],
+    ttl_ms: u64,
+    timeout_ms: u64,
+) -> Result<(), BlockError> {
+    let id = key_id(ctx, key);
+    let mut guard = registry();
+    let reg = guard.get();
+    let waiting = reg.queues.get(&id).map_or(0, WaitQueue::len);
+    if waiting >= crate::config::max_waiters() {
+        return Err(BlockError::TooMany);
+    }
+    let bc = rm!(RedisModule_BlockClient, ptr::null_mut();
+        ctx,
+        Some(on_reply),
+        Some(on_client_unblock),
+        Some(free_delivery),
+        0
+    );
+    if bc.is_null() {
+        return Err(BlockError::Failed);
+    }
+    rm!(RedisModule_SetDisconnectCallback, (); bc, Some(on_disconnect));
+    let client_id = rm!(RedisModule_GetClientId, 0; ctx);
+    reg.next_id += 1;
+    let waiter_id = reg.next_id;
+    let timer = if timeout_ms > 0 {
+        let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+        rm!(RedisModule_CreateTimer, 0; ctx, period, Some(on_waiter_timeout), waiter_id as usize as *mut c_void)
+    } else {
+        0
+    };
+    reg.queues.entry(id.clone()).or_default().push(Waiter {
+        id: waiter_id,
+        owner: owner.into(),
+        ttl_ms,
+    });
+    reg.blocked.insert(
+        waiter_id,
+        Blocked {
+            bc,
+            client_id,
+            key: id,
+            timer,
+        },
+    );
+    reg.by_client.insert(client_id, waiter_id);
+    stats::BLOCKED.incr();
+    Ok(())
+}
+
+/// What a waiter is told when it is unblocked.
+pub enum Delivery {
+    /// It holds the key with this token. `delivered` turns true once the reply is sent; a
+    /// token never delivered (the client went away first) is released again.
+    Token {
+        token: u64,
+        key: KeyId,
+        delivered: bool,
+    },
+    Error(&'static str),
+    TimedOut,
+}
+
+/// Hand `token` to waiter `waiter_id` (taken off its queue by the core). False when the
+/// waiter is gone: the caller then releases the grant again.
+pub fn deliver(waiter_id: u64, token: u64) -> bool {
+    let mut guard = registry();
+    let reg = guard.get();
+    let Some(b) = reg.blocked.remove(&waiter_id) else {
+        return false;
+    };
+    reg.by_client.remove(&b.client_id);
+    b.stop_timer();
+    let d = Box::new(Delivery::Token {
+        token,
+        key: b.key,
+        delivered: false,
+    });
+    rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+    true
+}
+
+/// Unblock every waiter of `key` with an error (`msg` ends with NUL).
+pub fn fail_all(key: &KeyId, msg: &'static str) {
+    let mut guard = registry();
+    let reg = guard.get();
+    let Some(mut q) = reg.queues.remove(key) else {
+        return;
+    };
+    for w in q.drain() {
+        if let Some(b) = reg.blocked.remove(&w.id) {
+            reg.by_client.remove(&b.client_id);
+            b.stop_timer();
+            let d = Box::new(Delivery::Error(msg));
+            rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+        }
+    }
+}
+
+/// Unblock every waiter of every key with an error (`msg` ends with NUL).
+pub fn fail_everyone(msg: &'static str) {
+    let keys: Vec<KeyId> = registry().get().queues.keys().cloned().collect();
+    for k in keys {
+        fail_all(&k, msg);
+    }
+}
+
+/// Every key that has waiters (optionally only in database `db`).
+pub fn waited_keys(db: Option<c_int>) -> Vec<KeyId> {
+    if blocked_now() == 0 {
+        return Vec::new();
+    }
+    registry()
+        .get()
+        .queues
+        .keys()
+        .filter(|(d, _)| db.is_none_or(|want| *d == want))
+        .cloned()
+        .collect()
+}
+
+pub fn is_waited(db: c_int, key: &[u8]) -> bool {
+    if blocked_now() == 0 {
+        return false;
+    }
+    registry().get().queues.contains_key(&(db, key.to_vec()))
+}
+
+/// Take waiter `waiter_id` out of its queue and the registry.
+fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
+    let b = reg.blocked.remove(&waiter_id)?;
+    reg.by_client.remove(&b.client_id);
+    if let Some(q) = reg.queues.get_mut(&b.key) {
+        q.cancel(waiter_id);
+        if q.is_empty() {
+            reg.queues.remove(&b.key);
+        }
+    }
+    Some(b)
+}
+
+/// Take the calling blocked client out of its queue (CLIENT UNBLOCK, disconnect).
+fn leave_by_client(ctx: Ctx) -> Option<Blocked> {
+    let client_id = rm!(RedisModule_GetClientId, 0; ctx);
+    let mut guard = registry();
+    let reg = guard.get();
+    let waiter_id = *reg.by_client.get(&client_id)?;
+    let b = leave(reg, waiter_id)?;
+    b.stop_timer();
+    Some(b)
+}
+
+/// The waiter's timeout: it leaves the queue and gets nil.
+unsafe extern "C" fn on_waiter_timeout(_ctx: Ctx, data: *mut c_void) {
+    let waiter_id = data as usize as u64;
+    let mut guard = registry();
+    if let Some(b) = leave(guard.get(), waiter_id) {
+        stats::TIMEOUTS.incr();
+        let d = Box::new(Delivery::TimedOut);
+        rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+    }
+}
+
+unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
+    let d = rm!(RedisModule_GetBlockedClientPrivateData, ptr::null_mut(); ctx).cast::<Delivery>();
+    match unsafe { d.as_mut() } {
+        Some(Delivery::Token {
+            token, delivered, ..
+        }) => {
+            *delivered = true;
+            ffi::reply_int(ctx, *token as i64)
+        }
+        Some(Delivery::Error(msg)) => ffi::reply_error_static(ctx, msg),
+        Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
+    }
+}
+
+/// CLIENT UNBLOCK: nil, and the waiter leaves the queue.
+unsafe extern "C" fn on_client_unblock(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
+    if let Some(b) = leave_by_client(ctx) {
+        stats::TIMEOUTS.incr();
+        rm!(RedisModule_UnblockClient, 0; b.bc, ptr::null_mut());
+    }
+    ffi::reply_null(ctx)
+}
+
+/// The client went away while waiting (or Redis unblocked it with an error).
+unsafe extern "C" fn on_disconnect(ctx: Ctx, _bc: *mut raw::RedisModuleBlockedClient) {
+    if let Some(b) = leave_by_client(ctx) {
+        rm!(RedisModule_UnblockClient, 0; b.bc, ptr::null_mut());
+    }
+}
+
+unsafe extern "C" fn free_delivery(_ctx: Ctx, privdata: *mut c_void) {
+    if privdata.is_null() {
+        return;
+    }
+    let d = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
+    if let Delivery::Token {
+        token,
+        key,
+        delivered: false,
+    } = *d
+    {
+        // Granted to a client that disconnected before its reply: release it again.
+        schedule(Job::ReleaseGhost { key, token });
+    }
+}
+
+// ---- deferred jobs ----
+
+pub enum Job {
+    /// Look at a waited key again (it was deleted, flushed, renamed or overwritten).
+    Revisit(KeyId),
+    /// Release the grant `token` of `key` (its client vanished before the reply).
+    ReleaseGhost { key: KeyId, token: u64 },
+}
+
+static JOBS: Mutex<Vec<Job>> = Mutex::new(Vec::new());
+static JOB_TIMER: AtomicBool = AtomicBool::new(false);
+
+pub fn schedule(job: Job) {
+    JOBS.lock().unwrap_or_else(|p| p.into_inner()).push(job);
+    if !JOB_TIMER.swap(true, Ordering::Relaxed) {
+        let ctx = server::module_ctx();
+        let id = rm!(RedisModule_CreateTimer, 0; ctx, 0, Some(run_jobs), ptr::null_mut());
+        if id == 0 {
+            JOB_TIMER.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
+    JOB_TIMER.store(false, Ordering::Relaxed);
+    let jobs = std::mem::take(&mut *JOBS.lock().unwrap_or_else(|p| p.into_inner()));
+    for job in jobs {
+        let (db, name, ghost) = match &job {
+            Job::Revisit((db, name)) => (*db, name, None),
+            Job::ReleaseGhost {
+                key: (db, name),
+                token,
+            } => (*db, name, Some(*token)),
+        };
+        if rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, db)
+            != raw::REDISMODULE_OK as c_int
+        {
+            continue;
+        }
+        let key = ffi::create_string(ctx, name);
+        crate::commands::revisit(ctx, key, ghost);
+        ffi::free_string(key);
+    }
+}
