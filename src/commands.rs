@@ -358,6 +358,9 @@ pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
         match record_for_write(&key) {
             Ok(rec) => {
                 rec.state = state;
+                // The effect is deterministic: a replica passes it on verbatim to its own AOF
+                // and sub-replicas.
+                crate::rm!(RedisModule_ReplicateVerbatim, 0; ctx);
                 ffi::reply_simple(ctx, "OK\0")
             }
             Err(0) => ffi::reply_error_static(ctx, WRONGTYPE),

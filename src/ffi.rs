@@ -51,6 +51,7 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_WrongArity,
         RedisModule_GetContextFlags,
         RedisModule_Replicate,
+        RedisModule_ReplicateVerbatim,
         RedisModule_EmitAOF,
         RedisModule_CreateTimer,
         RedisModule_StopTimer,
