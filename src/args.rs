@@ -173,6 +173,66 @@ pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Effect<'a>, ArgError> {
     }
 }
 
+/// Commands refused inside FLOCK.FENCED beyond what script mode refuses: blocking commands,
+/// transactions, scripts, connection-level commands, and FLOCK commands.
+const FENCED_REFUSED: &[&[u8]] = &[
+    b"blpop",
+    b"brpop",
+    b"brpoplpush",
+    b"blmove",
+    b"blmpop",
+    b"bzpopmin",
+    b"bzpopmax",
+    b"bzmpop",
+    b"wait",
+    b"waitaof",
+    b"multi",
+    b"exec",
+    b"discard",
+    b"watch",
+    b"unwatch",
+    b"eval",
+    b"evalsha",
+    b"eval_ro",
+    b"evalsha_ro",
+    b"fcall",
+    b"fcall_ro",
+    b"function",
+    b"script",
+    b"subscribe",
+    b"psubscribe",
+    b"ssubscribe",
+    b"unsubscribe",
+    b"punsubscribe",
+    b"sunsubscribe",
+    b"monitor",
+    b"sync",
+    b"psync",
+    b"shutdown",
+    b"debug",
+    b"client",
+    b"select",
+    b"swapdb",
+];
+
+/// Why `cmd` (followed by `rest`) may not run inside FLOCK.FENCED, if it may not.
+pub fn fenced_refusal(cmd: &[u8], rest: &[&[u8]]) -> Option<&'static str> {
+    let lower = cmd.to_ascii_lowercase();
+    if lower.starts_with(b"flock.") {
+        return Some("FLOCK commands");
+    }
+    if FENCED_REFUSED.contains(&lower.as_slice()) {
+        return Some("blocking commands, transactions, scripts and connection commands");
+    }
+    // XREAD and XREADGROUP block only with BLOCK.
+    if (lower == b"xread" || lower == b"xreadgroup")
+        && rest.iter().any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
+    {
+        return Some("blocking commands");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +344,47 @@ mod tests {
         assert_eq!(parse_check(&v(&["C", "k"])), Err(ArgError::Arity));
         assert_eq!(parse_info(&v(&["I", "k"])), Ok(()));
         assert_eq!(parse_info(&v(&["I", "k", "x"])), Err(ArgError::Arity));
+    }
+
+    #[test]
+    fn fenced_refusals() {
+        let refused: &[(&str, &[&str])] = &[
+            ("BLPOP", &["l", "0"]),
+            ("multi", &[]),
+            ("EVAL", &["return 1", "0"]),
+            ("FCALL", &["f", "0"]),
+            ("flock.acquire", &["k", "o", "1"]),
+            ("FLOCK.FENCED", &["k", "1", "SET", "a", "b"]),
+            ("XREAD", &["BLOCK", "0", "STREAMS", "s", "$"]),
+            (
+                "xreadgroup",
+                &["GROUP", "g", "c", "block", "0", "STREAMS", "s", ">"],
+            ),
+            ("subscribe", &["ch"]),
+            ("WATCH", &["k"]),
+        ];
+        for (cmd, rest) in refused {
+            let rest: Vec<&[u8]> = rest.iter().map(|a| a.as_bytes()).collect();
+            assert!(
+                fenced_refusal(cmd.as_bytes(), &rest).is_some(),
+                "{cmd} must be refused"
+            );
+        }
+        let allowed: &[(&str, &[&str])] = &[
+            ("SET", &["k", "v"]),
+            ("hset", &["h", "f", "v"]),
+            ("XREAD", &["STREAMS", "s", "0"]),
+            ("INCR", &["n"]),
+            ("DEL", &["k"]),
+        ];
+        for (cmd, rest) in allowed {
+            let rest: Vec<&[u8]> = rest.iter().map(|a| a.as_bytes()).collect();
+            assert_eq!(
+                fenced_refusal(cmd.as_bytes(), &rest),
+                None,
+                "{cmd} must run"
+            );
+        }
     }
 
     #[test]

@@ -393,7 +393,16 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
         (c"flock.revoke", handler!(revoke), c"write fast"),
         (c"flock.apply", handler!(apply), c"write"),
     ];
-    for (name, h, flags) in table {
+    let fenced: (
+        &std::ffi::CStr,
+        unsafe extern "C" fn(Ctx, *mut RStr, c_int) -> c_int,
+        &std::ffi::CStr,
+    ) = (
+        c"flock.fenced",
+        crate::fenced::command,
+        c"write getkeys-api",
+    );
+    for (name, h, flags) in table.into_iter().chain([fenced]) {
         let ok = crate::rm!(RedisModule_CreateCommand, raw::REDISMODULE_ERR as c_int;
             ctx, name.as_ptr(), Some(h), flags.as_ptr(), 1, 1, 1);
         if ok != raw::REDISMODULE_OK as c_int {

@@ -86,6 +86,13 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_SetDisconnectCallback,
         RedisModule_GetBlockedClientPrivateData,
         RedisModule_GetClientId,
+        RedisModule_Call,
+        RedisModule_CallReplyType,
+        RedisModule_ReplyWithCallReply,
+        RedisModule_FreeCallReply,
+        RedisModule_IsKeysPositionRequest,
+        RedisModule_KeyAtPos,
+        RedisModule_GetCommandKeys,
     );
     None
 }

@@ -22,6 +22,8 @@ mod events;
 #[cfg(not(test))]
 mod expiry;
 #[cfg(not(test))]
+mod fenced;
+#[cfg(not(test))]
 mod ffi;
 #[cfg(not(test))]
 mod handoff;

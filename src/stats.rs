@@ -27,11 +27,14 @@ pub static CONTENDED: Counter = Counter::new();
 pub static REVOKES: Counter = Counter::new();
 pub static BLOCKED: Counter = Counter::new();
 pub static TIMEOUTS: Counter = Counter::new();
+pub static FENCED_ACCEPTED: Counter = Counter::new();
+pub static FENCED_REJECTED: Counter = Counter::new();
+pub static FENCED_INNER_ERRORS: Counter = Counter::new();
 
 /// The `INFO flock` section (fields appear as `flock_<name>`).
 pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     rm!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr());
-    let fields: [(&std::ffi::CStr, u64); 10] = [
+    let fields: [(&std::ffi::CStr, u64); 13] = [
         (c"grants", GRANTS.get()),
         (c"releases", RELEASES.get()),
         (c"expirations", EXPIRATIONS.get()),
@@ -41,6 +44,9 @@ pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_repo
         (c"blocked_acquires", BLOCKED.get()),
         (c"blocked_clients", crate::waiters::blocked_now() as u64),
         (c"timeouts", TIMEOUTS.get()),
+        (c"fenced_accepted", FENCED_ACCEPTED.get()),
+        (c"fenced_rejected", FENCED_REJECTED.get()),
+        (c"fenced_inner_errors", FENCED_INNER_ERRORS.get()),
         (c"token_high_water", crate::server::tokens().high_water()),
     ];
     for (name, value) in fields {
