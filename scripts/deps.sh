@@ -30,6 +30,38 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
+# redis-py, for the Python examples in examples/ (tests/examples.rs runs them).
+if ! python3 -c "import redis" >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+      echo "deps: installing python3-pip"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq
+      apt-get install -y -qq python3-pip >/dev/null
+    else
+      echo "deps: python3 has no pip, which the examples need to install redis-py. Run as root:"
+      echo "  apt-get update && apt-get install -y python3-pip"
+      exit 1
+    fi
+  fi
+  echo "deps: installing redis-py (python3 -m pip install redis)"
+  # Debian's Python is "externally managed" (PEP 668): plain pip refuses; then retry with
+  # --break-system-packages.
+  if ! pip_out=$(python3 -m pip install --quiet redis 2>&1); then
+    if printf '%s' "$pip_out" | grep -q externally-managed-environment; then
+      python3 -m pip install --quiet --break-system-packages redis
+    else
+      printf '%s\n' "$pip_out"
+      echo "deps: python3 -m pip install redis failed"
+      exit 1
+    fi
+  fi
+  if ! python3 -c "import redis" >/dev/null 2>&1; then
+    echo "deps: redis-py still cannot be imported by python3; install it: python3 -m pip install redis"
+    exit 1
+  fi
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "deps: cargo (the Rust toolchain) is missing: install it with rustup (https://rustup.rs)."
   exit 1
