@@ -16,16 +16,21 @@ pub const MAX_OWNER_LEN: usize = 256;
 /// server is measured on it, so a wall-clock step neither shortens nor stretches a lease: G9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Now {
+    /// Unix wall clock in microseconds: the floor of every new token.
+    pub wall_us: u64,
+    /// The same reading in milliseconds: what deadlines are written in.
     pub wall_ms: i64,
     pub mono_us: u64,
 }
 
 impl Now {
-    /// The wall clock in microseconds, the floor of every new token.
-    fn wall_us(self) -> u64 {
-        u64::try_from(self.wall_ms)
-            .unwrap_or(0)
-            .saturating_mul(1000)
+    /// A reading from a wall clock in microseconds and a monotonic clock.
+    pub fn new(wall_us: u64, mono_us: u64) -> Now {
+        Now {
+            wall_us,
+            wall_ms: i64::try_from(wall_us / 1000).unwrap_or(i64::MAX),
+            mono_us,
+        }
     }
 }
 
@@ -58,7 +63,7 @@ impl TokenIssuer {
 
     /// The next token, or `None` when the token space below 2^53 is used up.
     pub fn issue(&mut self, now: Now) -> Option<u64> {
-        let token = self.high_water.saturating_add(1).max(now.wall_us());
+        let token = self.high_water.saturating_add(1).max(now.wall_us);
         if token > MAX_TOKEN {
             return None;
         }
@@ -423,23 +428,19 @@ mod tests {
     use super::*;
 
     const T0: Now = Now {
+        wall_us: 1_700_000_000_000_000,
         wall_ms: 1_700_000_000_000,
         mono_us: 5_000_000,
     };
 
     fn at(ms: u64) -> Now {
-        Now {
-            wall_ms: T0.wall_ms + ms as i64,
-            mono_us: T0.mono_us + ms * 1000,
-        }
+        Now::new(T0.wall_us + ms * 1000, T0.mono_us + ms * 1000)
     }
 
     /// The monotonic clock moved by `ms` while the wall clock stepped by `wall_step_ms`.
     fn stepped(ms: u64, wall_step_ms: i64) -> Now {
-        Now {
-            wall_ms: T0.wall_ms + ms as i64 + wall_step_ms,
-            mono_us: T0.mono_us + ms * 1000,
-        }
+        let wall_ms = T0.wall_ms + ms as i64 + wall_step_ms;
+        Now::new(wall_ms as u64 * 1000, T0.mono_us + ms * 1000)
     }
 
     fn acquire_settled(
@@ -736,14 +737,17 @@ mod tests {
         // Same microsecond: still strictly larger.
         assert_eq!(tokens.issue(T0), Some(1_700_000_000_000_001));
         // Clock set back a day: the mark wins.
-        let back = Now {
-            wall_ms: T0.wall_ms - 86_400_000,
-            mono_us: T0.mono_us,
-        };
+        let back = Now::new(T0.wall_us - 86_400_000_000, T0.mono_us);
         assert_eq!(tokens.issue(back), Some(1_700_000_000_000_002));
         // A token seen elsewhere raises the mark.
         tokens.observe(1_800_000_000_000_000);
         assert_eq!(tokens.issue(T0), Some(1_800_000_000_000_001));
+        // The floor is the wall clock to the microsecond.
+        let mut fresh = TokenIssuer::new();
+        assert_eq!(
+            fresh.issue(Now::new(1_700_000_000_123_456, 0)),
+            Some(1_700_000_000_123_456)
+        );
         // A lower token seen changes nothing.
         tokens.observe(5);
         assert_eq!(tokens.high_water(), 1_800_000_000_000_001);
@@ -783,18 +787,12 @@ mod tests {
         let g = Grant::new(b"a", 7, 1000, T0);
         assert_eq!(g.deadline.wall_ms, T0.wall_ms + 1000);
         // Loaded 300 ms later on another server whose monotonic clock is elsewhere.
-        let there = Now {
-            wall_ms: T0.wall_ms + 300,
-            mono_us: 42,
-        };
+        let there = Now::new(T0.wall_us + 300_000, 42);
         let copy = Grant::from_wall_deadline(&g.owner, g.token, g.deadline.wall_ms, there);
         assert_eq!(copy.remaining_ms(there), 700);
         assert_eq!(copy.deadline.wall_ms, g.deadline.wall_ms);
         // Loaded after the deadline: not live.
-        let late = Now {
-            wall_ms: T0.wall_ms + 2000,
-            mono_us: 42,
-        };
+        let late = Now::new(T0.wall_us + 2_000_000, 42);
         let dead = Grant::from_wall_deadline(&g.owner, g.token, g.deadline.wall_ms, late);
         assert!(!dead.is_live(late));
         assert_eq!(dead.remaining_ms(late), 0);

@@ -55,7 +55,6 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_EmitAOF,
         RedisModule_CreateTimer,
         RedisModule_StopTimer,
-        RedisModule_Milliseconds,
         RedisModule_MonotonicMicroseconds,
         RedisModule_SelectDb,
         RedisModule_GetSelectedDb,

@@ -60,11 +60,15 @@ pub fn refresh_role(ctx: Ctx) {
     );
 }
 
-/// Both clocks, read once per command.
+/// Both clocks, read once per command: the wall clock in microseconds (Redis 7.0 has no
+/// module API for it; this is the same clock_gettime(CLOCK_REALTIME) Redis reads) and Redis's
+/// monotonic clock.
 pub fn now() -> Now {
-    let wall_ms = crate::rm!(RedisModule_Milliseconds, 0;);
+    let wall_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let mono_us = crate::rm!(RedisModule_MonotonicMicroseconds, 0;);
-    Now { wall_ms, mono_us }
+    Now::new(wall_us, mono_us)
 }
 
 pub fn set_master(master: bool) {
