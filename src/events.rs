@@ -56,7 +56,23 @@ pub unsafe extern "C" fn on_server_event(
     subevent: u64,
     _data: *mut c_void,
 ) {
+    if matches!(
+        event.id,
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED
+            | raw::REDISMODULE_EVENT_LOADING
+            | raw::REDISMODULE_EVENT_PERSISTENCE
+            | raw::REDISMODULE_EVENT_REPLICA_CHANGE
+            | raw::REDISMODULE_EVENT_CONFIG
+    ) {
+        server::assume_replication_consumed();
+    }
     match event.id {
+        raw::REDISMODULE_EVENT_CRON_LOOP => {
+            let tick = CRON_TICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if tick % 10 == 0 {
+                server::recheck_replication(ctx);
+            }
+        }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
             server::set_master(master);
@@ -84,6 +100,8 @@ pub unsafe extern "C" fn on_server_event(
     }
 }
 
+static CRON_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn revisit_all() {
     for key in waiters::waited_keys(None) {
         waiters::schedule(Job::Revisit(key));
@@ -97,6 +115,10 @@ pub fn subscribe(ctx: Ctx) {
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_PERSISTENCE,
+        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+        raw::REDISMODULE_EVENT_CONFIG,
+        raw::REDISMODULE_EVENT_CRON_LOOP,
     ] {
         rm!(RedisModule_SubscribeToServerEvent, 0;
             ctx, raw::RedisModuleEvent { id: event, dataver: 1 }, Some(on_server_event));

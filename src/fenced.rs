@@ -16,7 +16,12 @@ use std::os::raw::{c_char, c_int};
 use std::ptr;
 
 /// Report key positions (getkeys-api): the lock key, then the inner command's keys.
+/// Only positions inside argv are reported: servers index argv with them (Valkey 9 crashes on
+/// a position past the end).
 fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
+    if argc < 2 {
+        return;
+    }
     rm!(RedisModule_KeyAtPos, (); ctx, 1);
     if argc < 4 {
         return;
@@ -29,7 +34,9 @@ fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
     }
     for i in 0..n.max(0) as usize {
         let pos = unsafe { *positions.add(i) };
-        rm!(RedisModule_KeyAtPos, (); ctx, pos + 3);
+        if pos >= 0 && pos + 3 < argc {
+            rm!(RedisModule_KeyAtPos, (); ctx, pos + 3);
+        }
     }
     rm!(RedisModule_Free, (); positions.cast());
 }

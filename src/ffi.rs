@@ -92,6 +92,9 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_IsKeysPositionRequest,
         RedisModule_KeyAtPos,
         RedisModule_GetCommandKeys,
+        RedisModule_GetServerInfo,
+        RedisModule_ServerInfoGetFieldSigned,
+        RedisModule_FreeServerInfo,
     );
     None
 }

@@ -13,6 +13,9 @@ const GRANT_FMT: &std::ffi::CStr = c"scbll";
 
 /// Replicate (to replicas and the AOF) that `key` is held by `grant`.
 pub fn grant(ctx: Ctx, key: RStr, grant: &Grant) {
+    if !crate::server::replication_consumed() {
+        return;
+    }
     rm!(RedisModule_Replicate, 0;
         ctx,
         APPLY.as_ptr(),
@@ -28,6 +31,9 @@ pub fn grant(ctx: Ctx, key: RStr, grant: &Grant) {
 
 /// Replicate that nobody holds `key`, which is in lock-delay until `until_wall_ms`.
 pub fn delay(ctx: Ctx, key: RStr, last_token: u64, until_wall_ms: i64) {
+    if !crate::server::replication_consumed() {
+        return;
+    }
     rm!(RedisModule_Replicate, 0;
         ctx,
         APPLY.as_ptr(),
@@ -41,6 +47,9 @@ pub fn delay(ctx: Ctx, key: RStr, last_token: u64, until_wall_ms: i64) {
 
 /// Replicate that `key` left the keyspace (release, expiry).
 pub fn delete(ctx: Ctx, key: RStr) {
+    if !crate::server::replication_consumed() {
+        return;
+    }
     rm!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key);
 }
 

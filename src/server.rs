@@ -74,3 +74,38 @@ pub fn now() -> Now {
 pub fn set_master(master: bool) {
     IS_MASTER.store(master, Ordering::Relaxed);
 }
+
+/// Whether anything consumes the replication stream: an AOF, replicas, or a replication
+/// backlog (which replicas partially resync from). When nothing does, effects are not built
+/// at all (building them costs as much as the rest of ACQUIRE). Starts true, is raised at once
+/// by every event that can start a consumer (a fork for BGSAVE or replica sync, an AOF
+/// rewrite, a replica change, a role or config change, loading), and lowered only by
+/// [`recheck_replication`] when INFO shows none.
+static REPLICATION_CONSUMED: AtomicBool = AtomicBool::new(true);
+
+pub fn replication_consumed() -> bool {
+    REPLICATION_CONSUMED.load(Ordering::Relaxed)
+}
+
+pub fn assume_replication_consumed() {
+    REPLICATION_CONSUMED.store(true, Ordering::Relaxed);
+}
+
+fn info_field(ctx: Ctx, section: &std::ffi::CStr, field: &std::ffi::CStr) -> Option<i64> {
+    let info = crate::rm!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr());
+    if info.is_null() {
+        return None;
+    }
+    let mut err: std::os::raw::c_int = 0;
+    let v = crate::rm!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err);
+    crate::rm!(RedisModule_FreeServerInfo, (); ctx, info);
+    (err == 0).then_some(v)
+}
+
+/// Look at INFO: with no AOF, no replica and no replication backlog, stop building effects.
+pub fn recheck_replication(ctx: Ctx) {
+    let quiet = info_field(ctx, c"persistence", c"aof_enabled") == Some(0)
+        && info_field(ctx, c"replication", c"repl_backlog_active") == Some(0)
+        && info_field(ctx, c"replication", c"connected_slaves") == Some(0);
+    REPLICATION_CONSUMED.store(!quiet, Ordering::Relaxed);
+}

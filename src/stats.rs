@@ -34,7 +34,7 @@ pub static FENCED_INNER_ERRORS: Counter = Counter::new();
 /// The `INFO flock` section (fields appear as `flock_<name>`).
 pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     rm!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr());
-    let fields: [(&std::ffi::CStr, u64); 13] = [
+    let fields: [(&std::ffi::CStr, u64); 14] = [
         (c"grants", GRANTS.get()),
         (c"releases", RELEASES.get()),
         (c"expirations", EXPIRATIONS.get()),
@@ -48,6 +48,10 @@ pub unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_repo
         (c"fenced_rejected", FENCED_REJECTED.get()),
         (c"fenced_inner_errors", FENCED_INNER_ERRORS.get()),
         (c"token_high_water", crate::server::tokens().high_water()),
+        (
+            c"replicating_effects",
+            crate::server::replication_consumed() as u64,
+        ),
     ];
     for (name, value) in fields {
         rm!(RedisModule_InfoAddFieldULongLong, 0; ctx, name.as_ptr() as *const c_char, value);

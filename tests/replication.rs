@@ -331,3 +331,63 @@ fn replica_with_aof_reaches_master_state() {
         }
     }
 }
+
+/// With no AOF and no replica the module stops building replication effects (after its
+/// once-a-second INFO check). A replica that attaches later, and an AOF turned on later, must
+/// still reach the master's state.
+#[test]
+fn consumers_that_arrive_later_get_every_effect() {
+    let mut master = Server::start();
+    let mut m = master.conn();
+    wait_until("the module stops building effects nobody consumes", || {
+        info_field(&mut m, "flock", "flock_replicating_effects").as_deref() == Some("0")
+    });
+    let t_old = grant(&mut m, "before", "a", 60_000);
+    grant(&mut m, "released", "a", 60_000);
+    assert_eq!(release(&mut m, "released", "a"), 1);
+    // A replica attaches: full sync, then the effects stream.
+    let replica = Server::start_replica_of(&master);
+    let mut r = replica.conn();
+    assert_eq!(
+        info_field(&mut m, "flock", "flock_replicating_effects").as_deref(),
+        Some("1"),
+        "a replica consumes effects"
+    );
+    let t_after = grant(&mut m, "after", "b", 60_000);
+    assert_eq!(release(&mut m, "before", "a"), 1);
+    wait_replica(&mut m);
+    assert_eq!(
+        exists(&mut r, "before"),
+        0,
+        "the release after the sync reached the replica"
+    );
+    assert_eq!(held(&mut r, "after").1, t_after);
+    assert_eq!(exists(&mut r, "released"), 0);
+    assert!(t_after > t_old);
+    drop(r);
+    drop(replica);
+    // The replica is gone (the backlog stays); turn the AOF on at runtime, restart from it.
+    assert_eq!(
+        call(&mut m, &["CONFIG", "SET", "appendonly", "yes"]),
+        Reply::Status("OK".into())
+    );
+    wait_until("AOF rewrite finished", || {
+        info_field(&mut m, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_field(&mut m, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+    });
+    let t_aof = grant(&mut m, "aof", "c", 60_000);
+    assert_eq!(release(&mut m, "after", "b"), 1);
+    master.set_arg("appendonly", "yes");
+    master.restart();
+    let mut m = master.conn();
+    assert_eq!(
+        held(&mut m, "aof").1,
+        t_aof,
+        "a grant after AOF was enabled survives"
+    );
+    assert_eq!(
+        exists(&mut m, "after"),
+        0,
+        "a release after AOF was enabled survives"
+    );
+}
