@@ -54,7 +54,7 @@ pub unsafe extern "C" fn on_server_event(
     ctx: Ctx,
     event: raw::RedisModuleEvent,
     subevent: u64,
-    _data: *mut c_void,
+    data: *mut c_void,
 ) {
     if matches!(
         event.id,
@@ -88,6 +88,11 @@ pub unsafe extern "C" fn on_server_event(
             server::refresh_role(ctx);
             expiry::arm_all(ctx);
             revisit_all();
+        }
+        raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_START => {
+            let info = data.cast::<raw::RedisModuleFlushInfoV1>();
+            let db = unsafe { info.as_ref() }.map_or(-1, |i| i.dbnum);
+            expiry::forget_db((db >= 0).then_some(db));
         }
         raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
             revisit_all();

@@ -1,45 +1,74 @@
-//! Timers on a master: one Redis timer per lock key, armed for the key's next deadline (the
-//! end of its lease, or of its lock-delay).
+//! Timers on a master: every lock key is in a deadline index for its next deadline (the end
+//! of its lease, or of its lock-delay), and one Redis timer is armed for the earliest.
 //!
-//! Redis module timers run on the monotonic clock (G9) and live in a radix tree, so arming and
-//! stopping one costs O(log n). A timer owns its data (database, key name, record id) and acts
-//! only when it finds that same record under that name; a timer that outlived its record
-//! (flushed asynchronously, replaced) is a no-op. A renewal keeps the pending timer: when it
-//! fires early it settles nothing and re-arms for the new deadline.
+//! Redis module timers run on the monotonic clock (G9). The index (`deadlines.rs`) costs
+//! O(log n) per insert with no allocation and O(1) per removal, much less than a Redis timer
+//! per lock. An entry owns its key reference (database, key name, record id) and acts only
+//! when it finds that same record under that name; an entry that outlived its record
+//! (flushed asynchronously, replaced) is a no-op. A renewal keeps the pending entry: when it
+//! comes due early it settles nothing and re-arms for the new deadline.
 //!
-//! Replicas arm no timers and never expire on their own: they learn expiry from the master's
+//! Replicas arm nothing and never expire on their own: they learn expiry from the master's
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
-//! and arms a timer for every lock.
+//! and arms every lock.
 
+use crate::deadlines::{DeadlineIndex, Handle};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::lock_type::LockRecord;
 use crate::{handoff, rm, server};
 use redis_module::raw;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::{Mutex, MutexGuard};
 
-/// What a pending timer costs besides the lock record (its data and Redis's timer entry).
-pub const TIMER_BYTES: usize = std::mem::size_of::<KeyTimer>() + 48;
+/// What an armed lock costs besides its record (index slot, heap entry, key reference).
+pub const TIMER_BYTES: usize = std::mem::size_of::<KeyRef>() + 48;
 
-pub struct KeyTimer {
+pub struct KeyRef {
     db: c_int,
     key: RStr,
     record_id: u64,
 }
 
-impl Drop for KeyTimer {
+impl Drop for KeyRef {
     fn drop(&mut self) {
         ffi::free_string(self.key);
     }
 }
 
-/// Make sure a timer fires at the next deadline of `rec` (master only). `key` is the key's
-/// name in the currently selected database of `ctx`.
+struct Expiry {
+    index: DeadlineIndex<KeyRef>,
+    /// The Redis timer armed for the earliest deadline (0: none), and when it fires.
+    alarm: u64,
+    alarm_at_us: u64,
+}
+
+// Only Redis's main thread touches the index and the key references in it.
+unsafe impl Send for Expiry {}
+
+static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
+
+fn expiry() -> MutexGuard<'static, Option<Expiry>> {
+    EXPIRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn with_expiry<R>(f: impl FnOnce(&mut Expiry) -> R) -> R {
+    let mut guard = expiry();
+    let e = guard.get_or_insert_with(|| Expiry {
+        index: DeadlineIndex::default(),
+        alarm: 0,
+        alarm_at_us: 0,
+    });
+    f(e)
+}
+
+/// Make sure `rec` is due at its next deadline (master only). `key` is the key's name in the
+/// currently selected database of `ctx`.
 pub fn arm(ctx: Ctx, key: RStr, rec: &mut LockRecord) {
     arm_with(ctx, key, rec, false)
 }
 
-/// Like [`arm`], but always replaces a pending timer (the key was renamed, moved, swapped).
+/// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
 pub fn rearm(ctx: Ctx, key: RStr, rec: &mut LockRecord) {
     arm_with(ctx, key, rec, true)
 }
@@ -49,79 +78,102 @@ fn arm_with(ctx: Ctx, key: RStr, rec: &mut LockRecord, replace: bool) {
         return;
     }
     let Some(next) = rec.state.next_deadline() else {
-        disarm(ctx, rec);
+        disarm(rec);
         return;
     };
     if rec.timer != 0 && !replace && rec.timer_at_us <= next.mono_us {
-        return; // fires no later than needed, and re-arms then
+        return; // due no later than needed, and re-arms then
     }
-    disarm(ctx, rec);
-    let timer = Box::new(KeyTimer {
+    disarm(rec);
+    let key_ref = KeyRef {
         db: rm!(RedisModule_GetSelectedDb, 0; ctx),
         key: ffi::hold_string(key),
         record_id: rec.id,
+    };
+    rec.timer = with_expiry(|e| {
+        let h = e.index.insert(next.mono_us, key_ref);
+        ensure_alarm(e, next.mono_us);
+        h
     });
-    let now = server::now();
-    rec.timer = start(ctx, next.remaining_us(now), timer);
     rec.timer_at_us = next.mono_us;
 }
 
-/// Stop the pending timer of `rec`, if any.
-pub fn disarm(ctx: Ctx, rec: &mut LockRecord) {
+/// Take `rec` out of the index, if it is in.
+pub fn disarm(rec: &mut LockRecord) {
     if rec.timer != 0 {
-        stop(ctx, rec.timer);
+        forget(rec.timer);
         rec.timer = 0;
         rec.timer_at_us = 0;
     }
 }
 
-fn start(ctx: Ctx, after_us: u64, timer: Box<KeyTimer>) -> u64 {
-    let period_ms = after_us.div_ceil(1000).min(i64::MAX as u64) as i64;
-    let data = Box::into_raw(timer);
-    let id = rm!(RedisModule_CreateTimer, 0; ctx, period_ms, Some(on_timer), data.cast());
-    if id == 0 {
-        // Not armed: take the data back; lazy expiry still applies.
-        drop(unsafe { Box::from_raw(data) });
-    }
-    id
+/// Remove entry `h` (a record being freed on the main thread).
+pub fn forget(h: Handle) {
+    let removed = with_expiry(|e| e.index.remove(h));
+    drop(removed); // frees the key reference outside the lock
 }
 
-/// Stop timer `id` and free its data (no-op when it already fired).
-pub fn stop(ctx: Ctx, id: u64) {
-    if ctx.is_null() {
-        return;
-    }
-    let mut data: *mut c_void = ptr::null_mut();
-    let ok = rm!(RedisModule_StopTimer, raw::REDISMODULE_ERR as c_int; ctx, id, &mut data);
-    if ok == raw::REDISMODULE_OK as c_int && !data.is_null() {
-        drop(unsafe { Box::from_raw(data.cast::<KeyTimer>()) });
-    }
+/// Drop the entries of database `db` (all databases: `None`), before a flush frees their
+/// records, possibly on another thread.
+pub fn forget_db(db: Option<c_int>) {
+    let dropped = with_expiry(|e| e.index.drain_where(|k| db.is_none_or(|d| k.db == d)));
+    drop(dropped);
 }
 
-unsafe extern "C" fn on_timer(ctx: Ctx, data: *mut c_void) {
-    if data.is_null() {
+fn ensure_alarm(e: &mut Expiry, at_us: u64) {
+    if e.alarm != 0 && e.alarm_at_us <= at_us {
         return;
     }
-    let timer = unsafe { Box::from_raw(data.cast::<KeyTimer>()) };
-    if rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, timer.db)
+    let ctx = server::module_ctx();
+    if e.alarm != 0 {
+        let mut data: *mut c_void = ptr::null_mut();
+        rm!(RedisModule_StopTimer, 0; ctx, e.alarm, &mut data);
+    }
+    let now = server::now().mono_us;
+    let period_ms = at_us
+        .saturating_sub(now)
+        .div_ceil(1000)
+        .min(i64::MAX as u64) as i64;
+    e.alarm = rm!(RedisModule_CreateTimer, 0; ctx, period_ms, Some(on_alarm), ptr::null_mut());
+    e.alarm_at_us = at_us;
+}
+
+unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
+    let now = server::now();
+    let due = with_expiry(|e| {
+        e.alarm = 0;
+        e.index.pop_due(now.mono_us)
+    });
+    for key_ref in due {
+        settle_due(ctx, &key_ref);
+    }
+    with_expiry(|e| {
+        if let Some(next) = e.index.next() {
+            ensure_alarm(e, next);
+        }
+    });
+}
+
+fn settle_due(ctx: Ctx, key_ref: &KeyRef) {
+    if rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, key_ref.db)
         != raw::REDISMODULE_OK as c_int
     {
         return;
     }
-    let key = Key::open(ctx, timer.key, true);
+    let key = Key::open(ctx, key_ref.key, true);
     if !matches!(key.kind(server::lock_type()), KeyKind::Ours) {
         return;
     }
     let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
         return;
     };
-    if rec.id != timer.record_id {
-        return; // a timer that outlived its record
+    if rec.id != key_ref.record_id {
+        return; // an entry that outlived its record
     }
     rec.timer = 0;
     rec.timer_at_us = 0;
     if server::is_master() {
-        handoff::settle(ctx, timer.key, &key, rec, server::now(), false);
+        handoff::settle(ctx, key_ref.key, &key, rec, server::now(), false);
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod core;
+pub mod deadlines;
 
 #[cfg(not(test))]
 mod commands;

@@ -76,11 +76,11 @@ unsafe extern "C" fn free(value: *mut c_void) {
         return;
     }
     let rec = unsafe { Box::from_raw(value.cast::<LockRecord>()) };
-    // DEL, UNLINK, RELEASE, overwrite and FLUSHALL free on the main thread: stop the timer now
-    // (G10). A lazy-free thread (FLUSHALL ASYNC) must not touch timers; the timer then finds
-    // no key when it fires and frees itself.
+    // DEL, UNLINK, RELEASE, overwrite and a synchronous flush free on the main thread: take
+    // the record out of the deadline index now (G10). A lazy-free thread (FLUSHALL ASYNC)
+    // must not touch the index; the flush event already dropped those entries.
     if rec.timer != 0 && server::on_main_thread() {
-        expiry::stop(server::module_ctx(), rec.timer);
+        expiry::forget(rec.timer);
     }
 }
 

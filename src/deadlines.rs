@@ -1,0 +1,313 @@
+//! The deadline index: which lock keys need attention when (the end of a lease or of a
+//! lock-delay). Pure Rust, no Redis types: the glue (`expiry.rs`) stores a key reference per
+//! entry and keeps one Redis timer armed for [`DeadlineIndex::next`].
+//!
+//! A binary heap of `(deadline, handle)` over a slab of entries. Insert is O(log n) with no
+//! allocation in the steady state; remove is O(1): the slab slot is freed at once (so is the
+//! key reference it holds) and the heap entry becomes garbage, skipped when it surfaces. When
+//! garbage outnumbers live entries the heap is rebuilt, so memory stays proportional to the
+//! live entries (G10: a lock that ended leaves nothing behind).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// An entry's handle: slot index in the low 32 bits, the slot's generation in the high ones.
+pub type Handle = u64;
+
+struct Slot<T> {
+    generation: u32,
+    item: Option<(u64, T)>,
+}
+
+pub struct DeadlineIndex<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    heap: BinaryHeap<Reverse<(u64, Handle)>>,
+    live: usize,
+    /// Generation given to new slots; bumped when the slab is given back, so that handles
+    /// from before can never match a slot made after.
+    base_generation: u32,
+}
+
+impl<T> Default for DeadlineIndex<T> {
+    fn default() -> Self {
+        DeadlineIndex {
+            slots: Vec::new(),
+            free: Vec::new(),
+            heap: BinaryHeap::new(),
+            live: 0,
+            // Handles are never 0, so 0 can mean "no entry".
+            base_generation: 1,
+        }
+    }
+}
+
+fn handle(index: u32, generation: u32) -> Handle {
+    (u64::from(generation) << 32) | u64::from(index)
+}
+
+fn split(h: Handle) -> (usize, u32) {
+    ((h & 0xffff_ffff) as usize, (h >> 32) as u32)
+}
+
+impl<T> DeadlineIndex<T> {
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Entries in the heap, live or not (for tests and memory accounting).
+    pub fn heap_len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// Add `item`, due at `deadline`. Returns its handle.
+    pub fn insert(&mut self, deadline: u64, item: T) -> Handle {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    generation: self.base_generation,
+                    item: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.item = Some((deadline, item));
+        let h = handle(index, slot.generation);
+        self.heap.push(Reverse((deadline, h)));
+        self.live += 1;
+        h
+    }
+
+    /// Remove the entry `h`; `None` when it is no longer there.
+    pub fn remove(&mut self, h: Handle) -> Option<T> {
+        let (index, generation) = split(h);
+        let slot = self.slots.get_mut(index)?;
+        if slot.generation != generation {
+            return None;
+        }
+        let (_, item) = slot.item.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(index as u32);
+        self.live -= 1;
+        self.compact_if_needed();
+        Some(item)
+    }
+
+    /// The earliest deadline of a live entry.
+    pub fn next(&mut self) -> Option<u64> {
+        self.drop_dead_top();
+        self.heap.peek().map(|Reverse((d, _))| *d)
+    }
+
+    /// Take every entry due at or before `now`, earliest first.
+    pub fn pop_due(&mut self, now: u64) -> Vec<T> {
+        let mut due = Vec::new();
+        while let Some(Reverse((deadline, h))) = self.heap.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.heap.pop();
+            let (index, generation) = split(h);
+            if let Some(slot) = self.slots.get_mut(index) {
+                if slot.generation == generation {
+                    if let Some((_, item)) = slot.item.take() {
+                        slot.generation = slot.generation.wrapping_add(1);
+                        self.free.push(index as u32);
+                        self.live -= 1;
+                        due.push(item);
+                    }
+                }
+            }
+        }
+        self.compact_if_needed();
+        due
+    }
+
+    /// Take every live entry (e.g. when a database is flushed).
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.live);
+        for slot in &mut self.slots {
+            if let Some((_, item)) = slot.item.take() {
+                out.push(item);
+            }
+        }
+        self.release_memory();
+        out
+    }
+
+    /// Take the live entries for which `pred` holds.
+    pub fn drain_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut out = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if slot.item.as_ref().is_some_and(|(_, item)| pred(item)) {
+                if let Some((_, item)) = slot.item.take() {
+                    slot.generation = slot.generation.wrapping_add(1);
+                    self.free.push(index as u32);
+                    self.live -= 1;
+                    out.push(item);
+                }
+            }
+        }
+        self.compact_if_needed();
+        out
+    }
+
+    fn drop_dead_top(&mut self) {
+        while let Some(Reverse((_, h))) = self.heap.peek().copied() {
+            let (index, generation) = split(h);
+            let alive = self
+                .slots
+                .get(index)
+                .is_some_and(|s| s.generation == generation && s.item.is_some());
+            if alive {
+                break;
+            }
+            self.heap.pop();
+        }
+    }
+
+    fn compact_if_needed(&mut self) {
+        if self.heap.len() > 2 * self.live + 1024 {
+            let slots = &self.slots;
+            let live: Vec<Reverse<(u64, Handle)>> = self
+                .heap
+                .drain()
+                .filter(|Reverse((_, h))| {
+                    let (index, generation) = split(*h);
+                    slots
+                        .get(index)
+                        .is_some_and(|s| s.generation == generation && s.item.is_some())
+                })
+                .collect();
+            self.heap = BinaryHeap::from(live);
+            self.heap.shrink_to(self.heap.len() * 2);
+        }
+        // Give the slab back once it is empty.
+        if self.live == 0 && self.slots.len() > 1024 {
+            self.release_memory();
+        }
+    }
+
+    fn release_memory(&mut self) {
+        let next = self
+            .slots
+            .iter()
+            .map(|s| s.generation)
+            .max()
+            .unwrap_or(self.base_generation)
+            .max(self.base_generation)
+            .wrapping_add(1);
+        self.slots = Vec::new();
+        self.free = Vec::new();
+        self.heap = BinaryHeap::new();
+        self.live = 0;
+        self.base_generation = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pops_in_deadline_order_and_skips_removed() {
+        let mut ix = DeadlineIndex::default();
+        let a = ix.insert(30, "a");
+        ix.insert(10, "b");
+        ix.insert(20, "c");
+        let d = ix.insert(5, "d");
+        assert_eq!(ix.remove(d), Some("d"));
+        assert_eq!(ix.remove(d), None, "removed twice");
+        assert_eq!(ix.len(), 3);
+        assert_eq!(ix.next(), Some(10));
+        assert_eq!(ix.pop_due(20), vec!["b", "c"]);
+        assert_eq!(ix.remove(a), Some("a"));
+        assert_eq!(ix.next(), None);
+        assert!(ix.is_empty());
+    }
+
+    #[test]
+    fn stale_handles_never_touch_reused_slots() {
+        let mut ix = DeadlineIndex::default();
+        let old = ix.insert(10, 1);
+        assert_eq!(ix.remove(old), Some(1));
+        let new = ix.insert(20, 2);
+        assert_ne!(old, new, "a reused slot gets a new generation");
+        assert_eq!(ix.remove(old), None);
+        assert_eq!(ix.pop_due(100), vec![2]);
+        assert_eq!(ix.remove(new), None, "popped entries are gone");
+    }
+
+    #[test]
+    fn memory_follows_the_live_entries() {
+        let mut ix = DeadlineIndex::default();
+        let handles: Vec<Handle> = (0..100_000).map(|i| ix.insert(1_000_000 + i, i)).collect();
+        for h in handles {
+            ix.remove(h);
+        }
+        assert!(ix.is_empty());
+        assert!(
+            ix.heap_len() <= 1024,
+            "heap keeps {} dead entries",
+            ix.heap_len()
+        );
+        assert!(
+            ix.slots.capacity() <= 1024,
+            "slab keeps {} slots",
+            ix.slots.capacity()
+        );
+        // Interleaved: a few live entries among many removed.
+        let keep: Vec<Handle> = (0..10).map(|i| ix.insert(i, i)).collect();
+        for i in 0..50_000 {
+            let h = ix.insert(500 + i, i);
+            ix.remove(h);
+        }
+        assert!(ix.heap_len() <= 2 * 10 + 1024);
+        assert_eq!(ix.pop_due(u64::MAX).len(), keep.len());
+    }
+
+    #[test]
+    fn handles_from_before_the_slab_was_given_back_stay_dead() {
+        let mut ix = DeadlineIndex::default();
+        let old: Vec<Handle> = (0..2000).map(|i| ix.insert(i, i)).collect();
+        for h in &old {
+            ix.remove(*h);
+        }
+        let fresh: Vec<Handle> = (0..2000).map(|i| ix.insert(i, i + 10_000)).collect();
+        for h in &old {
+            assert_eq!(ix.remove(*h), None, "an old handle matched a new slot");
+        }
+        assert_eq!(ix.len(), fresh.len());
+    }
+
+    #[test]
+    fn handles_are_never_zero_and_drain_where_filters() {
+        let mut ix = DeadlineIndex::default();
+        let hs: Vec<Handle> = (0..10).map(|i| ix.insert(i, i)).collect();
+        assert!(hs.iter().all(|&h| h != 0));
+        let mut even = ix.drain_where(|v| v % 2 == 0);
+        even.sort();
+        assert_eq!(even, vec![0, 2, 4, 6, 8]);
+        assert_eq!(ix.pop_due(100), vec![1, 3, 5, 7, 9]);
+    }
+
+    #[test]
+    fn drain_takes_everything() {
+        let mut ix = DeadlineIndex::default();
+        ix.insert(1, 'x');
+        let h = ix.insert(2, 'y');
+        ix.insert(3, 'z');
+        ix.remove(h);
+        let mut all = ix.drain();
+        all.sort();
+        assert_eq!(all, vec!['x', 'z']);
+        assert!(ix.is_empty());
+        assert_eq!(ix.next(), None);
+    }
+}
