@@ -119,6 +119,10 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
                     return ffi::reply_null(ctx);
                 }
                 let blocked = waiters::block(ctx, key_name, a.owner, a.ttl_ms, timeout);
+                if blocked.is_ok() && rec.watched.is_none() {
+                    // If this value is ever replaced or freed, its waiters must hear of it.
+                    rec.watched = Some(Box::new(waiters::key_id(ctx, key_name)));
+                }
                 handoff::publish(ctx, key_name, &key, rec, now, settled);
                 match blocked {
                     Ok(()) => raw::REDISMODULE_OK as c_int,

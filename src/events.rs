@@ -7,16 +7,13 @@ use crate::{expiry, rm, server};
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
 
-/// Every keyspace event except module ones (our own notifications).
+/// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
+/// move a lock or take it away. A lock value overwritten by another type is noticed in the
+/// type's free callback instead, so that plain writes (SET, HSET, ...) of other keys pay
+/// nothing for flock.
 pub const SUBSCRIBED: c_int = raw::REDISMODULE_NOTIFY_GENERIC
-    | raw::REDISMODULE_NOTIFY_STRING
-    | raw::REDISMODULE_NOTIFY_LIST
-    | raw::REDISMODULE_NOTIFY_SET
-    | raw::REDISMODULE_NOTIFY_HASH
-    | raw::REDISMODULE_NOTIFY_ZSET
     | raw::REDISMODULE_NOTIFY_EXPIRED
-    | raw::REDISMODULE_NOTIFY_EVICTED
-    | raw::REDISMODULE_NOTIFY_STREAM;
+    | raw::REDISMODULE_NOTIFY_EVICTED;
 
 /// A lock put under a new name, database or value (RESTORE, COPY, RENAME, MOVE) gets its
 /// timer there. A key with waiters that was deleted, flushed, renamed away or overwritten is
@@ -72,6 +69,7 @@ pub unsafe extern "C" fn on_server_event(
             if tick % 10 == 0 {
                 server::recheck_replication(ctx);
             }
+            waiters::run_queued(ctx);
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;

@@ -19,9 +19,12 @@ pub struct LockRecord {
     pub state: LockState,
     /// Unique per record on this server: a timer acts only on the record it was armed for.
     pub id: u64,
-    /// The pending timer (0: none) and when it fires, on the monotonic clock.
+    /// The deadline-index entry (0: none) and when it is due, on the monotonic clock.
     pub timer: u64,
     pub timer_at_us: u64,
+    /// Set once a client waited on this value: the key (database, name) to look at again when
+    /// the value is freed (deleted, overwritten by another type, flushed, evicted).
+    pub watched: Option<Box<(c_int, Vec<u8>)>>,
 }
 
 static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
@@ -33,6 +36,7 @@ impl LockRecord {
             id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
             timer: 0,
             timer_at_us: 0,
+            watched: None,
         }
     }
 
@@ -79,8 +83,12 @@ unsafe extern "C" fn free(value: *mut c_void) {
     // DEL, UNLINK, RELEASE, overwrite and a synchronous flush free on the main thread: take
     // the record out of the deadline index now (G10). A lazy-free thread (FLUSHALL ASYNC)
     // must not touch the index; the flush event already dropped those entries.
-    if rec.timer != 0 && server::on_main_thread() {
+    let main_thread = server::on_main_thread();
+    if rec.timer != 0 && main_thread {
         expiry::forget(rec.timer);
+    }
+    if let Some(key) = rec.watched {
+        crate::waiters::schedule_revisit(*key, main_thread);
     }
 }
 

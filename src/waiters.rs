@@ -357,6 +357,26 @@ pub enum Job {
 static JOBS: Mutex<Vec<Job>> = Mutex::new(Vec::new());
 static JOB_TIMER: AtomicBool = AtomicBool::new(false);
 
+/// Look at `key` again soon. From another thread (a lazy free) only queue it: the next cron
+/// tick on the main thread runs it.
+pub fn schedule_revisit(key: KeyId, main_thread: bool) {
+    if main_thread {
+        schedule(Job::Revisit(key));
+    } else {
+        JOBS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Job::Revisit(key));
+    }
+}
+
+/// From the cron event: run jobs queued by other threads.
+pub fn run_queued(ctx: Ctx) {
+    let pending = !JOBS.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+    if pending && !JOB_TIMER.load(Ordering::Relaxed) {
+        unsafe { run_jobs(ctx, ptr::null_mut()) };
+    }
+}
+
 pub fn schedule(job: Job) {
     JOBS.lock().unwrap_or_else(|p| p.into_inner()).push(job);
     if !JOB_TIMER.swap(true, Ordering::Relaxed) {

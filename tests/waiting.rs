@@ -213,6 +213,16 @@ fn waiters_of_a_renamed_moved_or_overwritten_key_are_answered() {
     let (r, _) = w.join().expect("waiter");
     assert_err_prefix(&r, "ERR", "waiter of an overwritten key");
     assert_eq!(blocked_clients(&mut c), 0);
+    // Overwritten by a command of another family (a set stored over it).
+    call(&mut c, &["DEL", "lk"]);
+    grant(&mut c, "lk", "a", 60_000);
+    let w = spawn_acquire(&srv, "lk", "f", 10_000, 0);
+    wait_blocked(&mut c, 1);
+    call(&mut c, &["SADD", "src", "m"]);
+    assert_eq!(call(&mut c, &["SUNIONSTORE", "lk", "src"]).int(), Some(1));
+    let (r, _) = w.join().expect("waiter");
+    assert_err_prefix(&r, "ERR", "waiter of a key overwritten by SUNIONSTORE");
+    assert_eq!(blocked_clients(&mut c), 0);
 }
 
 #[test]
