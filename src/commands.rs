@@ -241,6 +241,14 @@ pub fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
             );
         }
         KeyKind::Empty if ghost.is_some() || waiters::count(ctx, key_name) == 0 => {}
+        KeyKind::Empty if !crate::cluster::serves_stably(ctx, ffi::bytes(key_name)) => {
+            // The key migrated away (or is migrating): granting it here would make a second
+            // copy of the lock. Cluster clients retry TRYAGAIN and follow the redirect.
+            waiters::fail_all(
+                &waiters::key_id(ctx, key_name),
+                "TRYAGAIN the lock key moved to another node while you waited; retry\0",
+            );
+        }
         _ => {
             let Ok(rec) = record_for_write(&key) else {
                 return;

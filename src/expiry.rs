@@ -138,8 +138,18 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
     e.alarm_at_us = at_us;
 }
 
+/// While clients are paused, due entries wait this long and are looked at again.
+const PAUSED_RETRY_US: u64 = 10_000;
+
 unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
     let now = server::now();
+    if server::avoid_replica_traffic() {
+        with_expiry(|e| {
+            e.alarm = 0;
+            ensure_alarm(e, now.mono_us + PAUSED_RETRY_US);
+        });
+        return;
+    }
     let due = with_expiry(|e| {
         e.alarm = 0;
         e.index.pop_due(now.mono_us)

@@ -95,6 +95,8 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_GetServerInfo,
         RedisModule_ServerInfoGetFieldSigned,
         RedisModule_FreeServerInfo,
+        RedisModule_CallReplyStringPtr,
+        RedisModule_AvoidReplicaTraffic,
     );
     None
 }

@@ -13,7 +13,10 @@
 pub mod args;
 pub mod core;
 pub mod deadlines;
+pub mod slots;
 
+#[cfg(not(test))]
+mod cluster;
 #[cfg(not(test))]
 mod commands;
 #[cfg(not(test))]

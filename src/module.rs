@@ -23,6 +23,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     }
     rm!(RedisModule_RegisterInfoFunc, 0; raw_ctx, Some(stats::info));
     events::subscribe(raw_ctx);
+    crate::cluster::init(raw_ctx);
     Status::Ok
 }
 

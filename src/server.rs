@@ -109,3 +109,10 @@ pub fn recheck_replication(ctx: Ctx) {
         && info_field(ctx, c"replication", c"connected_slaves") == Some(0);
     REPLICATION_CONSUMED.store(!quiet, Ordering::Relaxed);
 }
+
+/// True while clients are paused (CLIENT PAUSE, or a cluster manual failover waiting for the
+/// replica's offset to match): timers and deferred jobs then wait, since effects they would
+/// replicate keep the offsets from ever matching. Commands still check leases lazily.
+pub fn avoid_replica_traffic() -> bool {
+    crate::rm!(RedisModule_AvoidReplicaTraffic, 0;) != 0
+}

@@ -389,6 +389,15 @@ pub fn schedule(job: Job) {
 }
 
 unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
+    if server::avoid_replica_traffic() {
+        // Clients are paused: wait, the jobs' effects would be replicated.
+        JOB_TIMER.store(true, Ordering::Relaxed);
+        let id = rm!(RedisModule_CreateTimer, 0; server::module_ctx(), 10, Some(run_jobs), ptr::null_mut());
+        if id == 0 {
+            JOB_TIMER.store(false, Ordering::Relaxed);
+        }
+        return;
+    }
     JOB_TIMER.store(false, Ordering::Relaxed);
     let jobs = std::mem::take(&mut *JOBS.lock().unwrap_or_else(|p| p.into_inner()));
     for job in jobs {
