@@ -217,6 +217,21 @@ fn cluster_clients_route_every_command_and_fenced_checks_slots() {
             .collect();
         assert_eq!(keys, want, "{cmd:?}");
     }
+    // redis-py's RedisCluster, in the example.
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/cluster_fenced.py"
+        ))
+        .args(["--port", &cluster.nodes[0].srv.port().to_string()])
+        .output()
+        .expect("run python3 examples/cluster_fenced.py (make test installs redis-py)");
+    assert!(
+        out.status.success(),
+        "examples/cluster_fenced.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // redis-rs's cluster client routes by those positions: locks on keys all over the slots.
     let mut cc = cluster_conn(&cluster);
     let mut tokens = Vec::new();

