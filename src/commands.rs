@@ -56,24 +56,30 @@ fn record_for_write<'a>(key: &Key) -> Result<&'a mut LockRecord, c_int> {
     }
 }
 
-/// Open `key` for writing and hand its settled record to `f`, or reply WRONGTYPE. When the
-/// key is deleted while settling, `f` gets `None`.
-fn with_settled_record(
+/// Open `key` for writing and hand its settled lock record to `f`. `missing` answers when
+/// there is no lock (no key, or the key went away while settling); another type gets
+/// WRONGTYPE.
+fn with_existing_record(
     ctx: Ctx,
     key_name: RStr,
-    f: impl FnOnce(&Key, Option<&mut LockRecord>, crate::core::Now) -> c_int,
+    missing: impl Fn() -> c_int,
+    f: impl FnOnce(&Key, &mut LockRecord, crate::core::Now) -> c_int,
 ) -> c_int {
     let key = Key::open(ctx, key_name, true);
-    let rec = match record_for_write(&key) {
-        Ok(rec) => rec,
-        Err(0) => return ffi::reply_error_static(ctx, WRONGTYPE),
-        Err(_) => return ffi::reply_error_static(ctx, "ERR could not store the lock\0"),
-    };
-    let now = server::now();
-    if handoff::settle(ctx, key_name, &key, rec, now, false) {
-        return f(&key, None, now);
+    match key.kind(server::lock_type()) {
+        KeyKind::Other => ffi::reply_error_static(ctx, WRONGTYPE),
+        KeyKind::Empty => missing(),
+        KeyKind::Ours => {
+            let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
+                return missing();
+            };
+            let now = server::now();
+            if handoff::settle(ctx, key_name, &key, rec, now, false) {
+                return missing();
+            }
+            f(&key, rec, now)
+        }
     }
-    f(&key, Some(rec), now)
 }
 
 /// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`
@@ -151,23 +157,20 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
             Err(e) => return reply_arg_error(ctx, e),
         };
         let key_name = key_arg(args);
-        let key = Key::open(ctx, key_name, false);
-        if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
-            return ffi::reply_int(ctx, 0);
-        }
-        drop(key);
-        with_settled_record(ctx, key_name, |key, rec, now| {
-            let Some(rec) = rec else {
-                return ffi::reply_int(ctx, 0);
-            };
-            if !rec.state.release(owner, now) {
-                return ffi::reply_int(ctx, 0);
-            }
-            stats::RELEASES.incr();
-            ffi::notify(ctx, "flock.released\0", key_name);
-            handoff::settle(ctx, key_name, key, rec, now, true);
-            ffi::reply_int(ctx, 1)
-        })
+        with_existing_record(
+            ctx,
+            key_name,
+            || ffi::reply_int(ctx, 0),
+            |key, rec, now| {
+                if !rec.state.release(owner, now) {
+                    return ffi::reply_int(ctx, 0);
+                }
+                stats::RELEASES.incr();
+                ffi::notify(ctx, "flock.released\0", key_name);
+                handoff::settle(ctx, key_name, key, rec, now, true);
+                ffi::reply_int(ctx, 1)
+            },
+        )
     })
 }
 
@@ -177,23 +180,20 @@ pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
         return reply_arg_error(ctx, e);
     }
     let key_name = key_arg(args);
-    let key = Key::open(ctx, key_name, false);
-    if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
-        return ffi::reply_int(ctx, 0);
-    }
-    drop(key);
-    with_settled_record(ctx, key_name, |key, rec, now| {
-        let Some(rec) = rec else {
-            return ffi::reply_int(ctx, 0);
-        };
-        if rec.state.revoke(now, config::lock_delay_ms()).is_none() {
-            return ffi::reply_int(ctx, 0);
-        }
-        stats::REVOKES.incr();
-        ffi::notify(ctx, "flock.revoked\0", key_name);
-        handoff::settle(ctx, key_name, key, rec, now, true);
-        ffi::reply_int(ctx, 1)
-    })
+    with_existing_record(
+        ctx,
+        key_name,
+        || ffi::reply_int(ctx, 0),
+        |key, rec, now| {
+            if rec.state.revoke(now, config::lock_delay_ms()).is_none() {
+                return ffi::reply_int(ctx, 0);
+            }
+            stats::REVOKES.incr();
+            ffi::notify(ctx, "flock.revoked\0", key_name);
+            handoff::settle(ctx, key_name, key, rec, now, true);
+            ffi::reply_int(ctx, 1)
+        },
+    )
 }
 
 /// `FLOCK.RENEW key owner ttl`
@@ -204,24 +204,19 @@ pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
             Err(e) => return reply_arg_error(ctx, e),
         };
         let key_name = key_arg(args);
-        let key = Key::open(ctx, key_name, false);
-        if matches!(key.kind(server::lock_type()), KeyKind::Empty) {
-            return ffi::reply_null(ctx);
-        }
-        drop(key);
-        with_settled_record(ctx, key_name, |key, rec, now| {
-            let Some(rec) = rec else {
-                return ffi::reply_null(ctx);
-            };
-            match rec.state.renew(owner, ttl_ms, now) {
+        with_existing_record(
+            ctx,
+            key_name,
+            || ffi::reply_null(ctx),
+            |key, rec, now| match rec.state.renew(owner, ttl_ms, now) {
                 Some(token) => {
                     stats::RENEWALS.incr();
                     handoff::publish(ctx, key_name, key, rec, now, true);
                     ffi::reply_int(ctx, token as i64)
                 }
                 None => ffi::reply_null(ctx),
-            }
-        })
+            },
+        )
     })
 }
 
