@@ -38,11 +38,26 @@ impl ArgError {
 
 /// A decimal integer as Redis writes them: optional '-', digits, no spaces, fits in i64.
 pub fn parse_i64(b: &[u8]) -> Option<i64> {
-    let digits = b.strip_prefix(b"-").unwrap_or(b);
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+    let (negative, digits) = match b.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, b),
+    };
+    if digits.is_empty() || digits.len() > 19 {
         return None;
     }
-    std::str::from_utf8(b).ok()?.parse::<i64>().ok()
+    // Accumulate as a negative number: i64::MIN has no positive counterpart.
+    let mut v: i64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_sub(i64::from(c - b'0'))?;
+    }
+    if negative {
+        Some(v)
+    } else {
+        v.checked_neg()
+    }
 }
 
 pub fn parse_owner(b: &[u8]) -> Result<&[u8], ArgError> {

@@ -324,12 +324,12 @@ impl LockState {
     }
 
     /// Bring the key up to date at `now`: end a run-out lease, end a finished lock-delay, and
-    /// when the key is free hand it to the first waiter.
+    /// when the key is free hand it to the first waiter of `queue` (`None`: nobody waits).
     pub fn settle(
         &mut self,
         now: Now,
         lock_delay_ms: u64,
-        queue: &mut WaitQueue,
+        queue: Option<&mut WaitQueue>,
         tokens: &mut TokenIssuer,
     ) -> Settled {
         let expired = self.expire(now, lock_delay_ms);
@@ -337,13 +337,15 @@ impl LockState {
             self.delay = None;
         }
         let mut handed_to = None;
-        if self.is_free(now) && !queue.is_empty() {
-            if let Some(token) = tokens.issue(now) {
-                if let Some(w) = queue.pop() {
-                    self.holder = Some(Grant::new(&w.owner, token, w.ttl_ms, now));
-                    self.last_token = token;
-                    self.delay = None;
-                    handed_to = Some((w, token));
+        if let Some(queue) = queue.filter(|q| !q.is_empty()) {
+            if self.is_free(now) {
+                if let Some(token) = tokens.issue(now) {
+                    if let Some(w) = queue.pop() {
+                        self.holder = Some(Grant::new(&w.owner, token, w.ttl_ms, now));
+                        self.last_token = token;
+                        self.delay = None;
+                        handed_to = Some((w, token));
+                    }
                 }
             }
         }
@@ -451,7 +453,7 @@ mod tests {
         tokens: &mut TokenIssuer,
     ) -> Acquired {
         let mut queue = WaitQueue::default();
-        state.settle(now, 0, &mut queue, tokens);
+        state.settle(now, 0, Some(&mut queue), tokens);
         state.acquire(owner.as_bytes(), ttl, now, queue.len(), tokens)
     }
 
@@ -510,7 +512,7 @@ mod tests {
         q.push(waiter(8, "c", 500));
         // Nothing to hand off while the holder is live; a newcomer does not overtake.
         assert_eq!(
-            state.settle(at(10), 0, &mut q, &mut tokens),
+            state.settle(at(10), 0, Some(&mut q), &mut tokens),
             Settled::default()
         );
         assert_eq!(
@@ -518,7 +520,7 @@ mod tests {
             Acquired::Busy
         );
         assert!(state.release(b"a", at(20)));
-        let s = state.settle(at(20), 0, &mut q, &mut tokens);
+        let s = state.settle(at(20), 0, Some(&mut q), &mut tokens);
         let (w, t2) = s.handed_to.expect("handed off");
         assert_eq!((w.id, &*w.owner), (7, &b"b"[..]));
         assert!(t2 > t1);
@@ -533,8 +535,11 @@ mod tests {
         let mut state = LockState::default();
         state.acquire(b"a", 100, T0, 0, &mut tokens);
         q.push(waiter(1, "b", 100));
-        assert_eq!(state.settle(at(99), 0, &mut q, &mut tokens).handed_to, None);
-        let s = state.settle(at(100), 0, &mut q, &mut tokens);
+        assert_eq!(
+            state.settle(at(99), 0, Some(&mut q), &mut tokens).handed_to,
+            None
+        );
+        let s = state.settle(at(100), 0, Some(&mut q), &mut tokens);
         assert!(s.expired.is_some());
         assert_eq!(s.handed_to.map(|(w, _)| w.id), Some(1));
     }
@@ -548,7 +553,7 @@ mod tests {
         // Expiry: delay counted from the lease's deadline.
         state.acquire(b"a", 100, T0, 0, &mut tokens);
         q.push(waiter(1, "b", 100));
-        let s = state.settle(at(120), delay, &mut q, &mut tokens);
+        let s = state.settle(at(120), delay, Some(&mut q), &mut tokens);
         assert!(s.expired.is_some());
         assert_eq!(s.handed_to, None, "granted during lock-delay");
         assert!(!state.is_vacant(at(120)));
@@ -561,7 +566,7 @@ mod tests {
             state.next_deadline().map(|d| d.mono_us),
             Some(at(150).mono_us)
         );
-        let s = state.settle(at(150), delay, &mut q, &mut tokens);
+        let s = state.settle(at(150), delay, Some(&mut q), &mut tokens);
         let (w, tok) = s.handed_to.expect("granted when the delay ends");
         assert_eq!(w.id, 1);
         // Revoke: delay counted from the revoke.
@@ -571,7 +576,7 @@ mod tests {
             state.acquire(b"c", 100, at(209), 0, &mut tokens),
             Acquired::Busy
         );
-        state.settle(at(210), delay, &mut q, &mut tokens);
+        state.settle(at(210), delay, Some(&mut q), &mut tokens);
         assert!(matches!(
             state.acquire(b"c", 100, at(210), 0, &mut tokens),
             Acquired::Granted(_)

@@ -96,23 +96,23 @@ pub fn count(ctx: Ctx, key: RStr) -> usize {
     registry().get().queues.get(&id).map_or(0, WaitQueue::len)
 }
 
-/// Run `f` with the wait queue of `key` (empty when nobody waits); drops empty queues.
-pub fn with_queue<R>(ctx: Ctx, key: RStr, f: impl FnOnce(&mut WaitQueue) -> R) -> R {
+/// Run `f` with the wait queue of `key` (`None` when nobody waits); drops emptied queues.
+pub fn with_queue<R>(ctx: Ctx, key: RStr, f: impl FnOnce(Option<&mut WaitQueue>) -> R) -> R {
     if blocked_now() == 0 {
-        return f(&mut WaitQueue::default());
+        return f(None);
     }
     let id = key_id(ctx, key);
     let mut guard = registry();
     let reg = guard.get();
     match reg.queues.get_mut(&id) {
         Some(q) => {
-            let r = f(q);
+            let r = f(Some(&mut *q));
             if q.is_empty() {
                 reg.queues.remove(&id);
             }
             r
         }
-        None => f(&mut WaitQueue::default()),
+        None => f(None),
     }
 }
 
