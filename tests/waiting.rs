@@ -310,7 +310,7 @@ fn a_grant_to_a_client_that_just_went_away_is_passed_on() {
         let mut sleeper = srv.conn();
         let mut holder = srv.conn();
         grant(&mut holder, "lk", "a", 60_000);
-        let mut ghost = raw_block(&srv, "lk", "ghost");
+        let ghost = raw_block(&srv, "lk", "ghost");
         wait_blocked(&mut c, 1);
         let w = spawn_acquire(&srv, "lk", "b", 10_000, 0);
         wait_blocked(&mut c, 2);
