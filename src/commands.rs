@@ -98,8 +98,11 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
         };
         let now = server::now();
         // Settle first (expiry, hand-off to waiters), publish once with the outcome.
-        let settled = server::is_master() && handoff::settle_state(ctx, key_name, rec, now);
-        let waiting = waiters::count(ctx, key_name);
+        let (settled, waiting) = if server::is_master() {
+            handoff::settle_state(ctx, key_name, rec, now)
+        } else {
+            (false, 0)
+        };
         let outcome = rec
             .state
             .acquire(a.owner, a.ttl_ms, now, waiting, &mut server::tokens());

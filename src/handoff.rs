@@ -21,20 +21,25 @@ pub fn settle(
     if !server::is_master() {
         return false;
     }
-    let changed = settle_state(ctx, key_name, rec, now) || changed;
+    let changed = settle_state(ctx, key_name, rec, now).0 || changed;
     publish(ctx, key_name, key, rec, now, changed)
 }
 
 /// The first half of [`settle`]: update the state, notify, deliver to a waiter; publish
-/// nothing. Returns whether the state changed.
-pub fn settle_state(ctx: Ctx, key_name: RStr, rec: &mut LockRecord, now: Now) -> bool {
+/// nothing. Returns whether the state changed, and how many clients still wait for the key.
+pub fn settle_state(ctx: Ctx, key_name: RStr, rec: &mut LockRecord, now: Now) -> (bool, usize) {
     let mut changed = false;
+    let mut waiting;
     let lock_delay = config::lock_delay_ms();
     loop {
         let had_delay = rec.state.delay.is_some();
-        let s = waiters::with_queue(ctx, key_name, |q| {
-            rec.state.settle(now, lock_delay, q, &mut server::tokens())
+        let (s, left) = waiters::with_queue(ctx, key_name, |mut q| {
+            let s = rec
+                .state
+                .settle(now, lock_delay, q.as_deref_mut(), &mut server::tokens());
+            (s, q.map_or(0, |q| q.len()))
         });
+        waiting = left;
         if s.expired.is_some() {
             stats::EXPIRATIONS.incr();
             ffi::notify(ctx, "flock.expired\0", key_name);
@@ -52,7 +57,7 @@ pub fn settle_state(ctx: Ctx, key_name: RStr, rec: &mut LockRecord, now: Now) ->
         // The waiter vanished between its queueing and now: the grant goes to the next one.
         rec.state.holder = None;
     }
-    changed
+    (changed, waiting)
 }
 
 /// Replicate the state of `rec` when `changed`, delete the key when nothing is left (no

@@ -43,7 +43,9 @@ impl Blocked {
 
 #[derive(Default)]
 struct Registry {
-    queues: HashMap<KeyId, WaitQueue>,
+    /// Wait queues by database, then key name (two levels, so that a lookup by a borrowed
+    /// name allocates nothing).
+    queues: HashMap<c_int, HashMap<Vec<u8>, WaitQueue>>,
     blocked: HashMap<u64, Blocked>,
     by_client: HashMap<u64, u64>,
     next_id: u64,
@@ -51,6 +53,38 @@ struct Registry {
 
 // The raw handles are only touched on Redis's main thread.
 unsafe impl Send for Registry {}
+
+impl Registry {
+    fn queue(&self, db: c_int, name: &[u8]) -> Option<&WaitQueue> {
+        self.queues.get(&db)?.get(name)
+    }
+
+    fn queue_mut(&mut self, db: c_int, name: &[u8]) -> Option<&mut WaitQueue> {
+        self.queues.get_mut(&db)?.get_mut(name)
+    }
+
+    fn remove_queue(&mut self, db: c_int, name: &[u8]) -> Option<WaitQueue> {
+        let per_db = self.queues.get_mut(&db)?;
+        let q = per_db.remove(name);
+        if per_db.is_empty() {
+            self.queues.remove(&db);
+        }
+        q
+    }
+
+    /// Drop the queue of `db`/`name` if nobody is left in it.
+    fn drop_if_empty(&mut self, db: c_int, name: &[u8]) {
+        if self.queue(db, name).is_some_and(WaitQueue::is_empty) {
+            self.remove_queue(db, name);
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = KeyId> + '_ {
+        self.queues
+            .iter()
+            .flat_map(|(db, m)| m.keys().map(move |k| (*db, k.clone())))
+    }
+}
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 /// Number of blocked waiters: lets keyspace events skip the registry when nobody waits.
@@ -92,8 +126,11 @@ pub fn count(ctx: Ctx, key: RStr) -> usize {
     if blocked_now() == 0 {
         return 0;
     }
-    let id = key_id(ctx, key);
-    registry().get().queues.get(&id).map_or(0, WaitQueue::len)
+    let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
+    registry()
+        .get()
+        .queue(db, ffi::bytes(key))
+        .map_or(0, WaitQueue::len)
 }
 
 /// Run `f` with the wait queue of `key` (`None` when nobody waits); drops emptied queues.
@@ -101,19 +138,13 @@ pub fn with_queue<R>(ctx: Ctx, key: RStr, f: impl FnOnce(Option<&mut WaitQueue>)
     if blocked_now() == 0 {
         return f(None);
     }
-    let id = key_id(ctx, key);
+    let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
+    let name = ffi::bytes(key);
     let mut guard = registry();
     let reg = guard.get();
-    match reg.queues.get_mut(&id) {
-        Some(q) => {
-            let r = f(Some(&mut *q));
-            if q.is_empty() {
-                reg.queues.remove(&id);
-            }
-            r
-        }
-        None => f(None),
-    }
+    let r = f(reg.queue_mut(db, name));
+    reg.drop_if_empty(db, name);
+    r
 }
 
 /// Whether this context may block its client (not inside MULTI, a script, or a context
@@ -143,7 +174,7 @@ pub fn block(
     let id = key_id(ctx, key);
     let mut guard = registry();
     let reg = guard.get();
-    let waiting = reg.queues.get(&id).map_or(0, WaitQueue::len);
+    let waiting = reg.queue(id.0, &id.1).map_or(0, WaitQueue::len);
     if waiting >= crate::config::max_waiters() {
         return Err(BlockError::TooMany);
     }
@@ -167,11 +198,16 @@ pub fn block(
     } else {
         0
     };
-    reg.queues.entry(id.clone()).or_default().push(Waiter {
-        id: waiter_id,
-        owner: owner.into(),
-        ttl_ms,
-    });
+    reg.queues
+        .entry(id.0)
+        .or_default()
+        .entry(id.1.clone())
+        .or_default()
+        .push(Waiter {
+            id: waiter_id,
+            owner: owner.into(),
+            ttl_ms,
+        });
     reg.blocked.insert(
         waiter_id,
         Blocked {
@@ -222,7 +258,7 @@ pub fn deliver(waiter_id: u64, token: u64) -> bool {
 pub fn fail_all(key: &KeyId, msg: &'static str) {
     let mut guard = registry();
     let reg = guard.get();
-    let Some(mut q) = reg.queues.remove(key) else {
+    let Some(mut q) = reg.remove_queue(key.0, &key.1) else {
         return;
     };
     for w in q.drain() {
@@ -237,7 +273,7 @@ pub fn fail_all(key: &KeyId, msg: &'static str) {
 
 /// Unblock every waiter of every key with an error (`msg` ends with NUL).
 pub fn fail_everyone(msg: &'static str) {
-    let keys: Vec<KeyId> = registry().get().queues.keys().cloned().collect();
+    let keys: Vec<KeyId> = registry().get().keys().collect();
     for k in keys {
         fail_all(&k, msg);
     }
@@ -250,10 +286,8 @@ pub fn waited_keys(db: Option<c_int>) -> Vec<KeyId> {
     }
     registry()
         .get()
-        .queues
         .keys()
         .filter(|(d, _)| db.is_none_or(|want| *d == want))
-        .cloned()
         .collect()
 }
 
@@ -261,19 +295,17 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
     if blocked_now() == 0 {
         return false;
     }
-    registry().get().queues.contains_key(&(db, key.to_vec()))
+    registry().get().queue(db, key).is_some()
 }
 
 /// Take waiter `waiter_id` out of its queue and the registry.
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    if let Some(q) = reg.queues.get_mut(&b.key) {
+    if let Some(q) = reg.queue_mut(b.key.0, &b.key.1) {
         q.cancel(waiter_id);
-        if q.is_empty() {
-            reg.queues.remove(&b.key);
-        }
     }
+    reg.drop_if_empty(b.key.0, &b.key.1);
     Some(b)
 }
 
