@@ -422,6 +422,10 @@ fn slot_migration_keeps_the_lock_and_token_order_and_answers_waiters() {
         t_new > t_lock && t_new > t_ended,
         "{t_new} vs {t_lock} / {t_ended}"
     );
+    println!(
+        "migration: source tokens {t_lock} (held) and {t_ended} (ended); ttl on the target \
+         {ttl} ms; the target's next token {t_new}"
+    );
     assert_eq!(release(&mut dst, lock, "holder"), 1);
     let t_next = grant(&mut dst, lock, "after", 1000);
     assert!(t_next > t_lock);
@@ -498,4 +502,5 @@ fn failover_keeps_deadlines_and_issues_greater_tokens() {
         t_after > t_lost,
         "token {t_after} after failover not above the lost grant's {t_lost}"
     );
+    println!("forced failover: lost grant's token {t_lost}; new master's token {t_after}");
 }
