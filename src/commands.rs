@@ -41,7 +41,7 @@ fn key_arg(args: &[RStr]) -> RStr {
 
 /// The lock record of a key opened for writing: the stored one, or a fresh empty one stored
 /// now (the caller settles and publishes it, which deletes it again if nothing needs it).
-fn record_for_write<'a>(key: &Key) -> Result<&'a mut LockRecord, c_int> {
+fn record_for_write<'a>(ctx: Ctx, key_name: RStr, key: &Key) -> Result<&'a mut LockRecord, c_int> {
     match key.kind(server::lock_type()) {
         KeyKind::Other => Err(0),
         KeyKind::Ours => unsafe { key.value::<LockRecord>().as_mut() }.ok_or(1),
@@ -51,8 +51,18 @@ fn record_for_write<'a>(key: &Key) -> Result<&'a mut LockRecord, c_int> {
                 drop(unsafe { Box::from_raw(rec) });
                 return Err(1);
             }
-            unsafe { rec.as_mut() }.ok_or(1)
+            let rec = unsafe { rec.as_mut() }.ok_or(1)?;
+            watch_if_waited(ctx, key_name, rec);
+            Ok(rec)
         }
+    }
+}
+
+/// Mark `rec` as having waiters when clients wait for its key (a new value under a name
+/// that was deleted or moved while they waited): only marked records consult the queues.
+fn watch_if_waited(ctx: Ctx, key_name: RStr, rec: &mut LockRecord) {
+    if rec.watched.is_none() && waiters::count(ctx, key_name) > 0 {
+        rec.watched = Some(Box::new(waiters::key_id(ctx, key_name)));
     }
 }
 
@@ -91,7 +101,7 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
         };
         let key_name = key_arg(args);
         let key = Key::open(ctx, key_name, true);
-        let rec = match record_for_write(&key) {
+        let rec = match record_for_write(ctx, key_name, &key) {
             Ok(rec) => rec,
             Err(0) => return ffi::reply_error_static(ctx, WRONGTYPE),
             Err(_) => return ffi::reply_error_static(ctx, "ERR could not store the lock\0"),
@@ -248,9 +258,10 @@ pub fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
             );
         }
         _ => {
-            let Ok(rec) = record_for_write(&key) else {
+            let Ok(rec) = record_for_write(ctx, key_name, &key) else {
                 return;
             };
+            watch_if_waited(ctx, key_name, rec);
             let now = server::now();
             let mut changed = false;
             if let Some(token) = ghost {
@@ -364,8 +375,9 @@ pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
             } => LockState::delayed(token, Deadline::from_wall(until_wall_ms, now)),
         };
         server::tokens().observe(state.last_token);
-        let key = Key::open(ctx, key_arg(args), true);
-        match record_for_write(&key) {
+        let key_name = key_arg(args);
+        let key = Key::open(ctx, key_name, true);
+        match record_for_write(ctx, key_name, &key) {
             Ok(rec) => {
                 rec.state = state;
                 // The effect is deterministic: a replica passes it on verbatim to its own AOF

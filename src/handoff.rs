@@ -33,12 +33,20 @@ pub fn settle_state(ctx: Ctx, key_name: RStr, rec: &mut LockRecord, now: Now) ->
     let lock_delay = config::lock_delay_ms();
     loop {
         let had_delay = rec.state.delay.is_some();
-        let (s, left) = waiters::with_queue(ctx, key_name, |mut q| {
+        // Only a record that clients waited on consults the queues (see `watched`).
+        let (s, left) = if rec.watched.is_none() {
             let s = rec
                 .state
-                .settle(now, lock_delay, q.as_deref_mut(), &mut server::tokens());
-            (s, q.map_or(0, |q| q.len()))
-        });
+                .settle(now, lock_delay, None, &mut server::tokens());
+            (s, 0)
+        } else {
+            waiters::with_queue(ctx, key_name, |mut q| {
+                let s = rec
+                    .state
+                    .settle(now, lock_delay, q.as_deref_mut(), &mut server::tokens());
+                (s, q.map_or(0, |q| q.len()))
+            })
+        };
         waiting = left;
         if s.expired.is_some() {
             stats::EXPIRATIONS.incr();
@@ -70,7 +78,7 @@ pub fn publish(
     now: Now,
     changed: bool,
 ) -> bool {
-    if rec.state.is_vacant(now) && waiters::count(ctx, key_name) == 0 {
+    if rec.state.is_vacant(now) && (rec.watched.is_none() || waiters::count(ctx, key_name) == 0) {
         if changed {
             replication::delete(ctx, key_name);
         }

@@ -22,8 +22,9 @@ pub struct LockRecord {
     /// The deadline-index entry (0: none) and when it is due, on the monotonic clock.
     pub timer: u64,
     pub timer_at_us: u64,
-    /// Set once a client waited on this value: the key (database, name) to look at again when
-    /// the value is freed (deleted, overwritten by another type, flushed, evicted).
+    /// Set once clients wait for this value's key (and only then are the wait queues
+    /// consulted): the key (database, name) to look at again when the value is freed
+    /// (deleted, overwritten by another type, flushed, evicted).
     pub watched: Option<Box<(c_int, Vec<u8>)>>,
 }
 
