@@ -5,12 +5,13 @@ MODULE := $(CURDIR)/target/release/libredis_flock.so
 RUN_DIR := $(CURDIR)/.run
 export REDIS_SERVER
 
-.PHONY: help deps build run test unit-test integration-test clean
+.PHONY: help deps build run test unit-test integration-test bench clean
 
 help:
 	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
 	@echo "make test    install what is missing, build, run unit and integration tests (REDIS_SERVER=... for another server)"
 	@echo "make build   build the module: $(MODULE)"
+	@echo "make bench   build, then benchmark flock against SET NX PX and Lua locks; writes docs/BENCHMARKS.md (QUICK=1: under a minute)"
 	@echo "make clean   remove build output"
 
 deps:
@@ -32,6 +33,10 @@ integration-test: build
 	FLOCK_MODULE=$(MODULE) cargo test --release --test '*' -- --test-threads=4
 
 test: unit-test integration-test
+
+# QUICK=1: smaller counts, shorter runs, report in target/bench-quick/ instead of docs/.
+bench: build
+	FLOCK_MODULE=$(MODULE) cargo bench --bench flock $(if $(filter 1 yes true,$(QUICK)),-- --quick)
 
 clean:
 	cargo clean
