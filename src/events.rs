@@ -70,6 +70,7 @@ pub unsafe extern "C" fn on_server_event(
                 server::recheck_replication(ctx);
             }
             waiters::run_queued(ctx);
+            expiry::on_cron(ctx);
             crate::cluster::broadcast_high_water(ctx);
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {

@@ -192,6 +192,13 @@ pub fn block(
     let client_id = rm!(RedisModule_GetClientId, 0; ctx);
     reg.next_id += 1;
     let waiter_id = reg.next_id;
+    // A timeout beyond ten years is no limit (a huge period would wrap in the server's
+    // timer arithmetic and fire at once).
+    let timeout_ms = if timeout_ms > 315_360_000_000 {
+        0
+    } else {
+        timeout_ms
+    };
     let timer = if timeout_ms > 0 {
         let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
         rm!(RedisModule_CreateTimer, 0; ctx, period, Some(on_waiter_timeout), waiter_id as usize as *mut c_void)
