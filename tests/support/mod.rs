@@ -44,18 +44,36 @@ pub fn faketime_lib() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// A copy of the module in `dir` that loads libfaketime itself. Redis and Valkey open modules
+/// with RTLD_DEEPBIND, so the module's own `clock_gettime` calls bypass an LD_PRELOADed
+/// libfaketime; adding libfaketime as the copy's first NEEDED library (patchelf) puts it first
+/// in the module's lookup scope. None when patchelf is missing.
+pub fn module_with_faketime(dir: &Path, lib: &Path) -> Option<PathBuf> {
+    let copy = dir.join("libredis_flock-faketime.so");
+    fs::copy(crate::common::module_path(), &copy).ok()?;
+    let st = Command::new("patchelf")
+        .arg("--add-needed")
+        .arg(lib)
+        .arg(&copy)
+        .status()
+        .ok()?;
+    st.success().then_some(copy)
+}
+
 /// Whether a test that needs `what` must fail rather than skip when it is missing
 /// (`make chaos` sets FLOCK_REQUIRE_CLOCK_TESTS=1 after installing what they need).
 pub fn skip_or_fail(test: &str, what: &str, env_var: &str) {
     if std::env::var_os(env_var).is_some() {
         panic!("{test}: {what} is missing and {env_var} is set");
     }
-    eprintln!(
-        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-         !!! SKIPPED {test}: {what} is missing.\n\
-         !!! `make chaos` installs it and runs this test (it sets {env_var}=1).\n\
-         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+    // Straight to the process's stderr in one write: the test harness captures eprintln! of
+    // passing tests.
+    use std::io::Write;
+    let notice = format!(
+        "\n!!! SKIPPED {test}: {what} is missing. `make chaos` installs it and runs this test \
+         (it sets {env_var}=1).\n"
     );
+    let _ = std::io::stderr().write_all(notice.as_bytes());
 }
 
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -82,6 +100,8 @@ pub struct Proc {
     pub dir: PathBuf,
     pub port: u16,
     pub start_timeout: Duration,
+    /// The module to load (default: the one the tests use, see `common::module_path`).
+    pub module: PathBuf,
     child: Option<Child>,
 }
 
@@ -95,12 +115,9 @@ impl Proc {
             dir: temp_dir(tag),
             port: free_port(),
             start_timeout: Duration::from_secs(15),
+            module: crate::common::module_path(),
             child: None,
         }
-    }
-
-    pub fn module_path() -> PathBuf {
-        crate::common::module_path()
     }
 
     /// Add `--name v1 v2 ...`.
@@ -161,7 +178,7 @@ impl Proc {
         assert!(self.child.is_none(), "already running");
         let mut m = vec![
             "--loadmodule".to_string(),
-            Self::module_path().display().to_string(),
+            self.module.display().to_string(),
         ];
         m.extend(module_args.iter().map(|s| s.to_string()));
         let args = self.command_line(&m);
@@ -214,7 +231,10 @@ impl Proc {
             if t0.elapsed() > self.start_timeout {
                 let log = self.log_tail(40);
                 self.kill9();
-                panic!("server did not answer PING within {:?}\n{log}", self.start_timeout);
+                panic!(
+                    "server did not answer PING within {:?}\n{log}",
+                    self.start_timeout
+                );
             }
             sleep(Duration::from_millis(30));
         }
