@@ -71,6 +71,7 @@ pub unsafe extern "C" fn on_server_event(
             }
             waiters::run_queued(ctx);
             expiry::on_cron(ctx);
+            waiters::time_out_due();
             crate::cluster::broadcast_high_water(ctx);
         }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {

@@ -30,6 +30,9 @@ struct Blocked {
     /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
     /// passes after the module unblocked it but before the reply went out.
     timer: u64,
+    /// When the timeout is due on the monotonic clock (0: no timeout). The cron checks it too:
+    /// module timers follow the wall clock on Redis 7.0 and Valkey 9.
+    deadline_us: u64,
 }
 
 impl Blocked {
@@ -222,6 +225,13 @@ pub fn block(
             client_id,
             key: id,
             timer,
+            deadline_us: if timeout_ms > 0 {
+                server::now()
+                    .mono_us
+                    .saturating_add(timeout_ms.saturating_mul(1000))
+            } else {
+                0
+            },
         },
     );
     reg.by_client.insert(client_id, waiter_id);
@@ -325,6 +335,31 @@ fn leave_by_client(ctx: Ctx) -> Option<Blocked> {
     let b = leave(reg, waiter_id)?;
     b.stop_timer();
     Some(b)
+}
+
+/// From the cron: time out every waiter whose deadline passed on the monotonic clock (a
+/// backstop for its timer).
+pub fn time_out_due() {
+    if blocked_now() == 0 {
+        return;
+    }
+    let now = server::now().mono_us;
+    let mut guard = registry();
+    let reg = guard.get();
+    let due: Vec<u64> = reg
+        .blocked
+        .iter()
+        .filter(|(_, b)| b.deadline_us != 0 && b.deadline_us <= now)
+        .map(|(id, _)| *id)
+        .collect();
+    for waiter_id in due {
+        if let Some(b) = leave(reg, waiter_id) {
+            b.stop_timer();
+            stats::TIMEOUTS.incr();
+            let d = Box::new(Delivery::TimedOut);
+            rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+        }
+    }
 }
 
 /// The waiter's timeout: it leaves the queue and gets nil.

@@ -229,7 +229,6 @@ fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
 /// The lease itself is judged on the monotonic clock, so G1/G5 hold; G6 (waiters served when
 /// the lease ends) and BLOCK timeouts do not. Run with `-- --ignored`.
 #[test]
-#[ignore = "module bug: flock's timers follow the wall clock (docs/RELIABILITY.md)"]
 fn timers_hand_off_and_time_out_on_time_across_wall_clock_steps() {
     let Some(f) = faked(
         "timers_hand_off_and_time_out_on_time_across_wall_clock_steps",
