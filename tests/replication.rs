@@ -367,6 +367,9 @@ fn consumers_that_arrive_later_get_every_effect() {
     drop(r);
     drop(replica);
     // The replica is gone (the backlog stays); turn the AOF on at runtime, restart from it.
+    // fsync every write: the restart below is a SIGKILL, and with `everysec` the last
+    // second of writes may not be on disk yet.
+    call(&mut m, &["CONFIG", "SET", "appendfsync", "always"]);
     assert_eq!(
         call(&mut m, &["CONFIG", "SET", "appendonly", "yes"]),
         Reply::Status("OK".into())
@@ -378,6 +381,7 @@ fn consumers_that_arrive_later_get_every_effect() {
     let t_aof = grant(&mut m, "aof", "c", 60_000);
     assert_eq!(release(&mut m, "after", "b"), 1);
     master.set_arg("appendonly", "yes");
+    master.set_arg("appendfsync", "always");
     master.restart();
     let mut m = master.conn();
     assert_eq!(
