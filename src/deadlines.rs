@@ -87,6 +87,14 @@ impl<T> DeadlineIndex<T> {
     /// Remove the entry `h`; `None` when it is no longer there.
     pub fn remove(&mut self, h: Handle) -> Option<T> {
         let (index, generation) = split(h);
+        let item = self.take(index, generation)?;
+        self.compact_if_needed();
+        Some(item)
+    }
+
+    /// Empty slot `index` if it still holds generation `generation`: free the slot for reuse
+    /// under a new generation, so that old handles can never reach what comes next.
+    fn take(&mut self, index: usize, generation: u32) -> Option<T> {
         let slot = self.slots.get_mut(index)?;
         if slot.generation != generation {
             return None;
@@ -95,8 +103,14 @@ impl<T> DeadlineIndex<T> {
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(index as u32);
         self.live -= 1;
-        self.compact_if_needed();
         Some(item)
+    }
+
+    fn is_live(&self, h: Handle) -> bool {
+        let (index, generation) = split(h);
+        self.slots
+            .get(index)
+            .is_some_and(|s| s.generation == generation && s.item.is_some())
     }
 
     /// The earliest deadline of a live entry.
@@ -114,15 +128,8 @@ impl<T> DeadlineIndex<T> {
             }
             self.heap.pop();
             let (index, generation) = split(h);
-            if let Some(slot) = self.slots.get_mut(index) {
-                if slot.generation == generation {
-                    if let Some((_, item)) = slot.item.take() {
-                        slot.generation = slot.generation.wrapping_add(1);
-                        self.free.push(index as u32);
-                        self.live -= 1;
-                        due.push(item);
-                    }
-                }
+            if let Some(item) = self.take(index, generation) {
+                due.push(item);
             }
         }
         self.compact_if_needed();
@@ -143,29 +150,24 @@ impl<T> DeadlineIndex<T> {
 
     /// Take the live entries for which `pred` holds.
     pub fn drain_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
-        let mut out = Vec::new();
-        for (index, slot) in self.slots.iter_mut().enumerate() {
-            if slot.item.as_ref().is_some_and(|(_, item)| pred(item)) {
-                if let Some((_, item)) = slot.item.take() {
-                    slot.generation = slot.generation.wrapping_add(1);
-                    self.free.push(index as u32);
-                    self.live -= 1;
-                    out.push(item);
-                }
-            }
-        }
+        let chosen: Vec<(usize, u32)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.item.as_ref().is_some_and(|(_, item)| pred(item)))
+            .map(|(index, s)| (index, s.generation))
+            .collect();
+        let out: Vec<T> = chosen
+            .into_iter()
+            .filter_map(|(index, generation)| self.take(index, generation))
+            .collect();
         self.compact_if_needed();
         out
     }
 
     fn drop_dead_top(&mut self) {
         while let Some(Reverse((_, h))) = self.heap.peek().copied() {
-            let (index, generation) = split(h);
-            let alive = self
-                .slots
-                .get(index)
-                .is_some_and(|s| s.generation == generation && s.item.is_some());
-            if alive {
+            if self.is_live(h) {
                 break;
             }
             self.heap.pop();
@@ -174,16 +176,10 @@ impl<T> DeadlineIndex<T> {
 
     fn compact_if_needed(&mut self) {
         if self.heap.len() > 2 * self.live + 1024 {
-            let slots = &self.slots;
-            let live: Vec<Reverse<(u64, Handle)>> = self
-                .heap
-                .drain()
-                .filter(|Reverse((_, h))| {
-                    let (index, generation) = split(*h);
-                    slots
-                        .get(index)
-                        .is_some_and(|s| s.generation == generation && s.item.is_some())
-                })
+            let heap = std::mem::take(&mut self.heap);
+            let live: Vec<Reverse<(u64, Handle)>> = heap
+                .into_iter()
+                .filter(|Reverse((_, h))| self.is_live(*h))
                 .collect();
             self.heap = BinaryHeap::from(live);
             self.heap.shrink_to(self.heap.len() * 2);
