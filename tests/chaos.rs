@@ -1127,12 +1127,21 @@ impl Injector {
             "digest",
         ];
         let mut i = self.rng.below(plan.len() as u64) as usize;
+        let start = Instant::now();
+        let half = (until - start) / 2;
+        let mut killed = false;
         while Instant::now() < until {
             sleep(Duration::from_millis(700 + self.rng.below(1300)));
             if Instant::now() >= until {
                 break;
             }
-            match plan[i % plan.len()] {
+            // Every run, even a short one, restarts the master at least once.
+            let mut fault = plan[i % plan.len()];
+            if !killed && start.elapsed() > half {
+                fault = "kill";
+            }
+            killed |= fault == "kill";
+            match fault {
                 "sleep" => {
                     let secs = self.rng.pick(&["0.05", "0.2", "0.4", "0.8"]);
                     self.fault("DEBUG SLEEP (server stalled)");
@@ -1158,14 +1167,17 @@ impl Injector {
     }
 }
 
+/// (owner, token) of a lock's live grant, as FLOCK.INFO shows it.
+type Holder = (Option<Vec<u8>>, i64);
+
 struct Snapshot {
     at: u64,
-    holders: HashMap<usize, Option<(Option<Vec<u8>>, i64)>>,
+    holders: HashMap<usize, Option<Holder>>,
     logs: HashMap<usize, std::collections::HashSet<String>>,
 }
 
 /// (owner, token) of a FLOCK.INFO reply, None when nil.
-fn parse_info_opt(r: &Reply) -> Option<(Option<Vec<u8>>, i64)> {
+fn parse_info_opt(r: &Reply) -> Option<Holder> {
     if r.is_nil() || r.is_err() {
         return None;
     }
@@ -1568,7 +1580,7 @@ fn history_checker_under_faults() {
         h.violations[0]
     );
     assert!(
-        h.grants.len() > 50 && h.faults.get("kill -9 master, restart from AOF").is_some(),
+        h.grants.len() > 50 && h.faults.contains_key("kill -9 master, restart from AOF"),
         "the run exercised too little: {} grants, faults {:?}",
         h.grants.len(),
         h.faults

@@ -218,7 +218,7 @@ fn cluster_clients_route_every_command_and_fenced_checks_slots() {
         assert_eq!(keys, want, "{cmd:?}");
     }
     // redis-py's RedisCluster, in the example.
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/examples/cluster_fenced.py"

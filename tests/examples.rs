@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const EXAMPLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn require_redis_py() {
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .args(["-c", "import redis"])
         .output()
         .unwrap_or_else(|e| {
@@ -24,7 +24,7 @@ fn require_redis_py() {
     if !out.status.success() {
         panic!(
             "python3 cannot import redis (redis-py), which the examples need: run `make test` \
-             (it installs it), or `python3 -m pip install redis`\n{}",
+             (it installs it), or `.venv/bin/pip install redis`\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -38,7 +38,7 @@ fn run_example(name: &str) {
         .join("examples")
         .join(format!("{name}.py"));
     assert!(script.is_file(), "{} is missing", script.display());
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python())
         .arg(&script)
         .args(["--port", &srv.port().to_string(), "--host", "127.0.0.1"])
         .env("PYTHONUNBUFFERED", "1")

