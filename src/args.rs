@@ -116,20 +116,38 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireAr
     })
 }
 
-/// `FLOCK.RELEASE key owner`.
-pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], ArgError> {
-    let [_, _key, owner] = argv else {
-        return Err(ArgError::Arity);
-    };
-    parse_owner(owner)
+/// `FLOCK.RELEASE key owner [token]`: the owner, and the token that qualifies the call.
+pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<(&'a [u8], Option<u64>), ArgError> {
+    match argv {
+        [_, _key, owner] => Ok((parse_owner(owner)?, None)),
+        [_, _key, owner, token] => Ok((parse_owner(owner)?, Some(parse_token(token)?))),
+        _ => Err(ArgError::Arity),
+    }
 }
 
-/// `FLOCK.RENEW key owner ttl`.
-pub fn parse_renew<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<(&'a [u8], u64), ArgError> {
-    let [_, _key, owner, ttl] = argv else {
-        return Err(ArgError::Arity);
-    };
-    Ok((parse_owner(owner)?, parse_ttl(ttl, max_ttl_ms)?))
+/// `FLOCK.RENEW key owner ttl [token]`: the owner, the ttl and the token that qualifies it.
+pub fn parse_renew<'a>(
+    argv: &[&'a [u8]],
+    max_ttl_ms: u64,
+) -> Result<(&'a [u8], u64, Option<u64>), ArgError> {
+    match argv {
+        [_, _key, owner, ttl] => Ok((parse_owner(owner)?, parse_ttl(ttl, max_ttl_ms)?, None)),
+        [_, _key, owner, ttl, token] => Ok((
+            parse_owner(owner)?,
+            parse_ttl(ttl, max_ttl_ms)?,
+            Some(parse_token(token)?),
+        )),
+        _ => Err(ArgError::Arity),
+    }
+}
+
+/// `FLOCK.REVOKE key [owner]`: the owner whose grant alone is to end, if given.
+pub fn parse_revoke<'a>(argv: &[&'a [u8]]) -> Result<Option<&'a [u8]>, ArgError> {
+    match argv {
+        [_, _key] => Ok(None),
+        [_, _key, owner] => Ok(Some(parse_owner(owner)?)),
+        _ => Err(ArgError::Arity),
+    }
 }
 
 /// `FLOCK.CHECK key token`.
@@ -336,12 +354,25 @@ mod tests {
 
     #[test]
     fn other_commands_table() {
-        assert_eq!(parse_release(&v(&["R", "k", "o"])), Ok(&b"o"[..]));
+        assert_eq!(parse_release(&v(&["R", "k", "o"])), Ok((&b"o"[..], None)));
+        assert_eq!(parse_release(&v(&["R", "k", "o", "7"])), Ok((&b"o"[..], Some(7))));
+        assert_eq!(parse_release(&v(&["R", "k", "o", "0"])), Err(ArgError::Token));
+        assert_eq!(parse_release(&v(&["R", "k", "o", "x"])), Err(ArgError::Token));
+        assert_eq!(parse_release(&v(&["R", "k", "o", "7", "8"])), Err(ArgError::Arity));
         assert_eq!(parse_release(&v(&["R", "k"])), Err(ArgError::Arity));
         assert_eq!(parse_release(&v(&["R", "k", ""])), Err(ArgError::Owner));
+        assert_eq!(parse_revoke(&v(&["V", "k"])), Ok(None));
+        assert_eq!(parse_revoke(&v(&["V", "k", "o"])), Ok(Some(&b"o"[..])));
+        assert_eq!(parse_revoke(&v(&["V", "k", ""])), Err(ArgError::Owner));
+        assert_eq!(parse_revoke(&v(&["V", "k", "o", "p"])), Err(ArgError::Arity));
+        assert_eq!(
+            parse_renew(&v(&["N", "k", "o", "5", "9"]), 10),
+            Ok((&b"o"[..], 5, Some(9)))
+        );
+        assert_eq!(parse_renew(&v(&["N", "k", "o", "5", "-1"]), 10), Err(ArgError::Token));
         assert_eq!(
             parse_renew(&v(&["N", "k", "o", "5"]), 10),
-            Ok((&b"o"[..], 5))
+            Ok((&b"o"[..], 5, None))
         );
         assert_eq!(
             parse_renew(&v(&["N", "k", "o", "11"]), 10),

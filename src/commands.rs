@@ -162,10 +162,10 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
     })
 }
 
-/// `FLOCK.RELEASE key owner`
+/// `FLOCK.RELEASE key owner [token]`
 pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
     with_bytes(args, |argv| {
-        let owner = match args::parse_release(argv) {
+        let (owner, token) = match args::parse_release(argv) {
             Ok(o) => o,
             Err(e) => return reply_arg_error(ctx, e),
         };
@@ -175,7 +175,7 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
             key_name,
             || ffi::reply_int(ctx, 0),
             |key, rec, now| {
-                if !rec.state.release(owner, now) {
+                if !rec.state.release_grant(owner, token, now) {
                     return ffi::reply_int(ctx, 0);
                 }
                 stats::RELEASES.incr();
@@ -187,18 +187,20 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
     })
 }
 
-/// `FLOCK.REVOKE key`
+/// `FLOCK.REVOKE key [owner]`
 pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
-    if let Err(e) = with_bytes(args, args::parse_info) {
-        return reply_arg_error(ctx, e);
-    }
+    with_bytes(args, |argv| {
+    let owner = match args::parse_revoke(argv) {
+        Ok(o) => o,
+        Err(e) => return reply_arg_error(ctx, e),
+    };
     let key_name = key_arg(args);
     with_existing_record(
         ctx,
         key_name,
         || ffi::reply_int(ctx, 0),
         |key, rec, now| {
-            if rec.state.revoke(now, config::lock_delay_ms()).is_none() {
+            if rec.state.revoke_owner(owner, now, config::lock_delay_ms()).is_none() {
                 return ffi::reply_int(ctx, 0);
             }
             stats::REVOKES.incr();
@@ -207,12 +209,13 @@ pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
             ffi::reply_int(ctx, 1)
         },
     )
+    })
 }
 
-/// `FLOCK.RENEW key owner ttl`
+/// `FLOCK.RENEW key owner ttl [token]`
 pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
     with_bytes(args, |argv| {
-        let (owner, ttl_ms) = match args::parse_renew(argv, config::max_ttl_ms()) {
+        let (owner, ttl_ms, token) = match args::parse_renew(argv, config::max_ttl_ms()) {
             Ok(v) => v,
             Err(e) => return reply_arg_error(ctx, e),
         };
@@ -221,7 +224,7 @@ pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
             ctx,
             key_name,
             || ffi::reply_null(ctx),
-            |key, rec, now| match rec.state.renew(owner, ttl_ms, now) {
+            |key, rec, now| match rec.state.renew_grant(owner, ttl_ms, token, now) {
                 Some(token) => {
                     stats::RENEWALS.incr();
                     handoff::publish(ctx, key_name, key, rec, now, true);

@@ -156,6 +156,11 @@ impl Grant {
         }
     }
 
+    /// Whether this grant is `owner`'s and, when a token is given, has that token.
+    pub fn is(&self, owner: &[u8], token: Option<u64>) -> bool {
+        *self.owner == *owner && token.is_none_or(|t| t == self.token)
+    }
+
     pub fn is_live(&self, now: Now) -> bool {
         !self.deadline.passed(now)
     }
@@ -385,8 +390,14 @@ impl LockState {
 
     /// FLOCK.RELEASE: true when `owner` held the live grant, which is now over (no delay).
     pub fn release(&mut self, owner: &[u8], now: Now) -> bool {
+        self.release_grant(owner, None, now)
+    }
+
+    /// FLOCK.RELEASE with an optional token: with `Some(token)` only the grant with that token
+    /// ends, so a late retry of an earlier grant's release never ends a later grant.
+    pub fn release_grant(&mut self, owner: &[u8], token: Option<u64>, now: Now) -> bool {
         match self.live_holder(now) {
-            Some(holder) if *holder.owner == *owner => {
+            Some(holder) if holder.is(owner, token) => {
                 self.holder = None;
                 true
             }
@@ -397,7 +408,16 @@ impl LockState {
     /// FLOCK.REVOKE: end the live grant now, starting a lock-delay of `lock_delay_ms` from now.
     /// Returns the revoked token.
     pub fn revoke(&mut self, now: Now, lock_delay_ms: u64) -> Option<u64> {
-        let token = self.live_holder(now)?.token;
+        self.revoke_owner(None, now, lock_delay_ms)
+    }
+
+    /// FLOCK.REVOKE with an optional owner: with `Some(owner)` only that owner's grant ends.
+    pub fn revoke_owner(&mut self, owner: Option<&[u8]>, now: Now, lock_delay_ms: u64) -> Option<u64> {
+        let holder = self.live_holder(now)?;
+        if owner.is_some_and(|o| *holder.owner != *o) {
+            return None;
+        }
+        let token = holder.token;
         self.holder = None;
         if lock_delay_ms > 0 {
             self.delay = Some(Deadline::after(lock_delay_ms, now));
@@ -408,8 +428,13 @@ impl LockState {
     /// FLOCK.RENEW: the token when `owner` holds the live grant (lease now `ttl_ms` from
     /// `now`); `None` otherwise. Never revives an expired grant.
     pub fn renew(&mut self, owner: &[u8], ttl_ms: u64, now: Now) -> Option<u64> {
+        self.renew_grant(owner, ttl_ms, None, now)
+    }
+
+    /// FLOCK.RENEW with an optional token: with `Some(token)` only the grant with that token.
+    pub fn renew_grant(&mut self, owner: &[u8], ttl_ms: u64, token: Option<u64>, now: Now) -> Option<u64> {
         let holder = self.holder.as_mut().filter(|g| g.is_live(now))?;
-        if *holder.owner != *owner {
+        if !holder.is(owner, token) {
             return None;
         }
         holder.deadline = Deadline::after(ttl_ms, now);
@@ -588,6 +613,46 @@ mod tests {
             state.acquire(b"d", 100, at(220), 0, &mut tokens),
             Acquired::Granted(_)
         ));
+    }
+
+    /// Token-qualified RELEASE/RENEW and REVOKE by owner act on that grant alone: a late
+    /// retry of an earlier grant's release (etcd-io/etcd#22082) never ends a later grant.
+    #[test]
+    fn token_and_owner_qualified_calls_touch_only_their_grant() {
+        let mut tokens = TokenIssuer::new();
+        let mut state = LockState::default();
+        let Acquired::Granted(t1) = state.acquire(b"a", 100, T0, 0, &mut tokens) else {
+            panic!("not granted");
+        };
+        assert!(state.release_grant(b"a", Some(t1), at(1)));
+        let Acquired::Granted(t2) = state.acquire(b"a", 100, at(2), 0, &mut tokens) else {
+            panic!("not granted");
+        };
+        assert!(t2 > t1);
+        // (call, expected reply, whether t2 is still live afterwards)
+        let table: [(&str, Option<u64>, bool); 8] = [
+            ("release a t1", Some(0), true),
+            ("renew a t1", None, true),
+            ("renew b t2", None, true),
+            ("renew a t2", Some(t2), true),
+            ("revoke b", Some(0), true),
+            ("release b t2", Some(0), true),
+            ("revoke a", Some(1), false),
+            ("release a t2", Some(0), false),
+        ];
+        for (i, (call, want, live_after)) in table.into_iter().enumerate() {
+            let now = at(10 + i as u64);
+            let words: Vec<&str> = call.split(' ').collect();
+            let tok = |w: &str| if w == "t1" { t1 } else { t2 };
+            let got = match words[..] {
+                ["release", o, t] => Some(state.release_grant(o.as_bytes(), Some(tok(t)), now) as u64),
+                ["renew", o, t] => state.renew_grant(o.as_bytes(), 100, Some(tok(t)), now),
+                ["revoke", o] => Some(state.revoke_owner(Some(o.as_bytes()), now, 0).is_some() as u64),
+                _ => unreachable!("{call}"),
+            };
+            assert_eq!(got, want, "{call}");
+            assert_eq!(state.check(t2, now) > 0, live_after, "{call}: t2 live");
+        }
     }
 
     #[test]
