@@ -31,8 +31,9 @@ run: build
 	@echo "Starting $(REDIS_SERVER) on 127.0.0.1:$(PORT) with flock; try: redis-cli -p $(PORT) FLOCK.ACQUIRE lk me 30000"
 	$(REDIS_SERVER) $(RUN_DIR)/redis.conf --port $(PORT) --dir $(RUN_DIR)
 
+# The lock engine's unit and table tests, and the fuzz drivers' own tests: no server needed.
 unit-test: deps
-	cargo test --release --lib
+	cargo test --release -p flock-core -p flock-fuzz
 
 integration-test: build
 	FLOCK_MODULE=$(MODULE) cargo test --release --test '*' -- --test-threads=4

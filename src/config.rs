@@ -1,14 +1,8 @@
-//! Module configuration (module arguments at load time, CONFIG GET/SET flock.<name> later).
+//! Module configuration: the live values of the settings (module arguments at load time,
+//! CONFIG GET/SET flock.<name> later). Defaults and limits are flock-core's.
 
+use flock_core::config::{LOCK_DELAY_LIMIT, MAX_TTL_DEFAULT, MAX_TTL_LIMIT, MAX_WAITERS_DEFAULT, MAX_WAITERS_LIMIT};
 use std::sync::atomic::{AtomicI64, Ordering};
-
-pub const MAX_TTL_DEFAULT: i64 = 86_400_000;
-/// The largest value `flock.max-ttl-ms` may be set to: ten years.
-pub const MAX_TTL_LIMIT: i64 = 315_360_000_000;
-pub const MAX_WAITERS_DEFAULT: i64 = 10_000;
-pub const MAX_WAITERS_LIMIT: i64 = 1_000_000_000;
-/// The largest lock-delay: one day.
-pub const LOCK_DELAY_LIMIT: i64 = 86_400_000;
 
 /// `flock.max-ttl-ms`: largest ttl accepted.
 pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);

@@ -1,9 +1,14 @@
-//! Keyspace and server events that concern locks and their waiters.
+//! What happens to lock keys outside their commands: keyspace and server events, a key's
+//! deadline coming due (`expiry.rs` calls [`on_due`]) and deferred looks at waited keys
+//! (`jobs.rs` calls [`revisit`]). Each runs the engine through the effects executor.
 
+use crate::effects;
+use crate::expiry::{self, KeyRef};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::lock_type::LockRecord;
-use crate::waiters::{self, Job};
-use crate::{expiry, rm, server};
+use crate::jobs::{self, Job};
+use crate::record::{self, Found};
+use crate::{cluster, server, waiters};
+use flock_core::engine::{self, Reply, RevisitPlan};
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
 
@@ -27,20 +32,22 @@ pub unsafe extern "C" fn on_keyspace_event(
     if event.is_null() || !server::is_master() {
         return raw::REDISMODULE_OK as c_int;
     }
+    // SAFETY: Redis passes the event name as a NUL-terminated string (checked non-null).
     let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
     if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
-        let k = Key::open(ctx, key, false);
-        if matches!(k.kind(server::lock_type()), KeyKind::Ours) {
-            if let Some(rec) = unsafe { k.value::<LockRecord>().as_mut() } {
-                expiry::rearm(ctx, key, rec);
-            }
+        // Opened for reading (a write-mode close would signal the key as modified again);
+        // only the record's timer slot, which Redis never sees, changes.
+        let mut k = Key::open(ctx, key, false);
+        if let Found::Lock(rec) = record::lock_of_mut(&mut k) {
+            let next = rec.state.next_deadline();
+            expiry::rearm(ctx, key, &mut rec.timer, next);
         }
     }
     if waiters::blocked_now() > 0 {
-        let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
-        let name = ffi::bytes(key);
+        let db = ffi::selected_db(ctx);
+        let name = ffi::bytes(&key);
         if waiters::is_waited(db, name) {
-            waiters::schedule(Job::Revisit((db, name.to_vec())));
+            jobs::schedule(Job::Revisit((db, name.to_vec())));
         }
     }
     raw::REDISMODULE_OK as c_int
@@ -69,7 +76,7 @@ pub unsafe extern "C" fn on_server_event(
             if tick % 10 == 0 {
                 server::recheck_replication(ctx);
             }
-            waiters::run_queued(ctx);
+            jobs::run_queued(ctx);
             expiry::on_cron(ctx);
             waiters::time_out_due();
             crate::cluster::broadcast_high_water(ctx);
@@ -82,7 +89,7 @@ pub unsafe extern "C" fn on_server_event(
             } else {
                 // Redis disconnects blocked clients itself on demotion; make sure none is
                 // left waiting for a grant this server can no longer make.
-                waiters::fail_everyone("UNBLOCKED this server is now a replica\0");
+                waiters::fail_everyone("UNBLOCKED this server is now a replica");
             }
         }
         raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
@@ -92,6 +99,7 @@ pub unsafe extern "C" fn on_server_event(
         }
         raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_START => {
             let info = data.cast::<raw::RedisModuleFlushInfoV1>();
+            // SAFETY: for FLUSHDB events Redis passes a `RedisModuleFlushInfoV1` (or null).
             let db = unsafe { info.as_ref() }.map_or(-1, |i| i.dbnum);
             expiry::forget_db((db >= 0).then_some(db));
         }
@@ -110,23 +118,53 @@ static CRON_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 
 fn revisit_all() {
     for key in waiters::waited_keys(None) {
-        waiters::schedule(Job::Revisit(key));
+        jobs::schedule(Job::Revisit(key));
     }
 }
 
-pub fn subscribe(ctx: Ctx) {
-    rm!(RedisModule_SubscribeToKeyspaceEvents, 0; ctx, SUBSCRIBED, Some(on_keyspace_event));
-    for event in [
-        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
-        raw::REDISMODULE_EVENT_LOADING,
-        raw::REDISMODULE_EVENT_FLUSHDB,
-        raw::REDISMODULE_EVENT_SWAPDB,
-        raw::REDISMODULE_EVENT_PERSISTENCE,
-        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
-        raw::REDISMODULE_EVENT_CONFIG,
-        raw::REDISMODULE_EVENT_CRON_LOOP,
-    ] {
-        rm!(RedisModule_SubscribeToServerEvent, 0;
-            ctx, raw::RedisModuleEvent { id: event, dataver: 1 }, Some(on_server_event));
+/// A key's deadline came (`expiry.rs`): settle it, if the entry's record is still there.
+pub fn on_due(ctx: Ctx, key_ref: &KeyRef) {
+    if !ffi::select_db(ctx, key_ref.db) {
+        return;
+    }
+    let mut key = Key::open(ctx, key_ref.key, true);
+    match record::lock_of_mut(&mut key) {
+        // Only the record this entry was armed for (not one that replaced it).
+        Found::Lock(rec) if rec.timer.record_id == key_ref.record_id => {
+            rec.timer.handle = 0;
+            rec.timer.at_us = 0;
+        }
+        _ => return,
+    }
+    let _ = effects::with_lock(ctx, key_ref.key, &mut key, false, |state, env, host| {
+        engine::expire(state, env, host);
+        Reply::Null
+    });
+}
+
+/// A deferred look at a waited key (`jobs.rs`): hand it to its first waiter when it is free,
+/// fail its waiters when it now holds another type or moved away, and release `ghost` (a
+/// grant whose client vanished before its reply) first.
+pub fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
+    let mut key = Key::open(ctx, key_name, true);
+    let found = match key.kind(server::lock_type()) {
+        KeyKind::Ours => engine::Found::Lock,
+        KeyKind::Empty => engine::Found::Nothing,
+        KeyKind::Other => engine::Found::OtherType,
+    };
+    let waiting = waiters::count(ctx, key_name);
+    let plan = engine::plan_revisit(server::is_master(), found, ghost, waiting, || {
+        cluster::serves_stably(ctx, ffi::bytes(&key_name))
+    });
+    match plan {
+        RevisitPlan::Skip => {}
+        RevisitPlan::FailWaiters(msg) => waiters::fail_all(&waiters::key_id(ctx, key_name), msg),
+        RevisitPlan::Revisit => {
+            let _ = effects::with_lock(ctx, key_name, &mut key, true, |state, env, host| {
+                host.watch_if_waited();
+                engine::revisit(state, env, host, ghost);
+                Reply::Null
+            });
+        }
     }
 }

@@ -12,22 +12,25 @@
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
 //! and arms every lock.
 
-use crate::deadlines::{DeadlineIndex, Handle};
-use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::lock_type::LockRecord;
-use crate::{handoff, rm, server};
+use crate::ffi::{self, Ctx, Key, RStr};
+use crate::record::{self, Found, TimerSlot};
+use crate::{api, server};
+use flock_core::deadlines::{DeadlineIndex, Handle};
+use flock_core::Deadline;
 use redis_module::raw;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// What an armed lock costs besides its record (index slot, heap entry, key reference).
 pub const TIMER_BYTES: usize = std::mem::size_of::<KeyRef>() + 48;
 
+/// An index entry's reference to its key: database, a held copy of the name, and the record
+/// it was armed for.
 pub struct KeyRef {
-    db: c_int,
-    key: RStr,
-    record_id: u64,
+    pub db: c_int,
+    pub key: RStr,
+    pub record_id: u64,
 }
 
 impl Drop for KeyRef {
@@ -62,48 +65,48 @@ fn with_expiry<R>(f: impl FnOnce(&mut Expiry) -> R) -> R {
     f(e)
 }
 
-/// Make sure `rec` is due at its next deadline (master only). `key` is the key's name in the
-/// currently selected database of `ctx`.
-pub fn arm(ctx: Ctx, key: RStr, rec: &mut LockRecord) {
-    arm_with(ctx, key, rec, false)
+/// Make the record owning `slot` due at `next` (its next deadline; `None`: never), master
+/// only. `key` is the key's name in the currently selected database of `ctx`.
+pub fn arm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
+    arm_with(ctx, key, slot, next, false)
 }
 
 /// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
-pub fn rearm(ctx: Ctx, key: RStr, rec: &mut LockRecord) {
-    arm_with(ctx, key, rec, true)
+pub fn rearm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
+    arm_with(ctx, key, slot, next, true)
 }
 
-fn arm_with(ctx: Ctx, key: RStr, rec: &mut LockRecord, replace: bool) {
+fn arm_with(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>, replace: bool) {
     if !server::is_master() {
         return;
     }
-    let Some(next) = rec.state.next_deadline() else {
-        disarm(rec);
+    let Some(next) = next else {
+        disarm(slot);
         return;
     };
-    if rec.timer != 0 && !replace && rec.timer_at_us <= next.mono_us {
+    if slot.handle != 0 && !replace && slot.at_us <= next.mono_us {
         return; // due no later than needed, and re-arms then
     }
-    disarm(rec);
+    disarm(slot);
     let key_ref = KeyRef {
-        db: rm!(RedisModule_GetSelectedDb, 0; ctx),
+        db: ffi::selected_db(ctx),
         key: ffi::hold_string(key),
-        record_id: rec.id,
+        record_id: slot.record_id,
     };
-    rec.timer = with_expiry(|e| {
+    slot.handle = with_expiry(|e| {
         let h = e.index.insert(next.mono_us, key_ref);
         ensure_alarm(e, next.mono_us);
         h
     });
-    rec.timer_at_us = next.mono_us;
+    slot.at_us = next.mono_us;
 }
 
-/// Take `rec` out of the index, if it is in.
-pub fn disarm(rec: &mut LockRecord) {
-    if rec.timer != 0 {
-        forget(rec.timer);
-        rec.timer = 0;
-        rec.timer_at_us = 0;
+/// Take the record owning `slot` out of the index, if it is in.
+pub fn disarm(slot: &mut TimerSlot) {
+    if slot.handle != 0 {
+        forget(slot.handle);
+        slot.handle = 0;
+        slot.at_us = 0;
     }
 }
 
@@ -126,16 +129,25 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
     }
     let ctx = server::module_ctx();
     if e.alarm != 0 {
-        let mut data: *mut c_void = ptr::null_mut();
-        rm!(RedisModule_StopTimer, 0; ctx, e.alarm, &mut data);
+        ffi::stop_timer(ctx, e.alarm);
     }
     let now = server::now().mono_us;
     let period_ms = at_us
         .saturating_sub(now)
         .div_ceil(1000)
         .min(i64::MAX as u64) as i64;
-    e.alarm = rm!(RedisModule_CreateTimer, 0; ctx, period_ms, Some(on_alarm), ptr::null_mut());
+    e.alarm = ffi::create_timer(ctx, period_ms, on_alarm, ptr::null_mut());
     e.alarm_at_us = at_us;
+}
+
+/// What to do with an entry that came due: settle its key (set once by the module's
+/// registration; the mechanism never calls up into the code that runs the engine).
+pub type DueHandler = fn(Ctx, &KeyRef);
+
+static ON_DUE: OnceLock<DueHandler> = OnceLock::new();
+
+pub fn set_due_handler(handler: DueHandler) {
+    let _ = ON_DUE.set(handler);
 }
 
 /// While clients are paused, due entries wait this long and are looked at again.
@@ -154,9 +166,12 @@ unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
         e.alarm = 0;
         e.index.pop_due(now.mono_us)
     });
-    for key_ref in due {
-        settle_due(ctx, &key_ref);
+    if let Some(handler) = ON_DUE.get() {
+        for key_ref in &due {
+            handler(ctx, key_ref);
+        }
     }
+    drop(due);
     with_expiry(|e| {
         if let Some(next) = e.index.next() {
             ensure_alarm(e, next);
@@ -173,37 +188,14 @@ pub fn on_cron(ctx: Ctx) {
         let due = e.index.next().is_some_and(|next| next <= now);
         if due && e.alarm != 0 {
             // The alarm is late: replace it (on_alarm arms a new one for what is left).
-            let mut data: *mut c_void = ptr::null_mut();
-            rm!(RedisModule_StopTimer, 0; server::module_ctx(), e.alarm, &mut data);
+            ffi::stop_timer(server::module_ctx(), e.alarm);
             e.alarm = 0;
         }
         due
     });
     if due {
+        // SAFETY: the alarm callback, run from the cron's live context like a timer would.
         unsafe { on_alarm(ctx, ptr::null_mut()) };
-    }
-}
-
-fn settle_due(ctx: Ctx, key_ref: &KeyRef) {
-    if rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, key_ref.db)
-        != raw::REDISMODULE_OK as c_int
-    {
-        return;
-    }
-    let key = Key::open(ctx, key_ref.key, true);
-    if !matches!(key.kind(server::lock_type()), KeyKind::Ours) {
-        return;
-    }
-    let Some(rec) = (unsafe { key.value::<LockRecord>().as_mut() }) else {
-        return;
-    };
-    if rec.id != key_ref.record_id {
-        return; // an entry that outlived its record
-    }
-    rec.timer = 0;
-    rec.timer_at_us = 0;
-    if server::is_master() {
-        handoff::settle(ctx, key_ref.key, &key, rec, server::now(), false);
     }
 }
 
@@ -213,18 +205,19 @@ pub fn arm_all(ctx: Ctx) {
         return;
     }
     let mut db: c_int = 0;
-    while rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, db)
-        == raw::REDISMODULE_OK as c_int
-    {
-        let cursor = rm!(RedisModule_ScanCursorCreate, ptr::null_mut(););
+    while ffi::select_db(ctx, db) {
+        // SAFETY: takes no arguments; the cursor is destroyed below.
+        let cursor = unsafe { api!(RedisModule_ScanCursorCreate, ptr::null_mut();) };
         if cursor.is_null() {
             return;
         }
-        while rm!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), ptr::null_mut()) != 0 {}
-        rm!(RedisModule_ScanCursorDestroy, (); cursor);
+        // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given.
+        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), ptr::null_mut()) } != 0 {}
+        // SAFETY: created above, destroyed once.
+        unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
         db += 1;
     }
-    rm!(RedisModule_SelectDb, 0; ctx, 0);
+    ffi::select_db(ctx, 0);
 }
 
 unsafe extern "C" fn arm_scanned(
@@ -233,13 +226,13 @@ unsafe extern "C" fn arm_scanned(
     key: *mut raw::RedisModuleKey,
     _privdata: *mut c_void,
 ) {
-    if key.is_null()
-        || rm!(RedisModule_ModuleTypeGetType, ptr::null_mut(); key) != server::lock_type()
-    {
+    if key.is_null() {
         return;
     }
-    let value = rm!(RedisModule_ModuleTypeGetValue, ptr::null_mut(); key).cast::<LockRecord>();
-    if let Some(rec) = unsafe { value.as_mut() } {
-        rearm(ctx, keyname, rec);
+    // SAFETY: Redis passes a key handle valid during this callback.
+    let mut key = unsafe { Key::borrowed(key) };
+    if let Found::Lock(rec) = record::lock_of_mut(&mut key) {
+        let next = rec.state.next_deadline();
+        rearm(ctx, keyname, &mut rec.timer, next);
     }
 }

@@ -8,9 +8,11 @@
 //! protocol (`0`) and errors passed through as they are (`E`), and replicated as the write it
 //! made (`!`): FENCED itself, whose outcome depends on the clock, is never replicated.
 
-use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::lock_type::LockRecord;
-use crate::{args, rm, server, stats};
+use crate::effects::WRONGTYPE;
+use crate::ffi::{self, Ctx, Key, RStr};
+use crate::record::{self, Found};
+use crate::{api, server, stats};
+use flock_core::args;
 use redis_module::raw;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
@@ -22,60 +24,62 @@ fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
     if argc < 2 {
         return;
     }
-    rm!(RedisModule_KeyAtPos, (); ctx, 1);
+    // SAFETY: the live context of a keys-position request; position 1 is inside argv.
+    unsafe { api!(RedisModule_KeyAtPos, (); ctx, 1) };
     if argc < 4 {
         return;
     }
+    // SAFETY: argc >= 4, so argv + 3 is inside the argument vector.
     let inner = unsafe { argv.add(3) };
     let mut n: c_int = 0;
-    let positions = rm!(RedisModule_GetCommandKeys, ptr::null_mut(); ctx, inner, argc - 3, &mut n);
+    // SAFETY: `inner` points to the `argc - 3` arguments of the inner command.
+    let positions = unsafe { api!(RedisModule_GetCommandKeys, ptr::null_mut(); ctx, inner, argc - 3, &mut n) };
     if positions.is_null() {
         return;
     }
     for i in 0..n.max(0) as usize {
+        // SAFETY: Redis returned an array of `n` positions (freed below).
         let pos = unsafe { *positions.add(i) };
         if pos >= 0 && pos + 3 < argc {
-            rm!(RedisModule_KeyAtPos, (); ctx, pos + 3);
+            // SAFETY: a position inside argv (checked just above).
+            unsafe { api!(RedisModule_KeyAtPos, (); ctx, pos + 3) };
         }
     }
-    rm!(RedisModule_Free, (); positions.cast());
+    // SAFETY: the array Redis allocated for us, freed once.
+    unsafe { api!(RedisModule_Free, (); positions.cast()) };
 }
 
 pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
-    if rm!(RedisModule_IsKeysPositionRequest, 0; ctx) != 0 {
+    // SAFETY: the live context of this command.
+    if unsafe { api!(RedisModule_IsKeysPositionRequest, 0; ctx) } != 0 {
         report_keys(ctx, argv, argc);
         return raw::REDISMODULE_OK as c_int;
     }
+    // SAFETY: Redis passes `argc` argument strings that live while the command runs.
     let args = unsafe { ffi::argv_slice(argv, argc) };
     let [_, key_name, token_arg, cmd, rest @ ..] = args else {
         return ffi::wrong_arity(ctx);
     };
-    let token = match args::parse_token(ffi::bytes(*token_arg)) {
+    let token = match args::parse_token(ffi::bytes(token_arg)) {
         Ok(t) => t,
         Err(e) => return ffi::reply_error_string(ctx, &e.message()),
     };
-    let rest_bytes: Vec<&[u8]> = rest.iter().map(|a| ffi::bytes(*a)).collect();
-    if let Some(what) = args::fenced_refusal(ffi::bytes(*cmd), &rest_bytes) {
+    let rest_bytes: Vec<&[u8]> = rest.iter().map(ffi::bytes).collect();
+    if let Some(what) = args::fenced_refusal(ffi::bytes(cmd), &rest_bytes) {
         return ffi::reply_error_string(
             ctx,
             &format!(
                 "ERR FLOCK.FENCED refuses '{}': {what} cannot run inside it",
-                String::from_utf8_lossy(ffi::bytes(*cmd)).to_lowercase()
+                String::from_utf8_lossy(ffi::bytes(cmd)).to_lowercase()
             ),
         );
     }
     let live = {
         let key = Key::open(ctx, *key_name, false);
-        match key.kind(server::lock_type()) {
-            KeyKind::Other => {
-                return ffi::reply_error_static(
-                    ctx,
-                    "WRONGTYPE Operation against a key holding the wrong kind of value\0",
-                )
-            }
-            KeyKind::Empty => false,
-            KeyKind::Ours => unsafe { key.value::<LockRecord>().as_ref() }
-                .is_some_and(|rec| rec.state.check(token, server::now()) > 0),
+        match record::lock_of(&key) {
+            Found::OtherType => return ffi::reply_error_static(ctx, WRONGTYPE),
+            Found::Nothing => false,
+            Found::Lock(rec) => rec.state.check(token, server::now()) > 0,
         }
     };
     if !live {
@@ -84,25 +88,29 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
             ctx,
             &format!(
                 "FENCED token {token} is not the live grant of {}",
-                String::from_utf8_lossy(ffi::bytes(*key_name))
+                String::from_utf8_lossy(ffi::bytes(key_name))
             ),
         );
     }
     // The command name as a C string for RM_Call.
-    let mut name: Vec<u8> = ffi::bytes(*cmd)
+    let mut name: Vec<u8> = ffi::bytes(cmd)
         .iter()
         .copied()
         .filter(|&b| b != 0)
         .collect();
     name.push(0);
     let mut inner: Vec<RStr> = rest.to_vec();
-    let reply = rm!(RedisModule_Call, ptr::null_mut();
-        ctx,
-        name.as_ptr().cast::<c_char>(),
-        c"CSME0!v".as_ptr(),
-        inner.as_mut_ptr(),
-        inner.len()
-    );
+    // SAFETY: a live command context; `name` is NUL-terminated; "v" takes the vector of
+    // `inner.len()` string handles (the caller's arguments, alive during the call).
+    let reply = unsafe {
+        api!(RedisModule_Call, ptr::null_mut();
+            ctx,
+            name.as_ptr().cast::<c_char>(),
+            c"CSME0!v".as_ptr(),
+            inner.as_mut_ptr(),
+            inner.len()
+        )
+    };
     if reply.is_null() {
         stats::FENCED_REJECTED.incr();
         let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -121,15 +129,19 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
         };
         return ffi::reply_error_string(ctx, msg);
     }
-    let is_error =
-        rm!(RedisModule_CallReplyType, 0; reply) == raw::REDISMODULE_REPLY_ERROR as c_int;
+    // SAFETY: the live reply made above (freed below).
+    let is_error = unsafe { api!(RedisModule_CallReplyType, 0; reply) }
+        == raw::REDISMODULE_REPLY_ERROR as c_int;
     if is_error {
         stats::FENCED_INNER_ERRORS.incr();
     } else {
         stats::FENCED_ACCEPTED.incr();
     }
-    rm!(RedisModule_ReplyWithCallReply, 0; ctx, reply);
-    rm!(RedisModule_FreeCallReply, (); reply);
+    // SAFETY: the live reply, passed on to the caller, then freed once.
+    unsafe {
+        api!(RedisModule_ReplyWithCallReply, 0; ctx, reply);
+        api!(RedisModule_FreeCallReply, (); reply);
+    }
     raw::REDISMODULE_OK as c_int
 }
 

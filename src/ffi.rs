@@ -4,8 +4,17 @@
 //! pointers; on the hot path we call the raw API directly. Every API function used here is
 //! checked once at load time ([`missing_api`]), so the `None` fallbacks below are never taken
 //! on a server that loaded the module; they exist so that no code path can panic.
+//!
+//! Calling the module API is `unsafe`, and every call says so at its site: [`api!`] must be
+//! used inside an `unsafe` block, with a `SAFETY:` note saying why the handles are valid. The
+//! safe wrappers below rest on one invariant of the whole module, argued here once: a [`Ctx`]
+//! or [`RStr`] passed to them is a handle Redis gave the callback that is running (a command,
+//! a timer, an event, a type callback) or the module's own detached context
+//! (`server::module_ctx`), and so is valid while that callback runs; every wrapper checks
+//! for null, and none keeps a handle beyond the call.
 
 use redis_module::raw;
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
 
@@ -13,11 +22,14 @@ pub type Ctx = *mut raw::RedisModuleCtx;
 pub type RStr = *mut raw::RedisModuleString;
 
 /// Call `RedisModule_<name>(args)`, or evaluate `fallback` if the server lacks it.
+///
+/// Expands to unsafe operations (reading the API table, calling a C function), so it only
+/// compiles inside an `unsafe` block: the caller states why the call is sound.
 #[macro_export]
-macro_rules! rm {
+macro_rules! api {
     ($name:ident, $fallback:expr; $($arg:expr),* $(,)?) => {
-        match unsafe { redis_module::raw::$name } {
-            Some(f) => unsafe { f($($arg),*) },
+        match redis_module::raw::$name {
+            Some(f) => f($($arg),*),
             None => $fallback,
         }
     };
@@ -27,6 +39,7 @@ macro_rules! rm {
 pub fn missing_api() -> Option<&'static str> {
     macro_rules! need {
         ($($name:ident),* $(,)?) => {
+            // SAFETY: reads the API table Redis filled in before calling the module's init.
             $(if unsafe { raw::$name }.is_none() { return Some(stringify!($name)); })*
         };
     }
@@ -101,89 +114,150 @@ pub fn missing_api() -> Option<&'static str> {
     None
 }
 
-/// The bytes of a Redis string (argv, key name). Valid while the string is.
-pub fn bytes<'a>(s: RStr) -> &'a [u8] {
+/// The bytes of a Redis string (an argument, a key name). The slice borrows the handle: it
+/// lives as long as the caller's reference to it (an argv slice, a held key reference), during
+/// which Redis keeps the string.
+pub fn bytes(s: &RStr) -> &[u8] {
+    let s = *s;
     if s.is_null() {
         return &[];
     }
     let mut len = 0usize;
-    let p = rm!(RedisModule_StringPtrLen, ptr::null(); s, &mut len);
+    // SAFETY: `s` is a live string handle (module invariant); Redis returns its buffer.
+    let p = unsafe { api!(RedisModule_StringPtrLen, ptr::null(); s, &mut len) };
     if p.is_null() || len == 0 {
         return &[];
     }
+    // SAFETY: Redis's buffer of `len` bytes stays valid and unchanged while the string lives,
+    // which the borrow of the handle stands for.
     unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
 }
 
 /// A new Redis string owned by the caller (free it with [`free_string`]).
 pub fn create_string(ctx: Ctx, b: &[u8]) -> RStr {
-    rm!(RedisModule_CreateString, ptr::null_mut(); ctx, b.as_ptr().cast::<c_char>(), b.len())
+    // SAFETY: Redis copies `b.len()` bytes from a valid slice.
+    unsafe { api!(RedisModule_CreateString, ptr::null_mut(); ctx, b.as_ptr().cast::<c_char>(), b.len()) }
 }
 
 /// Keep `s` alive beyond the command (a reference or a copy); free it with [`free_string`].
 pub fn hold_string(s: RStr) -> RStr {
-    rm!(RedisModule_HoldString, ptr::null_mut(); ptr::null_mut(), s)
+    // SAFETY: `s` is a live string handle; a null context is allowed (no auto-memory).
+    unsafe { api!(RedisModule_HoldString, ptr::null_mut(); ptr::null_mut(), s) }
 }
 
 pub fn free_string(s: RStr) {
     if !s.is_null() {
-        rm!(RedisModule_FreeString, (); ptr::null_mut(), s);
+        // SAFETY: `s` was created or held by us and is freed once (by its single owner).
+        unsafe { api!(RedisModule_FreeString, (); ptr::null_mut(), s) };
     }
 }
 
 pub fn context_flags(ctx: Ctx) -> u32 {
-    rm!(RedisModule_GetContextFlags, 0; ctx) as u32
+    // SAFETY: a live context (module invariant).
+    unsafe { api!(RedisModule_GetContextFlags, 0; ctx) as u32 }
+}
+
+/// The database selected in `ctx`.
+pub fn selected_db(ctx: Ctx) -> c_int {
+    // SAFETY: a live context (module invariant).
+    unsafe { api!(RedisModule_GetSelectedDb, 0; ctx) }
+}
+
+/// Select database `db` in `ctx`; false when there is no such database.
+pub fn select_db(ctx: Ctx, db: c_int) -> bool {
+    // SAFETY: a live context (module invariant); Redis checks `db`.
+    let r = unsafe { api!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, db) };
+    r == raw::REDISMODULE_OK as c_int
+}
+
+/// Redis's monotonic clock, in microseconds.
+pub fn monotonic_us() -> u64 {
+    // SAFETY: takes no arguments.
+    unsafe { api!(RedisModule_MonotonicMicroseconds, 0;) }
+}
+
+// ---- timers ----
+
+pub type TimerProc = unsafe extern "C" fn(ctx: Ctx, data: *mut c_void);
+
+/// A Redis timer calling `callback(data)` after `period_ms`; 0 when none could be made.
+pub fn create_timer(ctx: Ctx, period_ms: i64, callback: TimerProc, data: *mut c_void) -> u64 {
+    // SAFETY: a live context; `callback` is a plain function that Redis calls on the main
+    // thread with `data`, which the callback interprets (never a pointer it frees).
+    unsafe { api!(RedisModule_CreateTimer, 0; ctx, period_ms, Some(callback), data) }
+}
+
+/// Stop timer `id` (an id that fired or was stopped already is ignored by Redis).
+pub fn stop_timer(ctx: Ctx, id: u64) {
+    let mut data: *mut c_void = ptr::null_mut();
+    // SAFETY: a live context; Redis looks the id up and writes the timer's data to `data`.
+    unsafe { api!(RedisModule_StopTimer, 0; ctx, id, &mut data) };
 }
 
 // ---- replies ----
 
 pub fn reply_int(ctx: Ctx, v: i64) -> c_int {
-    rm!(RedisModule_ReplyWithLongLong, raw::REDISMODULE_ERR as c_int; ctx, v)
+    // SAFETY: a live command context (module invariant).
+    unsafe { api!(RedisModule_ReplyWithLongLong, raw::REDISMODULE_ERR as c_int; ctx, v) }
 }
 
 pub fn reply_null(ctx: Ctx) -> c_int {
-    rm!(RedisModule_ReplyWithNull, raw::REDISMODULE_ERR as c_int; ctx)
+    // SAFETY: a live command context (module invariant).
+    unsafe { api!(RedisModule_ReplyWithNull, raw::REDISMODULE_ERR as c_int; ctx) }
 }
 
-/// `msg` must end with a NUL byte (use `concat!(..., "\0")` or [`reply_error_string`]).
-pub fn reply_error_static(ctx: Ctx, msg: &'static str) -> c_int {
-    rm!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr().cast::<c_char>())
+/// An error reply from a C string literal (no allocation).
+pub fn reply_error_static(ctx: Ctx, msg: &'static CStr) -> c_int {
+    // SAFETY: a live command context; `msg` is NUL-terminated.
+    unsafe { api!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr()) }
 }
 
+/// An error reply from any text (NUL, CR and LF dropped so the reply stays one RESP line).
 pub fn reply_error_string(ctx: Ctx, msg: &str) -> c_int {
     let mut buf: Vec<u8> = msg
         .bytes()
         .filter(|&b| b != 0 && b != b'\r' && b != b'\n')
         .collect();
     buf.push(0);
-    rm!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, buf.as_ptr().cast::<c_char>())
+    // SAFETY: a live command context; `buf` is NUL-terminated and outlives the call.
+    unsafe { api!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, buf.as_ptr().cast::<c_char>()) }
 }
 
-pub fn reply_simple(ctx: Ctx, msg: &'static str) -> c_int {
-    rm!(RedisModule_ReplyWithSimpleString, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr().cast::<c_char>())
+pub fn reply_simple(ctx: Ctx, msg: &'static CStr) -> c_int {
+    // SAFETY: a live command context; `msg` is NUL-terminated.
+    unsafe { api!(RedisModule_ReplyWithSimpleString, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr()) }
 }
 
 pub fn reply_bulk(ctx: Ctx, b: &[u8]) -> c_int {
-    rm!(RedisModule_ReplyWithStringBuffer, raw::REDISMODULE_ERR as c_int; ctx, b.as_ptr().cast::<c_char>(), b.len())
+    // SAFETY: a live command context; Redis copies `b.len()` bytes from a valid slice.
+    unsafe { api!(RedisModule_ReplyWithStringBuffer, raw::REDISMODULE_ERR as c_int; ctx, b.as_ptr().cast::<c_char>(), b.len()) }
 }
 
 pub fn reply_map(ctx: Ctx, len: usize) -> c_int {
-    rm!(RedisModule_ReplyWithMap, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long)
+    // SAFETY: a live command context.
+    unsafe { api!(RedisModule_ReplyWithMap, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long) }
 }
 
 pub fn wrong_arity(ctx: Ctx) -> c_int {
-    rm!(RedisModule_WrongArity, raw::REDISMODULE_ERR as c_int; ctx)
+    // SAFETY: a live command context.
+    unsafe { api!(RedisModule_WrongArity, raw::REDISMODULE_ERR as c_int; ctx) }
 }
 
 // ---- keyspace notifications ----
 
-/// Module keyspace event (class `d`); `event` must end with a NUL byte.
-pub fn notify(ctx: Ctx, event: &'static str, key: RStr) {
-    rm!(RedisModule_NotifyKeyspaceEvent, 0; ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr().cast::<c_char>(), key);
+/// Module keyspace event (class `d`).
+pub fn notify(ctx: Ctx, event: &'static CStr, key: RStr) {
+    // SAFETY: a live context and key name; `event` is NUL-terminated.
+    unsafe { api!(RedisModule_NotifyKeyspaceEvent, 0; ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), key) };
 }
 
 // ---- keys ----
 
 /// An open key, closed on drop.
+///
+/// A module value is reached only through [`Key::value`] / [`Key::value_mut`], whose borrows
+/// are tied to the key: the key cannot be deleted, overwritten or closed (`&mut self`, drop)
+/// while a reference into its value is alive.
 pub struct Key {
     ptr: *mut raw::RedisModuleKey,
 }
@@ -202,19 +276,30 @@ impl Key {
             raw::REDISMODULE_READ
         } as c_int;
         Key {
-            ptr: rm!(RedisModule_OpenKey, ptr::null_mut(); ctx, name, mode).cast(),
+            // SAFETY: a live context and key name (module invariant).
+            ptr: unsafe { api!(RedisModule_OpenKey, ptr::null_mut(); ctx, name, mode) }.cast(),
         }
+    }
+
+    /// Wrap a key handle Redis passed to a callback (a SCAN callback). Not closed on drop.
+    ///
+    /// # Safety
+    /// `ptr` must be a key handle valid for the lifetime of the returned borrow.
+    pub unsafe fn borrowed(ptr: *mut raw::RedisModuleKey) -> std::mem::ManuallyDrop<Key> {
+        std::mem::ManuallyDrop::new(Key { ptr })
     }
 
     pub fn kind(&self, ours: *mut raw::RedisModuleType) -> KeyKind {
         if self.ptr.is_null() {
             return KeyKind::Empty;
         }
-        let t = rm!(RedisModule_KeyType, 0; self.ptr) as isize;
+        // SAFETY: an open key handle (non-null, closed only on drop).
+        let t = unsafe { api!(RedisModule_KeyType, 0; self.ptr) } as isize;
         if t == raw::REDISMODULE_KEYTYPE_EMPTY {
             KeyKind::Empty
         } else if t == raw::REDISMODULE_KEYTYPE_MODULE
-            && rm!(RedisModule_ModuleTypeGetType, ptr::null_mut(); self.ptr) == ours
+            // SAFETY: an open key holding a module value.
+            && unsafe { api!(RedisModule_ModuleTypeGetType, ptr::null_mut(); self.ptr) } == ours
         {
             KeyKind::Ours
         } else {
@@ -222,24 +307,51 @@ impl Key {
         }
     }
 
-    /// The module value of a key of our type (check [`Key::kind`] first).
-    pub fn value<T>(&self) -> *mut T {
+    fn raw_value(&self) -> *mut c_void {
         if self.ptr.is_null() {
             return ptr::null_mut();
         }
-        rm!(RedisModule_ModuleTypeGetValue, ptr::null_mut(); self.ptr).cast::<T>()
+        // SAFETY: an open key handle; Redis returns null for a key of another kind.
+        unsafe { api!(RedisModule_ModuleTypeGetValue, ptr::null_mut(); self.ptr) }
     }
 
-    /// Store `value` (a `Box::into_raw` pointer) under this key; false when Redis refused.
-    pub fn set_value(&self, ty: *mut raw::RedisModuleType, value: *mut c_void) -> bool {
+    /// The module value of this key, borrowed from the key.
+    ///
+    /// # Safety
+    /// The key must hold a value of module type `T` (check [`Key::kind`] against the type
+    /// whose values are all `T`s boxed by this module).
+    pub unsafe fn value<T>(&self) -> Option<&T> {
+        // SAFETY: by the caller, a valid `T` that lives while the key is open and unchanged,
+        // which the shared borrow of the key guarantees.
+        unsafe { self.raw_value().cast::<T>().as_ref() }
+    }
+
+    /// Like [`Key::value`], mutably.
+    ///
+    /// # Safety
+    /// As for [`Key::value`].
+    pub unsafe fn value_mut<T>(&mut self) -> Option<&mut T> {
+        // SAFETY: as for `value`; the exclusive borrow of the key makes this the only path
+        // to the value (Redis runs module code on one thread).
+        unsafe { self.raw_value().cast::<T>().as_mut() }
+    }
+
+    /// Store `value` (a `Box::into_raw` pointer, owned by Redis from now on) under this key;
+    /// false when Redis refused (the caller still owns `value` then).
+    pub fn set_value(&mut self, ty: *mut raw::RedisModuleType, value: *mut c_void) -> bool {
+        // SAFETY: an open key opened for writing; `ty` is our registered type, `value` a
+        // record of it.
         !self.ptr.is_null()
-            && rm!(RedisModule_ModuleTypeSetValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value)
+            && unsafe { api!(RedisModule_ModuleTypeSetValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value) }
                 == raw::REDISMODULE_OK as c_int
     }
 
-    pub fn delete(&self) {
+    /// Delete the key (Redis frees its value): needs `&mut self`, so no borrow of the value
+    /// can still be alive.
+    pub fn delete(&mut self) {
         if !self.ptr.is_null() {
-            rm!(RedisModule_DeleteKey, 0; self.ptr);
+            // SAFETY: an open key handle.
+            unsafe { api!(RedisModule_DeleteKey, 0; self.ptr) };
         }
     }
 }
@@ -247,7 +359,8 @@ impl Key {
 impl Drop for Key {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
-            rm!(RedisModule_CloseKey, (); self.ptr);
+            // SAFETY: opened by `Key::open`, closed once.
+            unsafe { api!(RedisModule_CloseKey, (); self.ptr) };
         }
     }
 }
@@ -257,10 +370,12 @@ impl Drop for Key {
 /// The command's arguments as a slice of string handles.
 ///
 /// # Safety
-/// `argv` must point to `argc` valid strings (as Redis passes them to a command handler).
+/// `argv` must point to `argc` valid strings (as Redis passes them to a command handler) that
+/// outlive `'a` (the handler's run).
 pub unsafe fn argv_slice<'a>(argv: *mut RStr, argc: c_int) -> &'a [RStr] {
     if argv.is_null() || argc <= 0 {
         return &[];
     }
+    // SAFETY: by the caller.
     unsafe { std::slice::from_raw_parts(argv, argc as usize) }
 }

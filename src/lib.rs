@@ -1,45 +1,31 @@
-//! flock: native fenced distributed locks for Redis.
+//! flock: native fenced distributed locks for Redis (the loadable module).
 //!
-//! Layout, one concern per file:
-//! - `core`: the lock state machine and token issuing (pure Rust, injected clock).
-//! - `args`: argument parsing (pure).
-//! - `commands`: the FLOCK.* command handlers (glue).
-//! - `lock_type`: the `flocklock` data type and its persistence callbacks.
-//! - `replication`: the effect command replicated and written to the AOF.
-//! - `expiry`: active lease expiry with Redis timers.
-//! - `server`: server-wide state (tokens, role, clocks); `config`, `stats`: settings and INFO.
-//! - `ffi`: thin, panic-free access to the module API.
+//! What a lock does is decided by the `flock-core` crate (its engine); this crate is the
+//! glue that runs it inside Redis. Its files, from the leaves up (each imports only from
+//! the layers before it):
+//! - leaves: `ffi` (the module API, unsafe at each call), `config`, `stats`, `server`
+//!   (tokens, role, clocks, the type handle).
+//! - the record: `record` (the value under a lock key, reached through its open key).
+//! - mechanisms, which never call upward: `expiry` (the deadline index and its timer),
+//!   `waiters` (blocked clients and their queues), `jobs` (deferred work), `replication`
+//!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks).
+//! - the effects executor: `effects` (runs an engine operation, carries out its effects).
+//! - entry points: `commands`, `fenced`, `lock_type` (the type's callbacks), `events`.
+//! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`).
 
-pub mod args;
-pub mod core;
-pub mod deadlines;
-pub mod slots;
-
-#[cfg(not(test))]
 mod cluster;
-#[cfg(not(test))]
 mod commands;
-#[cfg(not(test))]
 mod config;
-#[cfg(not(test))]
+mod effects;
 mod events;
-#[cfg(not(test))]
 mod expiry;
-#[cfg(not(test))]
 mod fenced;
-#[cfg(not(test))]
 mod ffi;
-#[cfg(not(test))]
-mod handoff;
-#[cfg(not(test))]
+mod jobs;
 mod lock_type;
-#[cfg(not(test))]
 mod module;
-#[cfg(not(test))]
+mod record;
 mod replication;
-#[cfg(not(test))]
 mod server;
-#[cfg(not(test))]
 mod stats;
-#[cfg(not(test))]
 mod waiters;

@@ -1,50 +1,17 @@
-//! The `flocklock` Redis data type: the value stored under a lock key, and its persistence
-//! callbacks (RDB, AOF rewrite, DUMP/RESTORE, COPY, MEMORY USAGE, DEBUG DIGEST), plus the
-//! server-wide token high-water mark saved as RDB aux data.
+//! The `flocklock` Redis data type's callbacks: persistence (RDB, AOF rewrite, DUMP/RESTORE),
+//! COPY, MEMORY USAGE, DEBUG DIGEST, free, and the server-wide token high-water mark saved as
+//! RDB aux data. What a lock looks like on disk is flock-core's [`Snapshot`].
 
-use crate::core::{Deadline, Grant, LockState, MAX_OWNER_LEN, MAX_TOKEN};
-use crate::{expiry, rm, server};
+use crate::record::LockRecord;
+use crate::{api, expiry, jobs, replication, server};
+use flock_core::{engine, Snapshot, MAX_TOKEN};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Current RDB encoding version; `rdb_load` accepts this and every older one.
 pub const ENCODING_VERSION: c_int = 1;
-
-/// The value of a lock key: the pure lock state plus this server's timer for it.
-#[derive(Debug)]
-pub struct LockRecord {
-    pub state: LockState,
-    /// Unique per record on this server: a timer acts only on the record it was armed for.
-    pub id: u64,
-    /// The deadline-index entry (0: none) and when it is due, on the monotonic clock.
-    pub timer: u64,
-    pub timer_at_us: u64,
-    /// Set once clients wait for this value's key (and only then are the wait queues
-    /// consulted): the key (database, name) to look at again when the value is freed
-    /// (deleted, overwritten by another type, flushed, evicted).
-    pub watched: Option<Box<(c_int, Vec<u8>)>>,
-}
-
-static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
-
-impl LockRecord {
-    pub fn new(state: LockState) -> LockRecord {
-        LockRecord {
-            state,
-            id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
-            timer: 0,
-            timer_at_us: 0,
-            watched: None,
-        }
-    }
-
-    pub fn boxed(state: LockState) -> *mut LockRecord {
-        Box::into_raw(Box::new(LockRecord::new(state)))
-    }
-}
 
 pub static LOCK_TYPE: RedisType = RedisType::new(
     "flocklock",
@@ -72,7 +39,13 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
     },
 );
 
-fn record<'a>(value: *const c_void) -> Option<&'a LockRecord> {
+/// The record behind a value pointer Redis hands to a callback of our type.
+///
+/// # Safety
+/// `value` must be null or a value of this type (a `LockRecord` boxed by this module) that
+/// Redis keeps alive during the callback, which is what `'a` stands for.
+unsafe fn record<'a>(value: *const c_void) -> Option<&'a LockRecord> {
+    // SAFETY: by the caller.
     unsafe { value.cast::<LockRecord>().as_ref() }
 }
 
@@ -80,16 +53,17 @@ unsafe extern "C" fn free(value: *mut c_void) {
     if value.is_null() {
         return;
     }
+    // SAFETY: Redis frees each value of our type once; we boxed it.
     let rec = unsafe { Box::from_raw(value.cast::<LockRecord>()) };
     // DEL, UNLINK, RELEASE, overwrite and a synchronous flush free on the main thread: take
     // the record out of the deadline index now (G10). A lazy-free thread (FLUSHALL ASYNC)
     // must not touch the index; the flush event already dropped those entries.
     let main_thread = server::on_main_thread();
-    if rec.timer != 0 && main_thread {
-        expiry::forget(rec.timer);
+    if rec.timer.handle != 0 && main_thread {
+        expiry::forget(rec.timer.handle);
     }
     if let Some(key) = rec.watched {
-        crate::waiters::schedule_revisit(*key, main_thread);
+        jobs::schedule_revisit(*key, main_thread);
     }
 }
 
@@ -98,7 +72,8 @@ unsafe extern "C" fn copy(
     _to: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    match record(value) {
+    // SAFETY: Redis passes a live value of our type.
+    match unsafe { record(value) } {
         // The copy gets its own timer when the copy_to event arms it.
         Some(rec) => LockRecord::boxed(rec.state.clone()).cast(),
         None => ptr::null_mut(),
@@ -106,11 +81,12 @@ unsafe extern "C" fn copy(
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    match record(value) {
+    // SAFETY: Redis passes a live value of our type.
+    match unsafe { record(value) } {
         Some(rec) => {
             std::mem::size_of::<LockRecord>()
                 + rec.state.holder.as_ref().map_or(0, |g| g.owner.len())
-                + if rec.timer != 0 {
+                + if rec.timer.handle != 0 {
                     expiry::TIMER_BYTES
                 } else {
                     0
@@ -121,72 +97,80 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
-    let Some(rec) = record(value) else { return };
-    if let Some(g) = &rec.state.holder {
-        rm!(RedisModule_DigestAddStringBuffer, (); md, g.owner.as_ptr().cast::<c_char>().cast_mut(), g.owner.len());
-        rm!(RedisModule_DigestAddLongLong, (); md, g.token as i64);
-        rm!(RedisModule_DigestAddLongLong, (); md, g.deadline.wall_ms);
-    } else if let Some(d) = rec.state.delay {
-        rm!(RedisModule_DigestAddLongLong, (); md, rec.state.last_token as i64);
-        rm!(RedisModule_DigestAddLongLong, (); md, d.wall_ms);
+    // SAFETY: Redis passes a live value of our type.
+    let Some(rec) = (unsafe { record(value) }) else {
+        return;
+    };
+    // SAFETY (every call below): `md` is the digest Redis passed; the buffers outlive the
+    // calls.
+    match Snapshot::of(&rec.state) {
+        Some(Snapshot::Held {
+            owner,
+            token,
+            deadline_wall_ms,
+        }) => unsafe {
+            api!(RedisModule_DigestAddStringBuffer, (); md, owner.as_ptr().cast::<c_char>().cast_mut(), owner.len());
+            api!(RedisModule_DigestAddLongLong, (); md, token as i64);
+            api!(RedisModule_DigestAddLongLong, (); md, deadline_wall_ms);
+        },
+        Some(Snapshot::Delayed {
+            last_token,
+            until_wall_ms,
+        }) => unsafe {
+            api!(RedisModule_DigestAddLongLong, (); md, last_token as i64);
+            api!(RedisModule_DigestAddLongLong, (); md, until_wall_ms);
+        },
+        None => {}
     }
-    rm!(RedisModule_DigestEndSequence, (); md);
+    // SAFETY: as above.
+    unsafe { api!(RedisModule_DigestEndSequence, (); md) };
 }
 
-// RDB layout, encoding version 1:
-//   unsigned token, signed deadline (Unix ms), string owner.
-// With an owner: the key is held, until the deadline. Without: nobody holds it and it is in
-// lock-delay until the deadline; the token is the last one granted. Waiters are connections
-// and are never saved.
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    let Some(rec) = record(value) else { return };
-    let (token, deadline, owner): (u64, i64, &[u8]) = match &rec.state.holder {
-        Some(g) => (g.token, g.deadline.wall_ms, &g.owner),
-        None => (
-            rec.state.last_token,
-            rec.state.delay.map_or(0, |d| d.wall_ms),
-            &[],
-        ),
+    // SAFETY: Redis passes a live value of our type.
+    let Some(rec) = (unsafe { record(value) }) else {
+        return;
     };
-    rm!(RedisModule_SaveUnsigned, (); rdb, token);
-    rm!(RedisModule_SaveSigned, (); rdb, deadline);
-    rm!(RedisModule_SaveStringBuffer, (); rdb, owner.as_ptr().cast::<c_char>(), owner.len());
+    let (token, deadline, owner) = Snapshot::rdb_fields(&rec.state);
+    // SAFETY: `rdb` is the handle Redis passed; the owner buffer outlives the call.
+    unsafe {
+        api!(RedisModule_SaveUnsigned, (); rdb, token);
+        api!(RedisModule_SaveSigned, (); rdb, deadline);
+        api!(RedisModule_SaveStringBuffer, (); rdb, owner.as_ptr().cast::<c_char>(), owner.len());
+    }
 }
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     if !(1..=ENCODING_VERSION).contains(&encver) {
         return ptr::null_mut();
     }
-    let io_error = || rm!(RedisModule_IsIOError, 1; rdb) != 0;
-    let token = rm!(RedisModule_LoadUnsigned, 0; rdb);
-    let deadline = rm!(RedisModule_LoadSigned, 0; rdb);
+    // SAFETY (every call in this function): `rdb` is the handle Redis passed; with
+    // HANDLE_IO_ERRORS set, a failed read returns 0/null and raises the IO error flag.
+    let io_error = || unsafe { api!(RedisModule_IsIOError, 1; rdb) } != 0;
+    let token = unsafe { api!(RedisModule_LoadUnsigned, 0; rdb) };
+    let deadline = unsafe { api!(RedisModule_LoadSigned, 0; rdb) };
     if io_error() {
         return ptr::null_mut();
     }
     let mut len = 0usize;
-    let buf = rm!(RedisModule_LoadStringBuffer, ptr::null_mut(); rdb, &mut len);
+    let buf = unsafe { api!(RedisModule_LoadStringBuffer, ptr::null_mut(); rdb, &mut len) };
     if io_error() || buf.is_null() && len > 0 {
         return ptr::null_mut();
     }
     let owner: Vec<u8> = if buf.is_null() || len == 0 {
         Vec::new()
     } else {
+        // SAFETY: Redis allocated `len` bytes for us (freed just below).
         unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec()
     };
     if !buf.is_null() {
-        rm!(RedisModule_Free, (); buf.cast());
+        unsafe { api!(RedisModule_Free, (); buf.cast()) };
     }
     // Refuse values no master could have written (a corrupt payload), rather than load them.
-    if owner.len() > MAX_OWNER_LEN || token > MAX_TOKEN || (!owner.is_empty() && token == 0) {
+    let Ok(snapshot) = Snapshot::from_rdb(token, deadline, &owner) else {
         return ptr::null_mut();
-    }
-    server::tokens().observe(token);
-    let now = server::now();
-    let state = if owner.is_empty() {
-        LockState::delayed(token, Deadline::from_wall(deadline, now))
-    } else {
-        LockState::with_grant(Grant::from_wall_deadline(&owner, token, deadline, now))
     };
+    let state = engine::load(snapshot, server::now(), &mut server::tokens());
     LockRecord::boxed(state).cast()
 }
 
@@ -195,8 +179,13 @@ unsafe extern "C" fn aof_rewrite(
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
-    let Some(rec) = record(value) else { return };
-    crate::replication::emit_state(aof, key, &rec.state);
+    // SAFETY: Redis passes a live value of our type.
+    let Some(rec) = (unsafe { record(value) }) else {
+        return;
+    };
+    if let Some(snapshot) = Snapshot::of(&rec.state) {
+        replication::emit_aof(aof, key, snapshot);
+    }
 }
 
 // Aux data: the token high-water mark, so that tokens keep growing across restarts and full
@@ -204,7 +193,8 @@ unsafe extern "C" fn aof_rewrite(
 unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
         let mark = server::tokens().high_water();
-        rm!(RedisModule_SaveUnsigned, (); rdb, mark);
+        // SAFETY: `rdb` is the handle Redis passed.
+        unsafe { api!(RedisModule_SaveUnsigned, (); rdb, mark) };
     }
 }
 
@@ -213,8 +203,10 @@ unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when:
     {
         return raw::REDISMODULE_ERR as c_int;
     }
-    let mark = rm!(RedisModule_LoadUnsigned, 0; rdb);
-    if rm!(RedisModule_IsIOError, 1; rdb) != 0 || mark > MAX_TOKEN {
+    // SAFETY: `rdb` is the handle Redis passed.
+    let mark = unsafe { api!(RedisModule_LoadUnsigned, 0; rdb) };
+    // SAFETY: as above.
+    if unsafe { api!(RedisModule_IsIOError, 1; rdb) } != 0 || mark > MAX_TOKEN {
         return raw::REDISMODULE_ERR as c_int;
     }
     server::tokens().observe(mark);

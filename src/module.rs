@@ -1,10 +1,15 @@
-//! Module registration: data type, commands, configuration, INFO, events.
+//! Registration, all in one place: the data type, the commands (with their flags and key
+//! positions), the configuration, the INFO section, the server and keyspace events, and the
+//! handlers the mechanisms call back (due deadlines, deferred jobs).
 
-use crate::ffi;
+use crate::ffi::{self, Ctx, RStr};
 use crate::lock_type::LOCK_TYPE;
-use crate::{commands, config, events, rm, server, stats};
+use crate::{api, cluster, commands, config, events, expiry, jobs, server, stats, waiters};
+use flock_core::config::{LOCK_DELAY_LIMIT, MAX_TTL_DEFAULT, MAX_TTL_LIMIT, MAX_WAITERS_DEFAULT, MAX_WAITERS_LIMIT};
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{raw, redis_module, Context, RedisString, Status};
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
@@ -17,17 +22,111 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let lock_type = *LOCK_TYPE.raw_type.borrow();
     server::init(raw_ctx, lock_type);
     ctx.set_module_options(raw::ModuleOptions::HANDLE_IO_ERRORS);
-    if let Err(e) = commands::register(raw_ctx) {
+    expiry::set_due_handler(events::on_due);
+    jobs::set_runner(events::revisit);
+    if let Err(e) = register_commands(raw_ctx) {
         ctx.log_warning(&format!("flock: {e}"));
         return Status::Err;
     }
-    rm!(RedisModule_RegisterInfoFunc, 0; raw_ctx, Some(stats::info));
-    events::subscribe(raw_ctx);
-    crate::cluster::init(raw_ctx);
+    // SAFETY: the init context; `info` is a plain function of this file.
+    unsafe { api!(RedisModule_RegisterInfoFunc, 0; raw_ctx, Some(info)) };
+    subscribe(raw_ctx);
+    cluster::init(raw_ctx);
     Status::Ok
 }
 
-#[cfg(not(test))]
+type Handler = unsafe extern "C" fn(Ctx, *mut RStr, c_int) -> c_int;
+
+/// Register every command. Flags and key positions matter to cluster clients and ACLs.
+fn register_commands(ctx: Ctx) -> Result<(), String> {
+    macro_rules! handler {
+        ($f:path) => {{
+            unsafe extern "C" fn h(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
+                // SAFETY: Redis passes `argc` argument strings that live while the command
+                // runs.
+                let args = unsafe { ffi::argv_slice(argv, argc) };
+                $f(ctx, args)
+            }
+            h as Handler
+        }};
+    }
+    let table: [(&CStr, Handler, &CStr); 8] = [
+        (c"flock.acquire", handler!(commands::acquire), c"write deny-oom"),
+        (c"flock.release", handler!(commands::release), c"write fast"),
+        (c"flock.renew", handler!(commands::renew), c"write fast"),
+        (c"flock.check", handler!(commands::check), c"readonly fast"),
+        (c"flock.info", handler!(commands::info), c"readonly fast"),
+        (c"flock.revoke", handler!(commands::revoke), c"write fast"),
+        (c"flock.apply", handler!(commands::apply), c"write"),
+        (c"flock.fenced", crate::fenced::command, c"write getkeys-api"),
+    ];
+    for (name, h, flags) in table {
+        // SAFETY: the init context; name and flags are NUL-terminated; the handler is a
+        // plain function.
+        let ok = unsafe {
+            api!(RedisModule_CreateCommand, raw::REDISMODULE_ERR as c_int;
+                ctx, name.as_ptr(), Some(h), flags.as_ptr(), 1, 1, 1)
+        };
+        if ok != raw::REDISMODULE_OK as c_int {
+            return Err(format!("could not register {}", name.to_string_lossy()));
+        }
+    }
+    Ok(())
+}
+
+/// Keyspace events (see `events::SUBSCRIBED`) and the server events flock follows.
+fn subscribe(ctx: Ctx) {
+    // SAFETY: the init context; the callbacks are plain functions of `events.rs`.
+    unsafe {
+        api!(RedisModule_SubscribeToKeyspaceEvents, 0;
+            ctx, events::SUBSCRIBED, Some(events::on_keyspace_event))
+    };
+    for event in [
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_PERSISTENCE,
+        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+        raw::REDISMODULE_EVENT_CONFIG,
+        raw::REDISMODULE_EVENT_CRON_LOOP,
+    ] {
+        // SAFETY: as above.
+        unsafe {
+            api!(RedisModule_SubscribeToServerEvent, 0;
+                ctx, raw::RedisModuleEvent { id: event, dataver: 1 }, Some(events::on_server_event))
+        };
+    }
+}
+
+/// The `INFO flock` section (fields appear as `flock_<name>`).
+unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
+    // SAFETY: the INFO context Redis passed; the names are NUL-terminated.
+    unsafe { api!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr()) };
+    let fields: [(&CStr, u64); 14] = [
+        (c"grants", stats::GRANTS.get()),
+        (c"releases", stats::RELEASES.get()),
+        (c"expirations", stats::EXPIRATIONS.get()),
+        (c"revokes", stats::REVOKES.get()),
+        (c"renewals", stats::RENEWALS.get()),
+        (c"contended_acquires", stats::CONTENDED.get()),
+        (c"blocked_acquires", stats::BLOCKED.get()),
+        (c"blocked_clients", waiters::blocked_now() as u64),
+        (c"timeouts", stats::TIMEOUTS.get()),
+        (c"fenced_accepted", stats::FENCED_ACCEPTED.get()),
+        (c"fenced_rejected", stats::FENCED_REJECTED.get()),
+        (c"fenced_inner_errors", stats::FENCED_INNER_ERRORS.get()),
+        (c"token_high_water", server::tokens().high_water()),
+        (c"replicating_effects", server::replication_consumed() as u64),
+    ];
+    for (name, value) in fields {
+        // SAFETY: as above.
+        unsafe {
+            api!(RedisModule_InfoAddFieldULongLong, 0; ctx, name.as_ptr() as *const c_char, value)
+        };
+    }
+}
+
 redis_module! {
     name: "flock",
     version: 1,
@@ -37,9 +136,9 @@ redis_module! {
     commands: [],
     configurations: [
         i64: [
-            ["max-ttl-ms", &config::MAX_TTL_MS, config::MAX_TTL_DEFAULT, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["max-waiters", &config::MAX_WAITERS, config::MAX_WAITERS_DEFAULT, 0, config::MAX_WAITERS_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["lock-delay-ms", &config::LOCK_DELAY_MS, 0, 0, config::LOCK_DELAY_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["max-ttl-ms", &config::MAX_TTL_MS, MAX_TTL_DEFAULT, 1, MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["max-waiters", &config::MAX_WAITERS, MAX_WAITERS_DEFAULT, 0, MAX_WAITERS_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["lock-delay-ms", &config::LOCK_DELAY_MS, 0, 0, LOCK_DELAY_LIMIT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

@@ -1,90 +1,82 @@
 //! Deterministic copies (G7): the effect command `FLOCK.APPLY` that the master replicates and
-//! that AOF rewrite emits, carrying who holds the key, which token, and until when (an absolute
-//! wall-clock deadline). Nothing clock-dependent is ever replicated verbatim.
+//! that AOF rewrite emits, carrying a [`Snapshot`] of the key: who holds it, which token, and
+//! until when (an absolute wall-clock deadline). Nothing clock-dependent is ever replicated
+//! verbatim. The reverse, `FLOCK.APPLY` on a replica, parses back into the same `Snapshot`.
 
-use crate::core::{Grant, LockState};
+use crate::api;
 use crate::ffi::{Ctx, RStr};
-use crate::rm;
+use flock_core::Snapshot;
 use redis_module::raw;
 use std::os::raw::{c_char, c_longlong};
 
 const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
 
-/// Send the GRANT effect of `$grant` on `$key` through `$api` (`RedisModule_Replicate` with a
-/// context, or `RedisModule_EmitAOF` with an AOF handle): one argument list for both.
-macro_rules! grant_effect {
-    ($api:ident, $fallback:expr, $target:expr, $key:expr, $grant:expr) => {
-        rm!($api, $fallback;
-            $target,
-            APPLY.as_ptr(),
-            c"scbll".as_ptr(),
-            $key,
-            c"GRANT".as_ptr(),
-            $grant.owner.as_ptr().cast::<c_char>(),
-            $grant.owner.len(),
-            $grant.token as c_longlong,
-            $grant.deadline.wall_ms as c_longlong
-        )
+/// Send the effect of `$snapshot` on `$key` through `$api` (`RedisModule_Replicate` with a
+/// context, or `RedisModule_EmitAOF` with an AOF handle): one argument list for both. Must be
+/// used inside `unsafe`: the target handle must be live and every pointer passed outlives the
+/// call (Redis copies the arguments).
+macro_rules! emit {
+    ($api:ident, $fallback:expr, $target:expr, $key:expr, $snapshot:expr) => {
+        match $snapshot {
+            Snapshot::Held {
+                owner,
+                token,
+                deadline_wall_ms,
+            } => api!($api, $fallback;
+                $target,
+                APPLY.as_ptr(),
+                c"scbll".as_ptr(),
+                $key,
+                c"GRANT".as_ptr(),
+                owner.as_ptr().cast::<c_char>(),
+                owner.len(),
+                token as c_longlong,
+                deadline_wall_ms as c_longlong
+            ),
+            Snapshot::Delayed {
+                last_token,
+                until_wall_ms,
+            } => api!($api, $fallback;
+                $target,
+                APPLY.as_ptr(),
+                c"scll".as_ptr(),
+                $key,
+                c"DELAY".as_ptr(),
+                last_token as c_longlong,
+                until_wall_ms as c_longlong
+            ),
+        }
     };
 }
 
-/// The DELAY effect (nobody holds the key; lock-delay until `$until_ms`), likewise.
-macro_rules! delay_effect {
-    ($api:ident, $fallback:expr, $target:expr, $key:expr, $last_token:expr, $until_ms:expr) => {
-        rm!($api, $fallback;
-            $target,
-            APPLY.as_ptr(),
-            c"scll".as_ptr(),
-            $key,
-            c"DELAY".as_ptr(),
-            $last_token as c_longlong,
-            $until_ms as c_longlong
-        )
-    };
-}
-
-/// Replicate (to replicas and the AOF) that `key` is held by `grant`.
-pub fn grant(ctx: Ctx, key: RStr, grant: &Grant) {
+/// Replicate (to replicas and the AOF) that `key` is now as `snapshot` says.
+pub fn state(ctx: Ctx, key: RStr, snapshot: Snapshot<'_>) {
     if crate::server::replication_consumed() {
-        grant_effect!(RedisModule_Replicate, 0, ctx, key, grant);
-    }
-}
-
-/// Replicate that nobody holds `key`, which is in lock-delay until `until_wall_ms`.
-pub fn delay(ctx: Ctx, key: RStr, last_token: u64, until_wall_ms: i64) {
-    if crate::server::replication_consumed() {
-        delay_effect!(
-            RedisModule_Replicate,
-            0,
-            ctx,
-            key,
-            last_token,
-            until_wall_ms
-        );
+        // SAFETY: a live command or timer context and key name; the format matches the
+        // arguments, which live through the call.
+        unsafe { emit!(RedisModule_Replicate, 0, ctx, key, snapshot) };
     }
 }
 
 /// Replicate that `key` left the keyspace (release, expiry).
 pub fn delete(ctx: Ctx, key: RStr) {
     if crate::server::replication_consumed() {
-        rm!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key);
+        // SAFETY: a live context and key name; "s" takes one string handle.
+        unsafe { api!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key) };
     }
 }
 
-/// The same effects, written by AOF rewrite.
-pub fn emit_state(aof: *mut raw::RedisModuleIO, key: RStr, state: &LockState) {
-    if let Some(grant) = &state.holder {
-        grant_effect!(RedisModule_EmitAOF, (), aof, key, grant);
-    } else if let Some(d) = state.delay {
-        delay_effect!(
-            RedisModule_EmitAOF,
-            (),
-            aof,
-            key,
-            state.last_token,
-            d.wall_ms
-        );
-    }
+/// Pass the command being run on as it is (a replica passing its master's effect on to its
+/// own AOF and sub-replicas: the effect is deterministic).
+pub fn verbatim(ctx: Ctx) {
+    // SAFETY: a live command context.
+    unsafe { api!(RedisModule_ReplicateVerbatim, 0; ctx) };
+}
+
+/// The same effect, written by AOF rewrite.
+pub fn emit_aof(aof: *mut raw::RedisModuleIO, key: RStr, snapshot: Snapshot<'_>) {
+    // SAFETY: `aof` and `key` are the handles Redis passed to the aof_rewrite callback.
+    unsafe { emit!(RedisModule_EmitAOF, (), aof, key, snapshot) };
 }
 
 /// Only the replication stream and AOF loading may apply effects: a client that could call

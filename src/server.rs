@@ -4,8 +4,9 @@
 //! that can reach module code is a lazy-free thread calling the type's `free` (FLUSHALL ASYNC),
 //! which touches none of this but [`on_main_thread`].
 
-use crate::core::{Now, TokenIssuer};
-use crate::ffi::Ctx;
+use crate::api;
+use crate::ffi::{self, Ctx};
+use flock_core::{Now, TokenIssuer};
 use redis_module::raw;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -28,7 +29,9 @@ pub fn tokens() -> MutexGuard<'static, TokenIssuer> {
 pub fn init(ctx: Ctx, lock_type: *mut raw::RedisModuleType) {
     let _ = MAIN_THREAD.set(std::thread::current().id());
     LOCK_TYPE.store(lock_type, Ordering::Relaxed);
-    let detached = crate::rm!(RedisModule_GetDetachedThreadSafeContext, std::ptr::null_mut(); ctx);
+    // SAFETY: `ctx` is the context of the module's init; the detached context lives as long
+    // as the module.
+    let detached = unsafe { api!(RedisModule_GetDetachedThreadSafeContext, std::ptr::null_mut(); ctx) };
     MODULE_CTX.store(detached, Ordering::Relaxed);
     refresh_role(ctx);
 }
@@ -53,7 +56,7 @@ pub fn is_master() -> bool {
 }
 
 pub fn refresh_role(ctx: Ctx) {
-    let flags = crate::ffi::context_flags(ctx);
+    let flags = ffi::context_flags(ctx);
     IS_MASTER.store(
         flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0,
         Ordering::Relaxed,
@@ -67,7 +70,7 @@ pub fn now() -> Now {
     let wall_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let mono_us = crate::rm!(RedisModule_MonotonicMicroseconds, 0;);
+    let mono_us = ffi::monotonic_us();
     Now::new(wall_us, mono_us)
 }
 
@@ -92,13 +95,16 @@ pub fn assume_replication_consumed() {
 }
 
 fn info_field(ctx: Ctx, section: &std::ffi::CStr, field: &std::ffi::CStr) -> Option<i64> {
-    let info = crate::rm!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr());
+    // SAFETY: a live context (the cron's); `section` is NUL-terminated.
+    let info = unsafe { api!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr()) };
     if info.is_null() {
         return None;
     }
     let mut err: std::os::raw::c_int = 0;
-    let v = crate::rm!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err);
-    crate::rm!(RedisModule_FreeServerInfo, (); ctx, info);
+    // SAFETY: `info` is the live INFO data fetched above, freed once right after.
+    let v = unsafe { api!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err) };
+    // SAFETY: as above.
+    unsafe { api!(RedisModule_FreeServerInfo, (); ctx, info) };
     (err == 0).then_some(v)
 }
 
@@ -114,5 +120,6 @@ pub fn recheck_replication(ctx: Ctx) {
 /// replica's offset to match): timers and deferred jobs then wait, since effects they would
 /// replicate keep the offsets from ever matching. Commands still check leases lazily.
 pub fn avoid_replica_traffic() -> bool {
-    crate::rm!(RedisModule_AvoidReplicaTraffic, 0;) != 0
+    // SAFETY: takes no arguments.
+    unsafe { api!(RedisModule_AvoidReplicaTraffic, 0;) != 0 }
 }

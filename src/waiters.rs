@@ -6,21 +6,21 @@
 //! unblocked exactly once: with its token (hand-off), with an error, or with nothing after its
 //! timeout or disconnect.
 //!
-//! Work that must not run inside a keyspace notification or a free callback (granting to the
-//! next waiter after a DEL, releasing a grant whose client vanished before its reply) is queued
-//! as a [`Job`] and run from a zero-delay timer, in a proper context, right after the command.
+//! A grant whose client vanished before its reply is released again by a deferred job
+//! (`jobs.rs`).
 
-use crate::core::{WaitQueue, Waiter};
 use crate::ffi::{self, Ctx, RStr};
-use crate::{rm, server, stats};
+use crate::jobs::{self, Job};
+use flock_core::engine::BlockRefused;
+use crate::record::KeyId;
+use crate::{api, server, stats};
+use flock_core::{WaitQueue, Waiter};
 use redis_module::raw;
 use std::collections::HashMap;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
-
-type KeyId = (c_int, Vec<u8>);
 
 struct Blocked {
     bc: *mut raw::RedisModuleBlockedClient,
@@ -38,9 +38,17 @@ struct Blocked {
 impl Blocked {
     fn stop_timer(&self) {
         if self.timer != 0 {
-            let mut data: *mut c_void = ptr::null_mut();
-            rm!(RedisModule_StopTimer, 0; server::module_ctx(), self.timer, &mut data);
+            ffi::stop_timer(server::module_ctx(), self.timer);
         }
+    }
+
+    /// Unblock the client with `delivery` (Redis owns it from now on and hands it to
+    /// `on_reply`, then to `free_delivery`). Consumes the handle: it is never touched again.
+    fn unblock(self, delivery: Option<Delivery>) {
+        let data = delivery.map_or(ptr::null_mut(), |d| Box::into_raw(Box::new(d)).cast::<c_void>());
+        // SAFETY: `bc` is a handle from BlockClient not unblocked before (each `Blocked` is
+        // removed from the registry before it is unblocked, exactly once).
+        unsafe { api!(RedisModule_UnblockClient, 0; self.bc, data) };
     }
 }
 
@@ -118,10 +126,7 @@ pub fn blocked_now() -> usize {
 }
 
 pub fn key_id(ctx: Ctx, key: RStr) -> KeyId {
-    (
-        rm!(RedisModule_GetSelectedDb, 0; ctx),
-        ffi::bytes(key).to_vec(),
-    )
+    (ffi::selected_db(ctx), ffi::bytes(&key).to_vec())
 }
 
 /// Number of clients waiting for `key`.
@@ -129,25 +134,26 @@ pub fn count(ctx: Ctx, key: RStr) -> usize {
     if blocked_now() == 0 {
         return 0;
     }
-    let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
+    let db = ffi::selected_db(ctx);
     registry()
         .get()
-        .queue(db, ffi::bytes(key))
+        .queue(db, ffi::bytes(&key))
         .map_or(0, WaitQueue::len)
 }
 
-/// Run `f` with the wait queue of `key` (`None` when nobody waits); drops emptied queues.
-pub fn with_queue<R>(ctx: Ctx, key: RStr, f: impl FnOnce(Option<&mut WaitQueue>) -> R) -> R {
+/// The first waiter of `key`, taken off its queue (dropped when emptied). It stays blocked
+/// until [`deliver`] unblocks it.
+pub fn pop(ctx: Ctx, key: RStr) -> Option<Waiter> {
     if blocked_now() == 0 {
-        return f(None);
+        return None;
     }
-    let db = rm!(RedisModule_GetSelectedDb, 0; ctx);
-    let name = ffi::bytes(key);
+    let db = ffi::selected_db(ctx);
+    let name = ffi::bytes(&key);
     let mut guard = registry();
     let reg = guard.get();
-    let r = f(reg.queue_mut(db, name));
+    let w = reg.queue_mut(db, name)?.pop();
     reg.drop_if_empty(db, name);
-    r
+    w
 }
 
 /// Whether this context may block its client (not inside MULTI, a script, or a context
@@ -161,11 +167,6 @@ pub fn can_block(ctx: Ctx) -> bool {
         == 0
 }
 
-pub enum BlockError {
-    TooMany,
-    Failed,
-}
-
 /// Block the calling client until it is handed `key` (or times out: 0 = never).
 pub fn block(
     ctx: Ctx,
@@ -173,38 +174,45 @@ pub fn block(
     owner: &[u8],
     ttl_ms: u64,
     timeout_ms: u64,
-) -> Result<(), BlockError> {
+) -> Result<(), BlockRefused> {
     let id = key_id(ctx, key);
     let mut guard = registry();
     let reg = guard.get();
     let waiting = reg.queue(id.0, &id.1).map_or(0, WaitQueue::len);
     if waiting >= crate::config::max_waiters() {
-        return Err(BlockError::TooMany);
+        return Err(BlockRefused::TooMany);
     }
-    let bc = rm!(RedisModule_BlockClient, ptr::null_mut();
-        ctx,
-        Some(on_reply),
-        Some(on_client_unblock),
-        Some(free_delivery),
-        0
-    );
+    // SAFETY: a live command context that may block (see `can_block`); the callbacks are
+    // plain functions of this file. Timeouts are ours (see `Blocked::timer`): 0 here.
+    let bc = unsafe {
+        api!(RedisModule_BlockClient, ptr::null_mut();
+            ctx,
+            Some(on_reply),
+            Some(on_client_unblock),
+            Some(free_delivery),
+            0
+        )
+    };
     if bc.is_null() {
-        return Err(BlockError::Failed);
+        return Err(BlockRefused::Failed);
     }
-    rm!(RedisModule_SetDisconnectCallback, (); bc, Some(on_disconnect));
-    let client_id = rm!(RedisModule_GetClientId, 0; ctx);
+    // SAFETY: the handle made above, not yet unblocked.
+    unsafe { api!(RedisModule_SetDisconnectCallback, (); bc, Some(on_disconnect)) };
+    // SAFETY: a live command context.
+    let client_id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
     reg.next_id += 1;
     let waiter_id = reg.next_id;
     // A timeout beyond ten years is no limit (a huge period would wrap in the server's
     // timer arithmetic and fire at once).
-    let timeout_ms = if timeout_ms > 315_360_000_000 {
+    let timeout_ms = if timeout_ms > flock_core::config::BLOCK_TIMEOUT_LIMIT_MS {
         0
     } else {
         timeout_ms
     };
     let timer = if timeout_ms > 0 {
         let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
-        rm!(RedisModule_CreateTimer, 0; ctx, period, Some(on_waiter_timeout), waiter_id as usize as *mut c_void)
+        // The timer's data is the waiter id, not a pointer.
+        ffi::create_timer(ctx, period, on_waiter_timeout, waiter_id as usize as *mut c_void)
     } else {
         0
     };
@@ -252,22 +260,22 @@ pub enum Delivery {
     TimedOut,
 }
 
-/// Hand `token` to waiter `waiter_id` (taken off its queue by the core). False when the
-/// waiter is gone: the caller then releases the grant again.
+/// Hand `token` to waiter `waiter_id` (taken off its queue by [`pop`]). False when the
+/// waiter is gone: the engine then gives the grant to the next one.
 pub fn deliver(waiter_id: u64, token: u64) -> bool {
     let mut guard = registry();
     let reg = guard.get();
-    let Some(b) = reg.blocked.remove(&waiter_id) else {
+    let Some(mut b) = reg.blocked.remove(&waiter_id) else {
         return false;
     };
     reg.by_client.remove(&b.client_id);
     b.stop_timer();
-    let d = Box::new(Delivery::Token {
+    let key = std::mem::take(&mut b.key);
+    b.unblock(Some(Delivery::Token {
         token,
-        key: b.key,
+        key,
         delivered: false,
-    });
-    rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+    }));
     true
 }
 
@@ -282,8 +290,7 @@ pub fn fail_all(key: &KeyId, msg: &'static str) {
         if let Some(b) = reg.blocked.remove(&w.id) {
             reg.by_client.remove(&b.client_id);
             b.stop_timer();
-            let d = Box::new(Delivery::Error(msg));
-            rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+            b.unblock(Some(Delivery::Error(msg)));
         }
     }
 }
@@ -328,7 +335,8 @@ fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
 
 /// Take the calling blocked client out of its queue (CLIENT UNBLOCK, disconnect).
 fn leave_by_client(ctx: Ctx) -> Option<Blocked> {
-    let client_id = rm!(RedisModule_GetClientId, 0; ctx);
+    // SAFETY: the live context of a blocked client's callback.
+    let client_id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
     let mut guard = registry();
     let reg = guard.get();
     let waiter_id = *reg.by_client.get(&client_id)?;
@@ -356,8 +364,7 @@ pub fn time_out_due() {
         if let Some(b) = leave(reg, waiter_id) {
             b.stop_timer();
             stats::TIMEOUTS.incr();
-            let d = Box::new(Delivery::TimedOut);
-            rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+            b.unblock(Some(Delivery::TimedOut));
         }
     }
 }
@@ -368,13 +375,16 @@ unsafe extern "C" fn on_waiter_timeout(_ctx: Ctx, data: *mut c_void) {
     let mut guard = registry();
     if let Some(b) = leave(guard.get(), waiter_id) {
         stats::TIMEOUTS.incr();
-        let d = Box::new(Delivery::TimedOut);
-        rm!(RedisModule_UnblockClient, 0; b.bc, Box::into_raw(d).cast());
+        b.unblock(Some(Delivery::TimedOut));
     }
 }
 
 unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
-    let d = rm!(RedisModule_GetBlockedClientPrivateData, ptr::null_mut(); ctx).cast::<Delivery>();
+    // SAFETY: the reply callback's live context; the private data is the `Delivery` boxed by
+    // `Blocked::unblock` (or null), owned by Redis until `free_delivery`.
+    let d = unsafe { api!(RedisModule_GetBlockedClientPrivateData, ptr::null_mut(); ctx) }
+        .cast::<Delivery>();
+    // SAFETY: as above; nothing else touches the delivery while its reply is made.
     match unsafe { d.as_mut() } {
         Some(Delivery::Token {
             token, delivered, ..
@@ -382,7 +392,7 @@ unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int
             *delivered = true;
             ffi::reply_int(ctx, *token as i64)
         }
-        Some(Delivery::Error(msg)) => ffi::reply_error_static(ctx, msg),
+        Some(Delivery::Error(msg)) => ffi::reply_error_string(ctx, msg),
         Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
     }
 }
@@ -391,7 +401,7 @@ unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int
 unsafe extern "C" fn on_client_unblock(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
     if let Some(b) = leave_by_client(ctx) {
         stats::TIMEOUTS.incr();
-        rm!(RedisModule_UnblockClient, 0; b.bc, ptr::null_mut());
+        b.unblock(None);
     }
     ffi::reply_null(ctx)
 }
@@ -399,7 +409,7 @@ unsafe extern "C" fn on_client_unblock(ctx: Ctx, _argv: *mut RStr, _argc: c_int)
 /// The client went away while waiting (or Redis unblocked it with an error).
 unsafe extern "C" fn on_disconnect(ctx: Ctx, _bc: *mut raw::RedisModuleBlockedClient) {
     if let Some(b) = leave_by_client(ctx) {
-        rm!(RedisModule_UnblockClient, 0; b.bc, ptr::null_mut());
+        b.unblock(None);
     }
 }
 
@@ -407,6 +417,7 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, privdata: *mut c_void) {
     if privdata.is_null() {
         return;
     }
+    // SAFETY: Redis hands back, once, the `Delivery` boxed by `Blocked::unblock`.
     let d = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
     if let Delivery::Token {
         token,
@@ -415,80 +426,7 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, privdata: *mut c_void) {
     } = *d
     {
         // Granted to a client that disconnected before its reply: release it again.
-        schedule(Job::ReleaseGhost { key, token });
+        jobs::schedule(Job::ReleaseGhost { key, token });
     }
 }
 
-// ---- deferred jobs ----
-
-pub enum Job {
-    /// Look at a waited key again (it was deleted, flushed, renamed or overwritten).
-    Revisit(KeyId),
-    /// Release the grant `token` of `key` (its client vanished before the reply).
-    ReleaseGhost { key: KeyId, token: u64 },
-}
-
-static JOBS: Mutex<Vec<Job>> = Mutex::new(Vec::new());
-static JOB_TIMER: AtomicBool = AtomicBool::new(false);
-
-/// Look at `key` again soon. From another thread (a lazy free) only queue it: the next cron
-/// tick on the main thread runs it.
-pub fn schedule_revisit(key: KeyId, main_thread: bool) {
-    if main_thread {
-        schedule(Job::Revisit(key));
-    } else {
-        JOBS.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Job::Revisit(key));
-    }
-}
-
-/// From the cron event: run jobs queued by other threads.
-pub fn run_queued(ctx: Ctx) {
-    let pending = !JOBS.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
-    if pending && !JOB_TIMER.load(Ordering::Relaxed) {
-        unsafe { run_jobs(ctx, ptr::null_mut()) };
-    }
-}
-
-pub fn schedule(job: Job) {
-    JOBS.lock().unwrap_or_else(|p| p.into_inner()).push(job);
-    if !JOB_TIMER.swap(true, Ordering::Relaxed) {
-        let ctx = server::module_ctx();
-        let id = rm!(RedisModule_CreateTimer, 0; ctx, 0, Some(run_jobs), ptr::null_mut());
-        if id == 0 {
-            JOB_TIMER.store(false, Ordering::Relaxed);
-        }
-    }
-}
-
-unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
-    if server::avoid_replica_traffic() {
-        // Clients are paused: wait, the jobs' effects would be replicated.
-        JOB_TIMER.store(true, Ordering::Relaxed);
-        let id = rm!(RedisModule_CreateTimer, 0; server::module_ctx(), 10, Some(run_jobs), ptr::null_mut());
-        if id == 0 {
-            JOB_TIMER.store(false, Ordering::Relaxed);
-        }
-        return;
-    }
-    JOB_TIMER.store(false, Ordering::Relaxed);
-    let jobs = std::mem::take(&mut *JOBS.lock().unwrap_or_else(|p| p.into_inner()));
-    for job in jobs {
-        let (db, name, ghost) = match &job {
-            Job::Revisit((db, name)) => (*db, name, None),
-            Job::ReleaseGhost {
-                key: (db, name),
-                token,
-            } => (*db, name, Some(*token)),
-        };
-        if rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, db)
-            != raw::REDISMODULE_OK as c_int
-        {
-            continue;
-        }
-        let key = ffi::create_string(ctx, name);
-        crate::commands::revisit(ctx, key, ghost);
-        ffi::free_string(key);
-    }
-}

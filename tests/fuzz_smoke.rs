@@ -1,22 +1,11 @@
-//! The cargo-fuzz drivers (fuzz/src/drivers.rs) on seeded random inputs, so that `make test`
-//! runs them without libFuzzer: the argument parsers against a reference, and the lock state
-//! machine against a reference model with G1-G4, G6 and G9 as assertions. `make fuzz` runs the
+//! The cargo-fuzz drivers (crates/flock-fuzz) on seeded random inputs, so that `make test`
+//! runs them without libFuzzer: the argument parsers against a reference, and the lock engine
+//! against a reference model with G1-G4, G6, G7 and G9 as assertions. `make fuzz` runs the
 //! same drivers under libFuzzer with coverage guidance.
 //!
 //! FLOCK_FUZZ_SMOKE_ITERS sets the number of inputs per driver (default 20000).
 
-// The pure modules of the crate, by path: linking the `redis_flock` library would bring the
-// module glue and its Redis allocator, which aborts outside a server.
-#[path = "../src/core.rs"]
-#[allow(dead_code)]
-mod core;
-
-#[path = "../src/args.rs"]
-#[allow(dead_code)]
-mod args;
-
-#[path = "../fuzz/src/drivers.rs"]
-mod drivers;
+use flock_fuzz as drivers;
 
 struct Rng(u64);
 

@@ -2,7 +2,8 @@
 //!
 //! Every malformed call maps to one [`ArgError`], whose text is the error reply (G8).
 
-use crate::core::MAX_OWNER_LEN;
+use crate::state::MAX_OWNER_LEN;
+use crate::snapshot::Snapshot;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
@@ -167,43 +168,30 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
 }
 
 /// The replication effects, `FLOCK.APPLY key GRANT owner token deadline_ms` (the key is held)
-/// and `FLOCK.APPLY key DELAY token until_ms` (nobody holds it; lock-delay until then).
-#[derive(Debug, PartialEq, Eq)]
-pub enum Effect<'a> {
-    Grant {
-        owner: &'a [u8],
-        token: u64,
-        deadline_wall_ms: i64,
-    },
-    Delay {
-        token: u64,
-        until_wall_ms: i64,
-    },
-}
-
-fn parse_effect_token(b: &[u8]) -> Result<u64, ArgError> {
-    match parse_token(b)? {
-        t if t > crate::core::MAX_TOKEN => Err(ArgError::Token),
-        t => Ok(t),
-    }
-}
-
-pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Effect<'a>, ArgError> {
-    match argv {
+/// and `FLOCK.APPLY key DELAY token until_ms` (nobody holds it; lock-delay until then): the
+/// [`Snapshot`] the master sent, checked by [`Snapshot::validate`] like every snapshot loaded.
+pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Snapshot<'a>, ArgError> {
+    let snapshot = match argv {
         [_, _key, kind, owner, token, deadline] if kind.eq_ignore_ascii_case(b"GRANT") => {
-            Ok(Effect::Grant {
+            Snapshot::Held {
                 owner: parse_owner(owner)?,
-                token: parse_effect_token(token)?,
+                token: parse_token(token)?,
                 deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
-            })
+            }
         }
-        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => Ok(Effect::Delay {
-            token: parse_effect_token(token)?,
-            until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
-        }),
-        [_, _key, _, ..] if argv.len() >= 5 => Err(ArgError::Syntax),
-        _ => Err(ArgError::Arity),
-    }
+        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => {
+            Snapshot::Delayed {
+                last_token: parse_token(token)?,
+                until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
+            }
+        }
+        [_, _key, _, ..] if argv.len() >= 5 => return Err(ArgError::Syntax),
+        _ => return Err(ArgError::Arity),
+    };
+    snapshot.validate().map_err(|e| match e {
+        crate::snapshot::Invalid::Owner => ArgError::Owner,
+        crate::snapshot::Invalid::Token => ArgError::Token,
+    })
 }
 
 /// Commands refused inside FLOCK.FENCED beyond what script mode refuses: blocking commands,
@@ -437,7 +425,7 @@ mod tests {
     fn apply_table() {
         assert_eq!(
             parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1700000000000"])),
-            Ok(Effect::Grant {
+            Ok(Snapshot::Held {
                 owner: b"o",
                 token: 9,
                 deadline_wall_ms: 1_700_000_000_000
@@ -445,8 +433,8 @@ mod tests {
         );
         assert_eq!(
             parse_apply(&v(&["P", "k", "DELAY", "9", "1700000000000"])),
-            Ok(Effect::Delay {
-                token: 9,
+            Ok(Snapshot::Delayed {
+                last_token: 9,
                 until_wall_ms: 1_700_000_000_000
             })
         );

@@ -1,132 +1,15 @@
-//! The lock state machine: grants, releases, renewals, expiry and token issuing.
+//! The state of one lock key and its rules: grants, releases, renewals, revokes, expiry.
 //!
 //! Plain Rust, no Redis types. Time is injected as a [`Now`] value, so every rule here is
-//! tested table-style with `cargo test`. The glue in `commands.rs` reads the clocks, calls
-//! these functions and turns the outcomes into replies, replication and keyspace changes.
+//! tested table-style with `cargo test`. The engine (`engine.rs`) calls these rules in the
+//! order a command needs and turns their outcomes into replies and effects.
 
-/// Largest token ever issued: tokens must stay exact in a JavaScript number (below 2^53).
-pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+use crate::clock::{Deadline, Now};
+use crate::queue::{WaitQueue, Waiter};
+use crate::tokens::TokenIssuer;
+
 /// Owners are opaque, binary-safe strings of 1 to 256 bytes.
 pub const MAX_OWNER_LEN: usize = 256;
-
-/// A reading of the two clocks, taken once per command.
-///
-/// `wall_ms` is the Unix wall clock (it travels: replication, RDB and AOF carry absolute
-/// deadlines). `mono_us` is a monotonic clock local to this process (lease time on a running
-/// server is measured on it, so a wall-clock step neither shortens nor stretches a lease: G9).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Now {
-    /// Unix wall clock in microseconds: the floor of every new token.
-    pub wall_us: u64,
-    /// The same reading in milliseconds: what deadlines are written in.
-    pub wall_ms: i64,
-    pub mono_us: u64,
-}
-
-impl Now {
-    /// A reading from a wall clock in microseconds and a monotonic clock.
-    pub fn new(wall_us: u64, mono_us: u64) -> Now {
-        Now {
-            wall_us,
-            wall_ms: i64::try_from(wall_us / 1000).unwrap_or(i64::MAX),
-            mono_us,
-        }
-    }
-}
-
-/// Issues fencing tokens from a server-wide high-water mark.
-///
-/// `token = max(high_water + 1, wall clock in microseconds)`: strictly increasing on this
-/// server, and after a restart or a failover larger than every token issued before as long as
-/// the persisted mark came along (RDB aux data, replication) or the clock moved forward by more
-/// than the mark was ahead of it. Every token seen (loaded, restored, replicated) raises the mark.
-#[derive(Debug, Default)]
-pub struct TokenIssuer {
-    high_water: u64,
-}
-
-impl TokenIssuer {
-    pub const fn new() -> Self {
-        TokenIssuer { high_water: 0 }
-    }
-
-    pub fn high_water(&self) -> u64 {
-        self.high_water
-    }
-
-    /// Raise the mark to at least `token` (a token that came from elsewhere).
-    pub fn observe(&mut self, token: u64) {
-        if token > self.high_water {
-            self.high_water = token;
-        }
-    }
-
-    /// The next token, or `None` when the token space below 2^53 is used up.
-    pub fn issue(&mut self, now: Now) -> Option<u64> {
-        let token = self.high_water.saturating_add(1).max(now.wall_us);
-        if token > MAX_TOKEN {
-            return None;
-        }
-        self.high_water = token;
-        Some(token)
-    }
-}
-
-/// A point in time on both clocks: the wall-clock value travels (replication, RDB, AOF), the
-/// monotonic one decides on this server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deadline {
-    /// Absolute wall-clock time in Unix milliseconds.
-    pub wall_ms: i64,
-    /// The same moment on this process's monotonic clock.
-    pub mono_us: u64,
-}
-
-impl Deadline {
-    /// `ms` milliseconds after `now`.
-    pub fn after(ms: u64, now: Now) -> Deadline {
-        Deadline {
-            wall_ms: now
-                .wall_ms
-                .saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)),
-            mono_us: now.mono_us.saturating_add(ms.saturating_mul(1000)),
-        }
-    }
-
-    /// A deadline that arrived as an absolute wall-clock time: on this server it is what is
-    /// left of it by the local wall clock.
-    pub fn from_wall(wall_ms: i64, now: Now) -> Deadline {
-        let left_ms = u64::try_from(wall_ms.saturating_sub(now.wall_ms)).unwrap_or(0);
-        Deadline {
-            wall_ms,
-            mono_us: now.mono_us.saturating_add(left_ms.saturating_mul(1000)),
-        }
-    }
-
-    /// `ms` milliseconds after this deadline.
-    pub fn plus(self, ms: u64) -> Deadline {
-        Deadline {
-            wall_ms: self
-                .wall_ms
-                .saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)),
-            mono_us: self.mono_us.saturating_add(ms.saturating_mul(1000)),
-        }
-    }
-
-    pub fn passed(self, now: Now) -> bool {
-        now.mono_us >= self.mono_us
-    }
-
-    /// Microseconds until the deadline (0 once passed).
-    pub fn remaining_us(self, now: Now) -> u64 {
-        self.mono_us.saturating_sub(now.mono_us)
-    }
-
-    /// Whole milliseconds until the deadline, rounded up: at least 1 before it, 0 after.
-    pub fn remaining_ms(self, now: Now) -> u64 {
-        self.remaining_us(now).div_ceil(1000)
-    }
-}
 
 /// One continuous holding of a key by one owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,73 +64,6 @@ pub enum Acquired {
     Busy,
     /// No token left below 2^53.
     TokensExhausted,
-}
-
-/// A client waiting for a key (FLOCK.ACQUIRE ... BLOCK).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Waiter {
-    pub id: u64,
-    pub owner: Box<[u8]>,
-    pub ttl_ms: u64,
-}
-
-/// The waiters of one key, first come first served.
-///
-/// Push and pop are O(1). A waiter that leaves early (timeout, disconnect) is only marked; the
-/// queue skips it when it reaches the front, and compacts itself when the marked ones
-/// outnumber the live ones, so memory stays proportional to the live waiters.
-#[derive(Clone, Debug, Default)]
-pub struct WaitQueue {
-    entries: std::collections::VecDeque<Waiter>,
-    live: std::collections::HashSet<u64>,
-}
-
-impl WaitQueue {
-    pub fn len(&self) -> usize {
-        self.live.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
-    }
-
-    pub fn push(&mut self, waiter: Waiter) {
-        if self.live.insert(waiter.id) {
-            self.entries.push_back(waiter);
-        }
-    }
-
-    /// Remove waiter `id`; false when it was not waiting.
-    pub fn cancel(&mut self, id: u64) -> bool {
-        if !self.live.remove(&id) {
-            return false;
-        }
-        if self.entries.len() > 2 * self.live.len() + 16 {
-            let live = &self.live;
-            self.entries.retain(|w| live.contains(&w.id));
-        }
-        true
-    }
-
-    /// The first live waiter, taken off the queue.
-    pub fn pop(&mut self) -> Option<Waiter> {
-        while let Some(w) = self.entries.pop_front() {
-            if self.live.remove(&w.id) {
-                return Some(w);
-            }
-        }
-        None
-    }
-
-    /// Take every live waiter off the queue, in order.
-    pub fn drain(&mut self) -> Vec<Waiter> {
-        let mut out = Vec::with_capacity(self.live.len());
-        while let Some(w) = self.pop() {
-            out.push(w);
-        }
-        self.entries.clear();
-        out
-    }
 }
 
 /// What [`LockState::settle`] changed.
@@ -338,23 +154,35 @@ impl LockState {
         tokens: &mut TokenIssuer,
     ) -> Settled {
         let expired = self.expire(now, lock_delay_ms);
-        if self.delay.is_some_and(|d| d.passed(now)) {
-            self.delay = None;
-        }
+        self.end_delay(now);
         let mut handed_to = None;
         if let Some(queue) = queue.filter(|q| !q.is_empty()) {
             if self.is_free(now) {
                 if let Some(token) = tokens.issue(now) {
                     if let Some(w) = queue.pop() {
-                        self.holder = Some(Grant::new(&w.owner, token, w.ttl_ms, now));
-                        self.last_token = token;
-                        self.delay = None;
+                        self.grant_to(&w, token, now);
                         handed_to = Some((w, token));
                     }
                 }
             }
         }
         Settled { expired, handed_to }
+    }
+
+    /// End a lock-delay whose time is up; true when one ended.
+    pub fn end_delay(&mut self, now: Now) -> bool {
+        if self.delay.is_some_and(|d| d.passed(now)) {
+            self.delay = None;
+            return true;
+        }
+        false
+    }
+
+    /// Hand the (free) key to `waiter` with a freshly issued `token`.
+    pub fn grant_to(&mut self, waiter: &Waiter, token: u64, now: Now) {
+        self.holder = Some(Grant::new(&waiter.owner, token, waiter.ttl_ms, now));
+        self.last_token = token;
+        self.delay = None;
     }
 
     /// FLOCK.ACQUIRE without waiting, on a settled key. `waiting` is how many clients wait
@@ -453,6 +281,7 @@ impl LockState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::MAX_TOKEN;
 
     const T0: Now = Now {
         wall_us: 1_700_000_000_000_000,
@@ -488,41 +317,6 @@ mod tests {
             owner: owner.as_bytes().into(),
             ttl_ms,
         }
-    }
-
-    #[test]
-    fn queue_is_first_come_first_served_and_skips_cancelled() {
-        let mut q = WaitQueue::default();
-        for id in 1..=5 {
-            q.push(waiter(id, "w", 10));
-        }
-        assert_eq!(q.len(), 5);
-        assert!(q.cancel(2));
-        assert!(!q.cancel(2), "cancelled twice");
-        assert!(!q.cancel(99), "never queued");
-        assert_eq!(q.len(), 4);
-        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|w| w.id).collect();
-        assert_eq!(order, vec![1, 3, 4, 5]);
-        assert!(q.is_empty());
-        assert!(!q.cancel(1), "popped waiters cannot be cancelled");
-    }
-
-    #[test]
-    fn queue_compacts_cancelled_entries() {
-        let mut q = WaitQueue::default();
-        for id in 0..10_000 {
-            q.push(waiter(id, "w", 10));
-        }
-        for id in 0..9_990 {
-            assert!(q.cancel(id));
-        }
-        assert_eq!(q.len(), 10);
-        assert!(
-            q.entries.len() <= 2 * 10 + 16,
-            "entries {}",
-            q.entries.len()
-        );
-        assert_eq!(q.pop().map(|w| w.id), Some(9_990));
     }
 
     #[test]

@@ -1,0 +1,35 @@
+//! flock-core: the lock engine of flock, in plain Rust with no Redis types.
+//!
+//! Everything that decides what a lock does lives here, so that unit tests, table tests and
+//! fuzzers run it without a server (`cargo test -p flock-core`). The Redis module
+//! (`redis-flock`, the crate at the repository root) reads the clocks, opens keys, calls the
+//! [`engine`] and executes the effects it returns; it decides nothing itself.
+//!
+//! One concern per file, lowest first:
+//! - [`clock`]: the two clocks of a command ([`clock::Now`]) and deadlines on both.
+//! - [`tokens`]: the fencing token issuer and the token space.
+//! - [`queue`]: the waiters of one key.
+//! - [`state`]: the state of one lock key and its rules.
+//! - [`snapshot`]: the persisted form of a lock (RDB, AOF, digest, replication, FLOCK.APPLY).
+//! - [`args`]: argument parsing and the error texts of malformed calls.
+//! - [`config`]: the limits and defaults of the module's settings.
+//! - [`deadlines`]: the deadline index behind the module's timers.
+//! - [`slots`]: Redis Cluster key slots and `CLUSTER NODES` parsing.
+//! - [`engine`]: every operation on a key: state and clock in, reply and effects out.
+
+pub mod args;
+pub mod clock;
+pub mod config;
+pub mod deadlines;
+pub mod engine;
+pub mod queue;
+pub mod slots;
+pub mod snapshot;
+pub mod state;
+pub mod tokens;
+
+pub use clock::{Deadline, Now};
+pub use queue::{WaitQueue, Waiter};
+pub use snapshot::Snapshot;
+pub use state::{Acquired, Grant, LockState, MAX_OWNER_LEN};
+pub use tokens::{TokenIssuer, MAX_TOKEN};

@@ -1,0 +1,17 @@
+//! flock's fuzz drivers: they take raw bytes (libFuzzer's input in `fuzz/`, or a seeded
+//! random generator's output in `tests/fuzz_smoke.rs`) and panic on any broken rule. They
+//! depend on `flock-core` alone, so they run the very engine the module runs, without a
+//! server.
+//!
+//! - [`args_target`]: every parser against an independent reference written from the
+//!   contract.
+//! - [`state_machine_target`]: random operation sequences through the engine against a
+//!   reference model, with G1-G4, G6, G7 and G9 as assertions.
+
+mod args;
+mod bytes;
+mod engine;
+
+pub use args::{args_target, check_args, ref_int};
+pub use bytes::Bytes;
+pub use engine::state_machine_target;

@@ -1,0 +1,214 @@
+//! The one effects executor: runs an engine operation on the lock under an open key and
+//! carries out what the engine decides (notifications, counters, replication, timers,
+//! waiters, deleting the key, the reply). Nothing here decides what a lock does.
+
+use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
+use crate::record::{self, Found, KeyId, LockRecord, TimerSlot};
+use crate::{config, expiry, replication, server, stats, waiters};
+use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
+use flock_core::{LockState, Waiter};
+use redis_module::raw;
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+pub const WRONGTYPE: &CStr = c"WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// The host of one engine operation on the lock stored under `key_name`: the parts of the
+/// record beside the state, and the deletion the engine asked for (carried out once the
+/// record is no longer borrowed).
+pub struct KeyHost<'r> {
+    ctx: Ctx,
+    key_name: RStr,
+    timer: &'r mut TimerSlot,
+    watched: &'r mut Option<Box<KeyId>>,
+    delete: bool,
+}
+
+impl KeyHost<'_> {
+    /// Mark the record as having waiters when clients wait for its key (a new value under a
+    /// name that was deleted or moved while they waited): only marked records consult the
+    /// wait queues.
+    pub fn watch_if_waited(&mut self) {
+        if self.watched.is_none() && waiters::count(self.ctx, self.key_name) > 0 {
+            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+        }
+    }
+}
+
+fn event_name(e: Event) -> &'static CStr {
+    match e {
+        Event::Acquired => c"flock.acquired",
+        Event::Released => c"flock.released",
+        Event::Expired => c"flock.expired",
+        Event::Revoked => c"flock.revoked",
+    }
+}
+
+impl Host for KeyHost<'_> {
+    fn effect(&mut self, effect: Effect<'_>) {
+        let (ctx, key) = (self.ctx, self.key_name);
+        match effect {
+            Effect::Notify(e) => {
+                match e {
+                    Event::Acquired => stats::GRANTS.incr(),
+                    Event::Released => stats::RELEASES.incr(),
+                    Event::Expired => stats::EXPIRATIONS.incr(),
+                    Event::Revoked => stats::REVOKES.incr(),
+                }
+                ffi::notify(ctx, event_name(e), key);
+            }
+            Effect::Count(Count::Renewed) => stats::RENEWALS.incr(),
+            Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
+            Effect::Replicate(snapshot) => replication::state(ctx, key, snapshot),
+            Effect::ReplicateDelete => replication::delete(ctx, key),
+            Effect::ReplicateVerbatim => replication::verbatim(ctx),
+            Effect::DeleteKey => self.delete = true,
+            Effect::Arm(next) => expiry::arm(ctx, key, self.timer, next),
+        }
+    }
+
+    fn waiting(&mut self) -> usize {
+        // Only a record clients waited on consults the queues (see `LockRecord::watched`).
+        if self.watched.is_none() {
+            return 0;
+        }
+        waiters::count(self.ctx, self.key_name)
+    }
+
+    fn next_waiter(&mut self) -> Option<Waiter> {
+        if self.watched.is_none() {
+            return None;
+        }
+        waiters::pop(self.ctx, self.key_name)
+    }
+
+    fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool {
+        waiters::deliver(waiter.id, token)
+    }
+
+    fn block(&mut self, owner: &[u8], ttl_ms: u64, timeout_ms: u64) -> Result<(), BlockRefused> {
+        let blocked = waiters::block(self.ctx, self.key_name, owner, ttl_ms, timeout_ms);
+        if blocked.is_ok() && self.watched.is_none() {
+            // If this value is ever replaced or freed, its waiters must hear of it.
+            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+        }
+        blocked
+    }
+}
+
+/// Why [`with_lock`] ran nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoLock {
+    /// No key (and none to be made).
+    Missing,
+    /// The key holds another type.
+    WrongType,
+    /// Redis would not store a new lock.
+    NotStored,
+}
+
+/// Run `op` on the lock stored under `key_name` (opened for writing as `key`), creating an
+/// empty one first when `create` and the key does not exist (the engine deletes it again if
+/// nothing needs it). Deletes the key afterwards when the engine said so.
+pub fn with_lock(
+    ctx: Ctx,
+    key_name: RStr,
+    key: &mut Key,
+    create: bool,
+    op: impl FnOnce(&mut LockState, &mut Env<'_>, &mut KeyHost<'_>) -> Reply<'static>,
+) -> Result<Reply<'static>, NoLock> {
+    let (reply, delete) = {
+        let (rec, created): (&mut LockRecord, bool) = match key.kind(server::lock_type()) {
+            KeyKind::Other => return Err(NoLock::WrongType),
+            KeyKind::Empty if !create => return Err(NoLock::Missing),
+            KeyKind::Empty => (
+                record::create(key, LockState::default()).map_err(|_| NoLock::NotStored)?,
+                true,
+            ),
+            KeyKind::Ours => match record::lock_of_mut(key) {
+                Found::Lock(rec) => (rec, false),
+                _ => return Err(NoLock::Missing),
+            },
+        };
+        let LockRecord {
+            state,
+            timer,
+            watched,
+        } = rec;
+        let mut host = KeyHost {
+            ctx,
+            key_name,
+            timer,
+            watched,
+            delete: false,
+        };
+        if created {
+            host.watch_if_waited();
+        }
+        let mut tokens = server::tokens();
+        let mut env = Env {
+            now: server::now(),
+            lock_delay_ms: config::lock_delay_ms(),
+            master: server::is_master(),
+            tokens: &mut tokens,
+        };
+        let reply = op(state, &mut env, &mut host);
+        (reply, host.delete)
+    };
+    // The record is no longer borrowed: deleting the key (which frees it) is sound.
+    if delete {
+        key.delete();
+    }
+    Ok(reply)
+}
+
+/// Send `reply` to the client of `ctx`.
+pub fn send(ctx: Ctx, reply: Reply<'_>) -> c_int {
+    match reply {
+        Reply::Int(v) => ffi::reply_int(ctx, v),
+        Reply::Null => ffi::reply_null(ctx),
+        Reply::Ok => ffi::reply_simple(ctx, c"OK"),
+        Reply::Error(e) => ffi::reply_error_static(ctx, error_text(e)),
+        // The reply comes later, from the waiter's unblocking.
+        Reply::Blocked => raw::REDISMODULE_OK as c_int,
+        Reply::Info {
+            owner,
+            token,
+            ttl_ms,
+            waiters,
+        } => {
+            ffi::reply_map(ctx, 4);
+            ffi::reply_bulk(ctx, b"owner");
+            match owner {
+                Some(o) => ffi::reply_bulk(ctx, o),
+                None => ffi::reply_null(ctx),
+            };
+            ffi::reply_bulk(ctx, b"token");
+            ffi::reply_int(ctx, token as i64);
+            ffi::reply_bulk(ctx, b"ttl");
+            ffi::reply_int(ctx, ttl_ms as i64);
+            ffi::reply_bulk(ctx, b"waiters");
+            ffi::reply_int(ctx, waiters as i64)
+        }
+    }
+}
+
+/// The engine's error texts as C strings (no allocation on the reply path).
+fn error_text(e: ReplyError) -> &'static CStr {
+    match e {
+        ReplyError::TokensExhausted => c"ERR token space exhausted",
+        ReplyError::TooManyWaiters => {
+            c"ERR too many clients wait for this key (flock.max-waiters)"
+        }
+        ReplyError::CouldNotBlock => c"ERR could not block the client",
+    }
+}
+
+/// The reply for a key [`with_lock`] could not run on; `missing` answers for no lock.
+pub fn send_no_lock(ctx: Ctx, why: NoLock, missing: Reply<'static>) -> c_int {
+    match why {
+        NoLock::Missing => send(ctx, missing),
+        NoLock::WrongType => ffi::reply_error_static(ctx, WRONGTYPE),
+        NoLock::NotStored => ffi::reply_error_static(ctx, c"ERR could not store the lock"),
+    }
+}

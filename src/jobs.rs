@@ -1,0 +1,96 @@
+//! Deferred work on a key: what must not run inside a keyspace notification or a free
+//! callback (granting to the next waiter after a DEL, releasing a grant whose client vanished
+//! before its reply) is queued as a [`Job`] and run from a zero-delay timer, in a proper
+//! context, right after the command. What a job does is the business of the code that set
+//! the runner ([`set_runner`]): this mechanism only keeps and times the jobs.
+
+use crate::ffi::{self, Ctx, RStr};
+use crate::record::KeyId;
+use crate::server;
+use std::os::raw::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub enum Job {
+    /// Look at a waited key again (it was deleted, flushed, renamed or overwritten).
+    Revisit(KeyId),
+    /// Release the grant `token` of `key` (its client vanished before the reply).
+    ReleaseGhost { key: KeyId, token: u64 },
+}
+
+/// Runs one job: the key's name in the database selected in `ctx`, and the ghost grant to
+/// release first, if any.
+pub type Runner = fn(Ctx, RStr, Option<u64>);
+
+static RUNNER: OnceLock<Runner> = OnceLock::new();
+
+pub fn set_runner(runner: Runner) {
+    let _ = RUNNER.set(runner);
+}
+
+static JOBS: Mutex<Vec<Job>> = Mutex::new(Vec::new());
+static JOB_TIMER: AtomicBool = AtomicBool::new(false);
+
+/// Look at `key` again soon. From another thread (a lazy free) only queue it: the next cron
+/// tick on the main thread runs it.
+pub fn schedule_revisit(key: KeyId, main_thread: bool) {
+    if main_thread {
+        schedule(Job::Revisit(key));
+    } else {
+        JOBS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Job::Revisit(key));
+    }
+}
+
+/// From the cron event: run jobs queued by other threads.
+pub fn run_queued(ctx: Ctx) {
+    let pending = !JOBS.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+    if pending && !JOB_TIMER.load(Ordering::Relaxed) {
+        // SAFETY: the timer callback, run from the cron's live context like a timer would.
+        unsafe { run_jobs(ctx, ptr::null_mut()) };
+    }
+}
+
+pub fn schedule(job: Job) {
+    JOBS.lock().unwrap_or_else(|p| p.into_inner()).push(job);
+    if !JOB_TIMER.swap(true, Ordering::Relaxed) {
+        let id = ffi::create_timer(server::module_ctx(), 0, run_jobs, ptr::null_mut());
+        if id == 0 {
+            JOB_TIMER.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
+    if server::avoid_replica_traffic() {
+        // Clients are paused: wait, the jobs' effects would be replicated.
+        JOB_TIMER.store(true, Ordering::Relaxed);
+        let id = ffi::create_timer(server::module_ctx(), 10, run_jobs, ptr::null_mut());
+        if id == 0 {
+            JOB_TIMER.store(false, Ordering::Relaxed);
+        }
+        return;
+    }
+    JOB_TIMER.store(false, Ordering::Relaxed);
+    let jobs = std::mem::take(&mut *JOBS.lock().unwrap_or_else(|p| p.into_inner()));
+    let Some(runner) = RUNNER.get() else {
+        return;
+    };
+    for job in jobs {
+        let (db, name, ghost) = match &job {
+            Job::Revisit((db, name)) => (*db, name, None),
+            Job::ReleaseGhost {
+                key: (db, name),
+                token,
+            } => (*db, name, Some(*token)),
+        };
+        if !ffi::select_db(ctx, db) {
+            continue;
+        }
+        let key = ffi::create_string(ctx, name);
+        runner(ctx, key, ghost);
+        ffi::free_string(key);
+    }
+}

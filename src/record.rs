@@ -1,0 +1,104 @@
+//! The value stored under a lock key: the engine's state plus what this server keeps beside
+//! it (its timer entry, whether clients wait for it). Reached only through an open [`Key`],
+//! whose borrow bounds every reference into the record.
+
+use crate::ffi::{Key, KeyKind};
+use crate::server;
+use flock_core::LockState;
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A key by database and name, owned (it outlives commands: waiter queues, deferred jobs).
+pub type KeyId = (c_int, Vec<u8>);
+
+/// The deadline-index entry of a record (see `expiry.rs`).
+#[derive(Debug, Default)]
+pub struct TimerSlot {
+    /// Unique per record on this server: a timer acts only on the record it was armed for.
+    pub record_id: u64,
+    /// The index entry (0: none) and when it is due, on the monotonic clock.
+    pub handle: u64,
+    pub at_us: u64,
+}
+
+#[derive(Debug)]
+pub struct LockRecord {
+    pub state: LockState,
+    pub timer: TimerSlot,
+    /// Set once clients wait for this value's key (and only then are the wait queues
+    /// consulted, which keeps the uncontended path off the registry): the key to look at
+    /// again when the value is freed (deleted, overwritten by another type, flushed, evicted).
+    pub watched: Option<Box<KeyId>>,
+}
+
+static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
+
+impl LockRecord {
+    pub fn new(state: LockState) -> LockRecord {
+        LockRecord {
+            state,
+            timer: TimerSlot {
+                record_id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
+                handle: 0,
+                at_us: 0,
+            },
+            watched: None,
+        }
+    }
+
+    pub fn boxed(state: LockState) -> *mut LockRecord {
+        Box::into_raw(Box::new(LockRecord::new(state)))
+    }
+}
+
+/// What an open key holds.
+pub enum Found<T> {
+    Lock(T),
+    Nothing,
+    OtherType,
+}
+
+/// The lock record of `key`, borrowed from it.
+pub fn lock_of(key: &Key) -> Found<&LockRecord> {
+    match key.kind(server::lock_type()) {
+        KeyKind::Empty => Found::Nothing,
+        KeyKind::Other => Found::OtherType,
+        // SAFETY: every value of our type is a `LockRecord` boxed by this module.
+        KeyKind::Ours => match unsafe { key.value::<LockRecord>() } {
+            Some(rec) => Found::Lock(rec),
+            None => Found::Nothing,
+        },
+    }
+}
+
+/// The lock record of `key`, mutably borrowed from it.
+pub fn lock_of_mut(key: &mut Key) -> Found<&mut LockRecord> {
+    match key.kind(server::lock_type()) {
+        KeyKind::Empty => Found::Nothing,
+        KeyKind::Other => Found::OtherType,
+        // SAFETY: every value of our type is a `LockRecord` boxed by this module.
+        KeyKind::Ours => match unsafe { key.value_mut::<LockRecord>() } {
+            Some(rec) => Found::Lock(rec),
+            None => Found::Nothing,
+        },
+    }
+}
+
+/// Why [`create`] stored nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// Redis would not store the value.
+    Refused,
+}
+
+/// Store a fresh record with `state` under the (empty, writable) `key`.
+pub fn create(key: &mut Key, state: LockState) -> Result<&mut LockRecord, StoreError> {
+    let rec = LockRecord::boxed(state);
+    if !key.set_value(server::lock_type(), rec.cast()) {
+        // SAFETY: Redis refused the value, so we still own the box made above.
+        drop(unsafe { Box::from_raw(rec) });
+        return Err(StoreError::Refused);
+    }
+    // SAFETY: the key now holds our record (stored just above).
+    unsafe { key.value_mut::<LockRecord>() }.ok_or(StoreError::Refused)
+}
