@@ -40,7 +40,7 @@ awk '/Running (unittests|tests\/)/{f=$2} /^test result:/{print "   " f ": " $0}'
 passed=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^passed/) n+=$i} END{print n+0}' "$work/make-test.log")
 failed=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^failed/) n+=$i} END{print n+0}' "$work/make-test.log")
 ignored=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^ignored/) n+=$i} END{print n+0}' "$work/make-test.log")
-skips=$(grep -ciE 'skipped|skipping|SKIP' "$work/make-test.log")
+skips=$(grep -cE 'SKIPPED|\.\.\. ignored' "$work/make-test.log")
 echo "== installed by make test"
 grep '^deps:' "$work/make-test.log" | sed 's/^/   /'
 echo "== fresh-machine-check: make test exit $rc in ${secs}s; $passed passed, $failed failed, $ignored ignored; lines mentioning a skip: $skips"
