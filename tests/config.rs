@@ -7,67 +7,12 @@ mod common;
 use common::*;
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::Instant;
-
-/// A server started from a redis.conf we write, so that CONFIG REWRITE has a file to write.
-struct ConfServer {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl ConfServer {
-    fn conf_path(&self) -> PathBuf {
-        self.dir.join("redis.conf")
-    }
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .and_then(|c| c.get_connection())
-            .expect("connect")
-    }
-}
-
-impl Drop for ConfServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// How a start ended: up (answering PING) or exited (with its log).
-enum Started {
-    Up(ConfServer),
-    Exited(String),
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "flock-config-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).expect("temp dir");
-    d
-}
 
 /// Start a server whose redis.conf loads the module with `module_args` and holds `conf_lines`;
 /// `cli` are extra command-line options (`--flock.max-ttl-ms 8000`).
-fn start_in(dir: PathBuf, module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Started {
-    let port = free_port();
+fn start_in(dir: PathBuf, module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<ConfServer, String> {
     let mut conf = format!(
-        "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\nsave \"\"\nappendonly no\n\
-         loadmodule {} {}\n",
-        dir.display(),
-        dir.join("server.log").display(),
+        "loadmodule {} {}\n",
         module_path().display(),
         module_args.join(" ")
     );
@@ -75,42 +20,17 @@ fn start_in(dir: PathBuf, module_args: &[&str], conf_lines: &[&str], cli: &[&str
         conf.push_str(line);
         conf.push('\n');
     }
-    fs::write(dir.join("redis.conf"), conf).expect("write redis.conf");
-    let mut child = Command::new(server_binary())
-        .arg(dir.join("redis.conf"))
-        .args(cli)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn server");
-    let t0 = Instant::now();
-    while t0.elapsed() < DEADLINE {
-        if let Ok(Some(_)) = child.try_wait() {
-            let log = fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-            let _ = fs::remove_dir_all(&dir);
-            return Started::Exited(log);
-        }
-        if let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-            if let Ok(mut con) = c.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Started::Up(ConfServer { child, port, dir });
-                }
-            }
-        }
-        sleep(POLL);
-    }
-    let _ = child.kill();
-    panic!("server neither answered nor exited within {DEADLINE:?}");
+    ConfServer::start(dir, &conf, cli)
 }
 
-fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Started {
-    start_in(temp_dir("srv"), module_args, conf_lines, cli)
+fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<ConfServer, String> {
+    start_in(unique_temp_dir(), module_args, conf_lines, cli)
 }
 
 fn up(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> ConfServer {
     match start(module_args, conf_lines, cli) {
-        Started::Up(s) => s,
-        Started::Exited(log) => panic!(
+        Ok(s) => s,
+        Err(log) => panic!(
             "server with module args {module_args:?}, conf {conf_lines:?}, cli {cli:?} did not \
              start:\n{log}"
         ),
@@ -154,8 +74,8 @@ fn bad_load_arguments_refuse_to_load_and_say_why() {
     let mut bad = Vec::new();
     for (args, want) in table {
         match start(args, &[], &[]) {
-            Started::Up(_) => bad.push(format!("{args:?} loaded")),
-            Started::Exited(log) => {
+            Ok(_) => bad.push(format!("{args:?} loaded")),
+            Err(log) => {
                 let line = log
                     .lines()
                     .find(|l| l.contains("refusing to load"))
@@ -218,8 +138,8 @@ fn config_file_lines_take_precedence_over_load_arguments_and_say_so() {
     assert!(srv.log().contains("sets flock.max-ttl-ms 8000, which takes precedence"));
     // A bad config-file line refuses to start, naming the setting.
     match start(&[], &["flock.max-ttl-ms 0"], &[]) {
-        Started::Up(_) => panic!("flock.max-ttl-ms 0 in redis.conf loaded"),
-        Started::Exited(log) => assert!(
+        Ok(_) => panic!("flock.max-ttl-ms 0 in redis.conf loaded"),
+        Err(log) => assert!(
             log.contains("flock.max-ttl-ms") && log.contains("between 1 and 315360000000"),
             "{log}"
         ),
@@ -227,8 +147,8 @@ fn config_file_lines_take_precedence_over_load_arguments_and_say_so() {
     // An unknown flock.* line too: the server refuses module configs nobody registered
     // ("Module Configuration detected without loadmodule directive or no ApplyConfig call").
     match start(&[], &["flock.bogus 1"], &[]) {
-        Started::Up(_) => panic!("flock.bogus in redis.conf loaded"),
-        Started::Exited(log) => assert!(log.contains("Module Configuration detected"), "{log}"),
+        Ok(_) => panic!("flock.bogus in redis.conf loaded"),
+        Err(log) => assert!(log.contains("Module Configuration detected"), "{log}"),
     }
 }
 
@@ -264,10 +184,10 @@ fn config_set_checks_the_same_ranges_and_config_get_shows_the_value_in_effect() 
 
 #[test]
 fn config_rewrite_survives_a_restart_and_overrides_the_load_argument() {
-    let dir = temp_dir("rewrite");
+    let dir = unique_temp_dir();
     let srv = match start_in(dir.clone(), &["max-ttl-ms", "60000"], &[], &[]) {
-        Started::Up(s) => s,
-        Started::Exited(log) => panic!("did not start:\n{log}"),
+        Ok(s) => s,
+        Err(log) => panic!("did not start:\n{log}"),
     };
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 60_000);
@@ -276,24 +196,10 @@ fn config_rewrite_survives_a_restart_and_overrides_the_load_argument() {
     let conf = fs::read_to_string(srv.conf_path()).expect("redis.conf");
     assert!(conf.contains("flock.max-ttl-ms 9000"), "CONFIG REWRITE wrote:\n{conf}");
     // Restart from the rewritten file: the rewritten line wins over the loadmodule argument.
-    let port = srv.port;
     let mut srv = srv;
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
-    let mut child = Command::new(server_binary())
-        .arg(srv.conf_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("restart");
-    std::mem::swap(&mut srv.child, &mut child);
-    let _ = child.wait();
-    let up = poll_until(DEADLINE, || {
-        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .and_then(|c| c.get_connection())
-            .is_ok()
-    });
-    assert!(up, "restart from the rewritten redis.conf:\n{}", srv.log());
+    if let Err(log) = srv.restart() {
+        panic!("restart from the rewritten redis.conf:\n{log}");
+    }
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 9_000);
     assert_max_ttl_applied(&mut c, 9_000);
