@@ -34,7 +34,7 @@ mod ffi;
 #[cfg(not(test))]
 mod handoff;
 #[cfg(not(test))]
-mod key_specs;
+mod command_info;
 #[cfg(not(test))]
 mod lock_type;
 #[cfg(not(test))]
