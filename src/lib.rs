@@ -14,6 +14,7 @@
 pub mod args;
 pub mod core;
 pub mod deadlines;
+pub mod lock_stats;
 pub mod settings;
 pub mod slots;
 
