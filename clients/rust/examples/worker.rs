@@ -7,7 +7,9 @@ use flock_client::{Error, Flock, LockOptions, Wait};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let url = std::env::args().nth(1).unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let flock = Flock::new(redis::Client::open(url)?);
 
     // Wait up to 5 s for the lock; the lease lasts 10 s and is renewed in the background.
@@ -22,7 +24,11 @@ async fn main() -> Result<(), Error> {
         .await?;
 
     // An outside resource gets the token and refuses anything older than what it has seen.
-    println!("UPDATE orders SET status='paid', fence={} WHERE id=42 AND fence < {}", lease.token(), lease.token());
+    println!(
+        "UPDATE orders SET status='paid', fence={} WHERE id=42 AND fence < {}",
+        lease.token(),
+        lease.token()
+    );
 
     lease.release().await?;
     println!("released");

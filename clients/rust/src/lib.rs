@@ -1,6 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+/// The redis-rs this crate is built on (for `Client`, `ClusterClient`, `cmd`).
+pub use redis;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -174,6 +177,7 @@ impl From<Duration> for LockOptions {
 }
 
 /// What `Flock` connects to: a single server or a cluster.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Target {
     /// A single Redis server (or a proxy).
@@ -295,7 +299,9 @@ impl Shared {
             Target::Single(client) => {
                 let cfg = AsyncConnectionConfig::new().set_response_timeout(None);
                 Ok(Conn::Single(
-                    client.get_multiplexed_async_connection_with_config(&cfg).await?,
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
                 ))
             }
             Target::Cluster(client) => Ok(Conn::Cluster(
@@ -361,7 +367,11 @@ impl Flock {
     }
 
     /// Take the lock or fail with [`Error::Busy`] when it is not granted within the wait.
-    pub async fn lock(&self, key: impl Into<String>, opts: impl Into<LockOptions>) -> Result<Guard> {
+    pub async fn lock(
+        &self,
+        key: impl Into<String>,
+        opts: impl Into<LockOptions>,
+    ) -> Result<Guard> {
         self.acquire(key, opts).await?.ok_or(Error::Busy)
     }
 
@@ -484,6 +494,7 @@ impl Flock {
         let mut own: Option<Conn> = None;
         let mut bound_conn = bound_conn;
         let mut failures = 0u32;
+        let mut moves = 0u32;
         loop {
             let block_ms = match until {
                 None => 0u64,
@@ -515,12 +526,11 @@ impl Flock {
             let fut = conn.query::<Option<u64>>(&cmd);
             let reply = match until {
                 None => fut.await,
-                Some(u) => {
-                    match tokio::time::timeout_at(u + Duration::from_secs(2), fut).await {
-                        Ok(r) => r,
-                        Err(_) => return Ok(None),
-                    }
-                }
+                Some(u) => match tokio::time::timeout_at(u + Duration::from_millis(250), fut).await
+                {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                },
             };
             match reply {
                 Ok(Some(token)) => {
@@ -554,7 +564,19 @@ impl Flock {
                 Err(e) if is_tryagain(&e) => {
                     // The key moved to another node while we waited: ask again; the cluster
                     // connection follows the ASK/MOVED to the new owner of the slot.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    moves += 1;
+                    tokio::time::sleep(Duration::from_millis((20 * u64::from(moves)).min(500)))
+                        .await;
+                }
+                Err(e)
+                    if bound_conn.is_none()
+                        && e.is_timeout()
+                        && until.is_none_or(|u| Instant::now() < u) =>
+                {
+                    // A response timeout of the caller's cluster client cut the wait short:
+                    // a new connection (the server drops the old waiter with the old one)
+                    // and the rest of the wait.
+                    own = None;
                 }
                 Err(e) if bound_conn.is_none() && is_transient(&e) && failures < RETRIES => {
                     failures += 1;
@@ -761,7 +783,12 @@ impl State {
     /// Send `cmd` on the lease's connection: the shared one with reconnection and retries
     /// when `retry`, a bound lease's own connection without (its failure is the lease's
     /// loss). `until` bounds every attempt (the local deadline, for the watchdog).
-    async fn send<T: FromRedisValue>(&self, cmd: &Cmd, retry: bool, until: Option<Instant>) -> Sent<T> {
+    async fn send<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        retry: bool,
+        until: Option<Instant>,
+    ) -> Sent<T> {
         let mut attempt = 0u32;
         loop {
             if until.is_some_and(|u| Instant::now() >= u) {
@@ -877,7 +904,10 @@ async fn keeper(st: Arc<State>, renew: bool) {
         // Retries until the local deadline; every attempt is cut off at it.
         let mut attempt = 0u32;
         loop {
-            match st.send::<Option<u64>>(&cmd, !st.bound, Some(deadline)).await {
+            match st
+                .send::<Option<u64>>(&cmd, !st.bound, Some(deadline))
+                .await
+            {
                 Sent::Reply(Some(_), sent, _) => {
                     st.renewed(sent, ttl);
                     break;
@@ -892,7 +922,8 @@ async fn keeper(st: Arc<State>, renew: bool) {
                         return;
                     }
                     attempt += 1;
-                    let pause = backoff(attempt).min(deadline.saturating_duration_since(Instant::now()));
+                    let pause =
+                        backoff(attempt).min(deadline.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(pause).await;
                 }
             }
@@ -1008,7 +1039,11 @@ impl LeaseHandle {
         };
         let cmd = self.st.renew_cmd(ttl);
         let deadline = lock(&self.st.timing).deadline;
-        match self.st.send::<Option<u64>>(&cmd, !self.st.bound, Some(deadline)).await {
+        match self
+            .st
+            .send::<Option<u64>>(&cmd, !self.st.bound, Some(deadline))
+            .await
+        {
             Sent::Reply(Some(_), sent, _) => {
                 self.st.renewed(sent, ttl);
                 self.st.wake.notify_one();

@@ -49,7 +49,10 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
 
     let moved = Instant::now();
     cluster.move_slot(slot, from, to).await;
-    println!("slot {slot} moved from node {from} to node {to} in {:?}", moved.elapsed());
+    println!(
+        "slot {slot} moved from node {from} to node {to} in {:?}",
+        moved.elapsed()
+    );
     let mut dst = cluster.nodes[to].raw().await;
     // The waiter got TRYAGAIN at the old master and waits again at the new one.
     wait_until("the waiter blocks on the new master", MS(15_000), || {
@@ -58,7 +61,10 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     })
     .await;
     assert_eq!(info_num(&mut src, "clients", "blocked_clients").await, 0);
-    assert!(!waiter.is_finished(), "still waiting: the holder holds the lock");
+    assert!(
+        !waiter.is_finished(),
+        "still waiting: the holder holds the lock"
+    );
     let keys: i64 = q(&mut src, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).await;
     assert_eq!(keys, 0, "the lock left the old master");
 
@@ -66,7 +72,10 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     assert!(!holder.is_lost());
     let held_token = holder.token();
     holder.release().await.expect("release on the new node");
-    let lease = waiter.await.expect("join").expect("granted on the new node");
+    let lease = waiter
+        .await
+        .expect("join")
+        .expect("granted on the new node");
     assert!(lease.token() > held_token);
     let check: i64 = q(&mut dst, &["FLOCK.CHECK", key, &lease.token().to_string()]).await;
     assert!(check > 0, "the grant lives on the new master");

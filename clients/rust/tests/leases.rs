@@ -39,8 +39,15 @@ async fn scoped_lock_and_release() {
     assert!(lease.ensure(MS(1000)).is_ok());
 
     // Held: another owner gets None from acquire and Busy from lock.
-    assert!(flock.acquire("job:1", MS(1000)).await.expect("acquire").is_none());
-    assert!(matches!(flock.lock("job:1", MS(1000)).await, Err(Error::Busy)));
+    assert!(flock
+        .acquire("job:1", MS(1000))
+        .await
+        .expect("acquire")
+        .is_none());
+    assert!(matches!(
+        flock.lock("job:1", MS(1000)).await,
+        Err(Error::Busy)
+    ));
     let t0 = Instant::now();
     let busy = flock
         .lock("job:1", LockOptions::new(MS(1000)).wait(Wait::For(MS(300))))
@@ -50,7 +57,10 @@ async fn scoped_lock_and_release() {
 
     let token = lease.token();
     lease.release().await.expect("release");
-    assert!(!exists(&mut raw, "job:1").await, "released lock leaves no key");
+    assert!(
+        !exists(&mut raw, "job:1").await,
+        "released lock leaves no key"
+    );
     assert_eq!(server_check(&mut raw, "job:1", token).await, 0);
 
     // with_lock: runs the closure with the lease and releases on the way out.
@@ -86,7 +96,10 @@ async fn scoped_lock_and_release() {
         .lock("job:4", LockOptions::new(MS(5000)).owner("w4"))
         .await
         .expect("lock");
-    assert!(flock.release("job:4", "w4", Some(lease.token())).await.expect("release"));
+    assert!(flock
+        .release("job:4", "w4", Some(lease.token()))
+        .await
+        .expect("release"));
     assert!(matches!(lease.release().await, Err(Error::Lost)));
     let _lease = flock.lock("job:5", MS(5000)).await.expect("lock");
     assert_eq!(flock.revoke("job:5", None).await.expect("revoke"), 1);
@@ -110,7 +123,10 @@ async fn watchdog_keeps_a_300ms_lease_alive_for_3s_and_stops_on_release() {
         );
     }
     let renewals = info_num(&mut raw, "flock", "flock_renewals").await - before;
-    assert!(renewals >= 10, "only {renewals} renewals in 3 s at ttl/3 = 100 ms");
+    assert!(
+        renewals >= 10,
+        "only {renewals} renewals in 3 s at ttl/3 = 100 ms"
+    );
     lease.release().await.expect("release");
     // The watchdog never outlives the lease (redisson#7272): no RENEW after release ...
     let after = info_num(&mut raw, "flock", "flock_renewals").await;
@@ -202,7 +218,10 @@ async fn with_lock_returns_lost_or_the_blocks_own_error() {
             Err(AppError::App("the block failed"))
         })
         .await;
-    assert!(matches!(out, Err(AppError::App("the block failed"))), "{out:?}");
+    assert!(
+        matches!(out, Err(AppError::App("the block failed"))),
+        "{out:?}"
+    );
     let handle = seen.lock().unwrap().take().expect("handle");
     assert!(handle.is_lost());
 
@@ -293,6 +312,20 @@ async fn stopped_holder_process_fails_ensure_from_its_own_clock_and_is_fenced() 
     let pid = child.id();
     let mut stdin = child.stdin.take().expect("stdin");
     let stdout = child.stdout.take().expect("stdout");
+    // Never leave a stopped child behind, whatever fails below.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            if let Ok(None) = self.0.try_wait() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &self.0.id().to_string()])
+                    .status();
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut child = Reap(child);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -342,7 +375,7 @@ async fn stopped_holder_process_fails_ensure_from_its_own_clock_and_is_fenced() 
     assert_eq!(server_check(&mut raw, "gc", token).await, 0);
     writeln!(stdin, "exit").expect("write");
     drop(stdin);
-    let st = child.wait().expect("holder exits");
+    let st = child.0.wait().expect("holder exits");
     assert!(st.success(), "holder exit {st:?}");
 }
 
@@ -401,7 +434,11 @@ async fn client_kill_of_the_leases_connection_is_recovered_without_losing_it() {
     let mut signal = lease.lost_signal();
     for round in 0..3 {
         let before = info_num(&mut raw, "flock", "flock_renewals").await;
-        let killed: i64 = q(&mut raw, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]).await;
+        let killed: i64 = q(
+            &mut raw,
+            &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+        )
+        .await;
         assert!(killed >= 1, "round {round}: killed {killed}");
         wait_until("a renewal on a new connection", MS(3000), || {
             let mut c = raw.clone();
@@ -433,7 +470,9 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
         let r = f
             .lock(
                 "bw",
-                LockOptions::new(MS(300)).wait(Wait::For(MS(20_000))).renew(false),
+                LockOptions::new(MS(300))
+                    .wait(Wait::For(MS(20_000)))
+                    .renew(false),
             )
             .await;
         (r, t.elapsed())
@@ -453,13 +492,18 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
     // Counted from the RENEW sent right after the grant, not from the BLOCK request a second
     // earlier (which would be long expired).
     assert!(!lease.is_lost());
-    assert!(remaining > MS(100), "remaining {remaining:?} after a {waited:?} wait");
+    assert!(
+        remaining > MS(100),
+        "remaining {remaining:?} after a {waited:?} wait"
+    );
     assert_eq!(
         info_num(&mut raw, "flock", "flock_renewals").await,
         renewals + 1,
         "exactly one RENEW right after the grant (the watchdog is off)"
     );
-    assert!(remaining <= MS(server_check(&mut raw, "bw", lease.token()).await));
+    // Measured after the CHECK's reply: never above it.
+    let server = server_check(&mut raw, "bw", lease.token()).await;
+    assert!(lease.remaining() <= MS(server));
     lease.release().await.expect("release");
 }
 
@@ -519,7 +563,9 @@ async fn release_is_exact_to_its_token() {
     assert!(!new.is_lost());
     // A stale fenced write: Error::Fenced, and the lease is marked lost.
     let _: i64 = q(&mut raw, &["FLOCK.REVOKE", "ex"]).await;
-    let r = new.fenced::<()>(redis::cmd("SET").arg("ex:data").arg("x")).await;
+    let r = new
+        .fenced::<()>(redis::cmd("SET").arg("ex:data").arg("x"))
+        .await;
     assert!(matches!(r, Err(Error::Fenced(_))), "{r:?}");
     assert!(new.is_lost());
     assert!(matches!(new.renew(None).await, Err(Error::Lost)));

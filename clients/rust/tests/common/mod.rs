@@ -285,8 +285,16 @@ impl Cluster {
         let s = slot.to_string();
         let mut src = self.nodes[from].raw().await;
         let mut dst = self.nodes[to].raw().await;
-        let _: () = q(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.ids[from]]).await;
-        let _: () = q(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &self.ids[to]]).await;
+        let _: () = q(
+            &mut dst,
+            &["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.ids[from]],
+        )
+        .await;
+        let _: () = q(
+            &mut src,
+            &["CLUSTER", "SETSLOT", &s, "MIGRATING", &self.ids[to]],
+        )
+        .await;
         loop {
             let keys: Vec<String> = q(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]).await;
             if keys.is_empty() {
