@@ -904,6 +904,12 @@ async fn keeper(st: Arc<State>, renew: bool) {
         // Retries until the local deadline; every attempt is cut off at it.
         let mut attempt = 0u32;
         loop {
+            // A manual renew() may have moved the deadline meanwhile.
+            let deadline = lock(&st.timing).deadline;
+            if Instant::now() >= deadline {
+                st.mark_lost();
+                return;
+            }
             match st
                 .send::<Option<u64>>(&cmd, !st.bound, Some(deadline))
                 .await

@@ -37,6 +37,17 @@ async fn scoped_lock_and_release() {
     assert!(server_check(&mut raw, "job:1", lease.token()).await > 0);
     assert!(!lease.is_lost());
     assert!(lease.ensure(MS(1000)).is_ok());
+    match lease.ensure(MS(10_000)) {
+        Err(Error::TooShort { remaining }) => assert!(remaining <= MS(5000)),
+        other => panic!("ensure(10 s) on a 5 s lease: {other:?}"),
+    }
+    assert!(!lease.is_lost(), "ensure changes nothing");
+    // A manual renew with a longer ttl, token-qualified, counted from its send.
+    lease.renew(Some(MS(20_000))).await.expect("renew");
+    assert!(lease.remaining() > MS(5000));
+    let server = server_check(&mut raw, "job:1", lease.token()).await;
+    assert!(server > 5000 && lease.remaining() <= MS(server));
+    assert!(lease.ensure(MS(10_000)).is_ok());
 
     // Held: another owner gets None from acquire and Busy from lock.
     assert!(flock
