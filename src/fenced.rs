@@ -17,36 +17,80 @@ use redis_module::raw;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
 
-/// Report key positions (getkeys-api): the lock key, then the inner command's keys.
+/// Report key positions (getkeys-api) with what the command does to each key, so that ACL
+/// asks for no more than it must: the lock key is only read (`%R~` suffices for it); the inner
+/// command's keys carry the flags the inner command declares.
 /// Only positions inside argv are reported: servers index argv with them (Valkey 9 crashes on
 /// a position past the end).
 fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
     if argc < 2 {
         return;
     }
+    let read_only = (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int;
     // SAFETY: the live context of a keys-position request; position 1 is inside argv.
-    unsafe { api!(RedisModule_KeyAtPos, (); ctx, 1) };
+    unsafe { api!(RedisModule_KeyAtPosWithFlags, (); ctx, 1, read_only) };
     if argc < 4 {
         return;
     }
     // SAFETY: argc >= 4, so argv + 3 is inside the argument vector.
     let inner = unsafe { argv.add(3) };
     let mut n: c_int = 0;
-    // SAFETY: `inner` points to the `argc - 3` arguments of the inner command.
-    let positions = unsafe { api!(RedisModule_GetCommandKeys, ptr::null_mut(); ctx, inner, argc - 3, &mut n) };
+    let mut flags: *mut c_int = ptr::null_mut();
+    // SAFETY: `inner` points to the `argc - 3` arguments of the inner command; Redis fills
+    // `n`, and `flags` with an array it allocates (freed below).
+    let positions = unsafe {
+        api!(RedisModule_GetCommandKeysWithFlags, ptr::null_mut();
+            ctx, inner, argc - 3, &mut n, &mut flags)
+    };
     if positions.is_null() {
         return;
     }
     for i in 0..n.max(0) as usize {
-        // SAFETY: Redis returned an array of `n` positions (freed below).
+        // SAFETY: Redis returned arrays of `n` positions and flags (freed below).
         let pos = unsafe { *positions.add(i) };
+        let key_flags = if flags.is_null() {
+            (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int
+        } else {
+            // SAFETY: as above.
+            unsafe { *flags.add(i) }
+        };
         if pos >= 0 && pos + 3 < argc {
             // SAFETY: a position inside argv (checked just above).
-            unsafe { api!(RedisModule_KeyAtPos, (); ctx, pos + 3) };
+            unsafe { api!(RedisModule_KeyAtPosWithFlags, (); ctx, pos + 3, key_flags) };
+        }
+    }
+    // SAFETY: the arrays Redis allocated for us, each freed once.
+    unsafe {
+        api!(RedisModule_Free, (); positions.cast());
+        if !flags.is_null() {
+            api!(RedisModule_Free, (); flags.cast());
+        }
+    }
+}
+
+/// Whether the inner command (argv from the command name on) names `lock_key` as a key: a
+/// fenced write to the lock itself would overwrite or delete the lock it is fenced by.
+fn touches_lock_key(ctx: Ctx, inner: &mut [RStr], lock_key: &[u8]) -> bool {
+    let mut n: c_int = 0;
+    // SAFETY: a live command context; `inner` holds the inner command's argument handles.
+    let positions = unsafe {
+        api!(RedisModule_GetCommandKeys, ptr::null_mut();
+            ctx, inner.as_mut_ptr(), inner.len() as c_int, &mut n)
+    };
+    if positions.is_null() {
+        return false;
+    }
+    let mut touches = false;
+    for i in 0..n.max(0) as usize {
+        // SAFETY: Redis returned an array of `n` positions (freed below).
+        let pos = unsafe { *positions.add(i) };
+        if let Some(arg) = usize::try_from(pos).ok().and_then(|p| inner.get(p)) {
+            touches |= ffi::bytes(arg) == lock_key;
         }
     }
     // SAFETY: the array Redis allocated for us, freed once.
     unsafe { api!(RedisModule_Free, (); positions.cast()) };
+    touches
 }
 
 pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
@@ -73,6 +117,10 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
                 String::from_utf8_lossy(ffi::bytes(cmd)).to_lowercase()
             ),
         );
+    }
+    let mut inner_argv: Vec<RStr> = std::iter::once(*cmd).chain(rest.iter().copied()).collect();
+    if touches_lock_key(ctx, &mut inner_argv, ffi::bytes(key_name)) {
+        return ffi::reply_error_static(ctx, c"ERR FLOCK.FENCED cannot touch its own lock key");
     }
     let live = {
         let key = Key::open(ctx, *key_name, false);

@@ -11,9 +11,11 @@
 //!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks).
 //! - the effects executor: `effects` (runs an engine operation, carries out its effects).
 //! - entry points: `commands`, `fenced`, `lock_type` (the type's callbacks), `events`.
-//! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`).
+//! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`),
+//!   with `command_info` (what each command is: arity, key specs, COMMAND DOCS).
 
 mod cluster;
+mod command_info;
 mod commands;
 mod config;
 mod effects;

@@ -1,21 +1,24 @@
 //! Registration, all in one place: the data type, the commands (with their flags and key
-//! positions), the configuration, the INFO section, the server and keyspace events, and the
-//! handlers the mechanisms call back (due deadlines, deferred jobs).
+//! positions; `command_info.rs` describes them), the configuration (`config::init`), the INFO
+//! section, the server and keyspace events, and the handlers the mechanisms call back (due
+//! deadlines, deferred jobs).
 
 use crate::ffi::{self, Ctx, RStr};
 use crate::lock_type::LOCK_TYPE;
-use crate::{api, cluster, commands, config, events, expiry, jobs, server, stats, waiters};
-use flock_core::config::{LOCK_DELAY_LIMIT, MAX_TTL_DEFAULT, MAX_TTL_LIMIT, MAX_WAITERS_DEFAULT, MAX_WAITERS_LIMIT};
-use redis_module::configuration::ConfigurationFlags;
+use crate::{api, cluster, command_info, commands, config, events, expiry, jobs, server, stats, waiters};
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
+    if let Err(e) = config::init(ctx, args) {
+        ctx.log_warning(&format!("refusing to load: {e}"));
+        return Status::Err;
+    }
     if let Some(name) = ffi::missing_api() {
         ctx.log_warning(&format!(
-            "flock: this server lacks {name}; refusing to load"
+            "this server lacks {name}; refusing to load"
         ));
         return Status::Err;
     }
@@ -24,8 +27,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ctx.set_module_options(raw::ModuleOptions::HANDLE_IO_ERRORS);
     expiry::set_due_handler(events::on_due);
     jobs::set_runner(events::revisit);
-    if let Err(e) = register_commands(raw_ctx) {
-        ctx.log_warning(&format!("flock: {e}"));
+    if let Err(e) = register_commands(raw_ctx).and_then(|()| command_info::describe(raw_ctx)) {
+        ctx.log_warning(&format!("refusing to load: {e}"));
         return Status::Err;
     }
     // SAFETY: the init context; `info` is a plain function of this file.
@@ -134,15 +137,5 @@ redis_module! {
     data_types: [LOCK_TYPE],
     init: init,
     commands: [],
-    configurations: [
-        i64: [
-            ["max-ttl-ms", &config::MAX_TTL_MS, MAX_TTL_DEFAULT, 1, MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["max-waiters", &config::MAX_WAITERS, MAX_WAITERS_DEFAULT, 0, MAX_WAITERS_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["lock-delay-ms", &config::LOCK_DELAY_MS, 0, 0, LOCK_DELAY_LIMIT, ConfigurationFlags::DEFAULT, None],
-        ],
-        string: [],
-        bool: [],
-        enum: [],
-        module_args_as_configuration: true,
-    ]
+    // Configs are registered by config::init, which validates the load arguments first.
 }

@@ -204,7 +204,7 @@ pub fn block(
     let waiter_id = reg.next_id;
     // A timeout beyond ten years is no limit (a huge period would wrap in the server's
     // timer arithmetic and fire at once).
-    let timeout_ms = if timeout_ms > flock_core::config::BLOCK_TIMEOUT_LIMIT_MS {
+    let timeout_ms = if timeout_ms > flock_core::queue::MAX_BLOCK_TIMEOUT_MS {
         0
     } else {
         timeout_ms

@@ -62,7 +62,7 @@ pub fn module_path() -> PathBuf {
     p
 }
 
-fn unique_temp_dir() -> PathBuf {
+pub fn unique_temp_dir() -> PathBuf {
     let n = DIR_COUNTER.fetch_add(1, Ordering::SeqCst);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -564,6 +564,97 @@ impl Drop for Server {
             );
         }
         self.kill();
+        if std::env::var_os("FLOCK_KEEP_TMP").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A server started from a redis.conf file, as an operator starts one (`make run` does, and
+/// CONFIG REWRITE needs a file to write). The file is `conf` plus the port, dir and logfile
+/// lines the harness sets; `cli` are extra command-line options.
+pub struct ConfServer {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+    cli: Vec<String>,
+}
+
+impl ConfServer {
+    /// Start it and wait until it answers PING; `Err(log)` when the server exited instead.
+    pub fn start(dir: PathBuf, conf: &str, cli: &[&str]) -> Result<ConfServer, String> {
+        let port = free_port();
+        let text = format!(
+            "{conf}\nport {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\ndaemonize no\n",
+            dir.display(),
+            dir.join("server.log").display(),
+        );
+        fs::write(dir.join("redis.conf"), text).expect("write redis.conf");
+        let child = Self::spawn(&dir, cli);
+        let mut srv = ConfServer {
+            child,
+            port,
+            dir,
+            cli: cli.iter().map(|s| s.to_string()).collect(),
+        };
+        srv.wait_up()?;
+        Ok(srv)
+    }
+
+    fn spawn<A: AsRef<std::ffi::OsStr>>(dir: &Path, cli: &[A]) -> Child {
+        Command::new(server_binary())
+            .arg(dir.join("redis.conf"))
+            .args(cli)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn server")
+    }
+
+    fn wait_up(&mut self) -> Result<(), String> {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < DEADLINE {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(self.log());
+            }
+            if let Ok(mut c) = RawConn::connect(self.port) {
+                if c.call(&["PING"]).is_ok_and(|r| r == Reply::Status("PONG".into())) {
+                    return Ok(());
+                }
+            }
+            sleep(POLL);
+        }
+        panic!("server neither answered nor exited within {DEADLINE:?}:\n{}", self.log());
+    }
+
+    /// SIGKILL it and start it again from the same redis.conf (which CONFIG REWRITE may have
+    /// changed).
+    pub fn restart(&mut self) -> Result<(), String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.dir, &self.cli);
+        self.wait_up()
+    }
+
+    pub fn conf_path(&self) -> PathBuf {
+        self.dir.join("redis.conf")
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .and_then(|c| c.get_connection())
+            .expect("connect")
+    }
+}
+
+impl Drop for ConfServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         if std::env::var_os("FLOCK_KEEP_TMP").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         }

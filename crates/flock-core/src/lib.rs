@@ -11,18 +11,21 @@
 //! - [`queue`]: the waiters of one key.
 //! - [`state`]: the state of one lock key and its rules.
 //! - [`snapshot`]: the persisted form of a lock (RDB, AOF, digest, replication, FLOCK.APPLY).
-//! - [`args`]: argument parsing and the error texts of malformed calls.
-//! - [`config`]: the limits and defaults of the module's settings.
+//! - [`args`]: argument parsing (Redis's integer rules) and the error texts of malformed calls.
+//! - [`settings`]: the module's configs: defaults, ranges and their one validation.
+//! - [`lock_stats`]: the building blocks of FLOCK.STATS (lock classes, histograms, TTL advice;
+//!   not wired into the commands yet).
 //! - [`deadlines`]: the deadline index behind the module's timers.
 //! - [`slots`]: Redis Cluster key slots and `CLUSTER NODES` parsing.
 //! - [`engine`]: every operation on a key: state and clock in, reply and effects out.
 
 pub mod args;
 pub mod clock;
-pub mod config;
 pub mod deadlines;
 pub mod engine;
+pub mod lock_stats;
 pub mod queue;
+pub mod settings;
 pub mod slots;
 pub mod snapshot;
 pub mod state;

@@ -1,5 +1,9 @@
 //! The waiters of one key (FLOCK.ACQUIRE ... BLOCK), first come first served.
 
+/// A BLOCK timeout beyond this (ten years) means no limit: a huge period would wrap in the
+/// server's timer arithmetic and fire at once.
+pub const MAX_BLOCK_TIMEOUT_MS: u64 = 315_360_000_000;
+
 /// A client waiting for a key (FLOCK.ACQUIRE ... BLOCK).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiter {

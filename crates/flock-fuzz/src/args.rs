@@ -68,7 +68,8 @@ fn fuzz_arg(r: &mut Bytes<'_>) -> Vec<u8> {
     }
 }
 
-/// The integer format of the contract: an optional '-', then 1 to 19 decimal digits, whose
+/// The integer format of the contract: an optional '-', then 1 to 19 decimal digits without a
+/// leading zero ("0" alone is zero), whose
 /// value fits in a signed 64-bit integer. Written without `str::parse`, from the digits.
 pub fn ref_int(b: &[u8]) -> Option<i64> {
     let (neg, digits) = match b.first() {
@@ -76,6 +77,10 @@ pub fn ref_int(b: &[u8]) -> Option<i64> {
         _ => (false, b),
     };
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    // Redis's string2ll: "0" alone, else no leading zero (so no "-0" either).
+    if digits[0] == b'0' && (digits.len() > 1 || neg) {
         return None;
     }
     let mut v: i128 = 0;
