@@ -48,10 +48,17 @@ pub static MAX_TTL_MS: Value = Value::new(&settings::MAX_TTL);
 pub static MAX_WAITERS: Value = Value::new(&settings::MAX_WAITERS);
 pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
 
+/// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
+/// crate that takes a reference to a `const` may get its own copy, so two references to the
+/// same setting need not be equal pointers.
+fn same(a: &Setting, b: &Setting) -> bool {
+    a.name == b.name
+}
+
 fn value_of(setting: &Setting) -> Option<&'static Value> {
     [&MAX_TTL_MS, &MAX_WAITERS, &LOCK_DELAY_MS]
         .into_iter()
-        .find(|v| std::ptr::eq(v.setting, setting))
+        .find(|v| same(v.setting, setting))
 }
 
 /// `flock.max-ttl-ms`: largest ttl accepted.
@@ -81,7 +88,7 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
         };
         let default = given
             .iter()
-            .find(|(s, _)| std::ptr::eq(*s, setting))
+            .find(|(s, _)| same(s, setting))
             .map_or(setting.default, |(_, v)| *v);
         value.value.store(default, Ordering::Relaxed);
         register_i64_configuration(

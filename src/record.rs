@@ -99,6 +99,8 @@ pub fn create(key: &mut Key, state: LockState) -> Result<&mut LockRecord, StoreE
         drop(unsafe { Box::from_raw(rec) });
         return Err(StoreError::Refused);
     }
-    // SAFETY: the key now holds our record (stored just above).
-    unsafe { key.value_mut::<LockRecord>() }.ok_or(StoreError::Refused)
+    // SAFETY: Redis now owns the record and keeps it while the key is open and unchanged;
+    // the returned borrow is tied to the exclusive borrow of the key, so the key cannot be
+    // deleted or overwritten while it lives. (Saves asking Redis for the value just stored.)
+    unsafe { rec.as_mut() }.ok_or(StoreError::Refused)
 }
