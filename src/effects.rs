@@ -45,6 +45,7 @@ fn event_name(e: Event) -> &'static CStr {
 }
 
 impl Host for KeyHost<'_> {
+    #[inline]
     fn effect(&mut self, effect: Effect<'_>) {
         let (ctx, key) = (self.ctx, self.key_name);
         match effect {
@@ -67,6 +68,7 @@ impl Host for KeyHost<'_> {
         }
     }
 
+    #[inline]
     fn waiting(&mut self) -> usize {
         // Only a record clients waited on consults the queues (see `LockRecord::watched`).
         if self.watched.is_none() {
@@ -75,6 +77,7 @@ impl Host for KeyHost<'_> {
         waiters::count(self.ctx, self.key_name)
     }
 
+    #[inline]
     fn next_waiter(&mut self) -> Option<Waiter> {
         if self.watched.is_none() {
             return None;
@@ -82,10 +85,12 @@ impl Host for KeyHost<'_> {
         waiters::pop(self.ctx, self.key_name)
     }
 
+    #[inline]
     fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool {
         waiters::deliver(waiter.id, token)
     }
 
+    #[inline]
     fn block(&mut self, owner: &[u8], ttl_ms: u64, timeout_ms: u64) -> Result<(), BlockRefused> {
         let blocked = waiters::block(self.ctx, self.key_name, owner, ttl_ms, timeout_ms);
         if blocked.is_ok() && self.watched.is_none() {
@@ -110,6 +115,7 @@ pub enum NoLock {
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`), creating an
 /// empty one first when `create` and the key does not exist (the engine deletes it again if
 /// nothing needs it). Deletes the key afterwards when the engine said so.
+#[inline]
 pub fn with_lock(
     ctx: Ctx,
     key_name: RStr,
@@ -163,6 +169,7 @@ pub fn with_lock(
 }
 
 /// Send `reply` to the client of `ctx`.
+#[inline]
 pub fn send(ctx: Ctx, reply: Reply<'_>) -> c_int {
     match reply {
         Reply::Int(v) => ffi::reply_int(ctx, v),

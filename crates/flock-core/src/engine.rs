@@ -150,6 +150,7 @@ pub enum Reply<'a> {
 /// Bring the key up to date at `now`: end a run-out lease (`flock.expired`), end a finished
 /// lock-delay, and while the key is free hand it to its first waiter that is still there.
 /// Publishes nothing. Returns whether the state changed (and so must be replicated).
+#[inline]
 fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
     let now = env.now;
     let mut changed = false;
@@ -184,6 +185,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
 /// Replicate the state when it `changed`; delete the key when nothing is left of it (no
 /// holder, no lock-delay, no waiter), else arm it for its next deadline. Returns true when
 /// the key is to be deleted.
+#[inline]
 fn publish(state: &LockState, env: &Env<'_>, host: &mut impl Host, changed: bool) -> bool {
     if state.is_vacant(env.now) && host.waiting() == 0 {
         if changed {
@@ -205,6 +207,7 @@ fn publish(state: &LockState, env: &Env<'_>, host: &mut impl Host, changed: bool
 
 /// [`settle_state`] then [`publish`], on a master. `changed`: the caller already changed the
 /// state. Returns true when the key is to be deleted.
+#[inline]
 fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, changed: bool) -> bool {
     if !env.master {
         return false;
@@ -218,6 +221,7 @@ fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, change
 /// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]` on the key's state (a fresh, empty one when
 /// the key did not exist). `can_block`: the caller's context allows blocking (not MULTI, not
 /// a script).
+#[inline]
 pub fn acquire(
     state: &mut LockState,
     env: &mut Env<'_>,
@@ -267,6 +271,7 @@ pub fn acquire(
 }
 
 /// `FLOCK.RELEASE key owner [token]` on an existing lock key.
+#[inline]
 pub fn release(
     state: &mut LockState,
     env: &mut Env<'_>,
@@ -283,6 +288,7 @@ pub fn release(
 }
 
 /// `FLOCK.RENEW key owner ttl [token]` on an existing lock key.
+#[inline]
 pub fn renew(
     state: &mut LockState,
     env: &mut Env<'_>,
@@ -305,6 +311,7 @@ pub fn renew(
 }
 
 /// `FLOCK.REVOKE key [owner]` on an existing lock key.
+#[inline]
 pub fn revoke(
     state: &mut LockState,
     env: &mut Env<'_>,
@@ -324,11 +331,13 @@ pub fn revoke(
 }
 
 /// `FLOCK.CHECK key token` (read-only: nothing is settled; `None`: no lock key).
+#[inline]
 pub fn check(state: Option<&LockState>, token: u64, now: Now) -> Reply<'static> {
     Reply::Int(state.map_or(0, |s| s.check(token, now)) as i64)
 }
 
 /// `FLOCK.INFO key` (read-only; `None`: no lock key). `waiters`: clients waiting for it.
+#[inline]
 pub fn info(state: Option<&LockState>, waiters: usize, now: Now) -> Reply<'_> {
     let Some(state) = state else {
         return Reply::Null;
