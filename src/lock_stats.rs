@@ -17,7 +17,7 @@ pub const MAX_CLASS_LEN: usize = 128;
 /// Writes into `out` (no allocation) and returns the class's length.
 pub fn fold_class(key: &[u8], out: &mut [u8; MAX_CLASS_LEN]) -> usize {
     let mut n = 0;
-    let mut push = |out: &mut [u8; MAX_CLASS_LEN], n: &mut usize, b: u8| {
+    let push = |out: &mut [u8; MAX_CLASS_LEN], n: &mut usize, b: u8| {
         if *n < MAX_CLASS_LEN {
             out[*n] = b;
             *n += 1;
