@@ -46,6 +46,8 @@ test: unit-test integration-test client-test
 # QUICK=1: smaller counts, shorter runs, report in target/bench-quick/ instead of docs/.
 bench: build
 	FLOCK_MODULE=$(MODULE) cargo bench --bench flock $(if $(filter 1 yes true,$(QUICK)),-- --quick)
+	$(if $(filter 1 yes true,$(QUICK)),BENCH_CLIENT_ITERS=2000) bash scripts/bench-clients.sh \
+	  $(if $(filter 1 yes true,$(QUICK)),target/bench-quick/clients.md,docs/BENCHMARKS-clients.md)
 
 # Runs the integration tests once per server; each server comes from a package registry
 # (scripts/servers.sh). Prints one summary line per server and fails if any failed.
