@@ -1,14 +1,18 @@
 // Real redis-server processes with the flock module, on free loopback ports in temp dirs.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import Redis from "ioredis";
 
 export const REDIS_SERVER = process.env.REDIS_SERVER || "redis-server";
 export const REDIS_CLI = process.env.REDIS_CLI || "redis-cli";
-export const FLOCK_MODULE = process.env.FLOCK_MODULE || "/work/dev/libredis_flock.so";
+// The module: FLOCK_MODULE, else the workspace's release build (clients/node/../../target).
+export const FLOCK_MODULE = resolve(process.env.FLOCK_MODULE || join(__dirname, "..", "..", "..", "..", "target", "release", "libredis_flock.so"));
+if (!existsSync(FLOCK_MODULE)) {
+  throw new Error(`flock module not found at ${FLOCK_MODULE}: build it (cargo build --release) or set FLOCK_MODULE`);
+}
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
