@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
-import { adapt, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
+import { adapt, isClosedClientError, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
 import { LockBusyError, LockLostError } from "./errors.js";
 import { checkTtl, Lease, type LeaseKind } from "./lease.js";
 
@@ -75,7 +75,7 @@ export class Flock {
     const start = now();
     const waitEnd = start + wait;
     // A bound lease lives on a connection of its own, from its ACQUIRE to its RELEASE.
-    const conn: Conn = bound ? await this.#adapter.dedicated({ bound: true }) : this.#adapter.main;
+    let conn: Conn = bound ? await this.#adapter.dedicated({ bound: true }) : this.#adapter.main;
     let handedOver = false;
     const make = (token: number, sentAt: number): Lease => {
       handedOver = true;
@@ -95,7 +95,7 @@ export class Flock {
       if (wait <= 0) return null;
 
       // Wait with BLOCK on a connection of its own, so the wait holds up no renewal (rule 8).
-      const waitConn = bound ? conn : await this.#adapter.dedicated({ bound: false });
+      let waitConn = bound ? conn : await this.#adapter.dedicated({ bound: false });
       try {
         let backoff = 10;
         for (;;) {
@@ -109,6 +109,12 @@ export class Flock {
             // TRYAGAIN: the slot moved while we waited; wait again on its new owner (rule 5).
             // A connection error: the server drops a waiter that went away; wait again.
             if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
+            if (isClosedClientError(err)) throw err;
+            if (bound && !isReplyError(err)) {
+              // A bound wait's connection does not reconnect: wait again on a new one.
+              void conn.close();
+              conn = waitConn = await this.#adapter.dedicated({ bound: true });
+            }
             await sleep(Math.min(backoff, Math.max(0, waitEnd - now())));
             backoff = Math.min(backoff * 2, 200);
             continue;

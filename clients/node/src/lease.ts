@@ -177,6 +177,7 @@ export class Lease implements AsyncDisposable {
    */
   async fenced(...command: Array<string | number>): Promise<unknown> {
     if (command.length === 0) throw new TypeError("fenced() needs a command");
+    if (this.released) throw new LockLostError(this.key, this.token, "released");
     try {
       return await this.#conn.call(["FLOCK.FENCED", this.key, this.token, ...command]);
     } catch (err) {

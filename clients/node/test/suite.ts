@@ -77,6 +77,17 @@ export function coreSuite(lib: Lib): void {
       assert.throws(() => seen!.ensure(0), LockLostError);
     });
 
+    test("a scoped lock costs two round trips: one FLOCK.ACQUIRE, one FLOCK.RELEASE", async () => {
+      const k = key();
+      await server.admin.call("CONFIG", "RESETSTAT");
+      await flock.withLock(k, { ttlMs: 30000 }, async () => {});
+      const stats = await server.admin.info("commandstats");
+      const calls = Object.fromEntries(
+        [...stats.matchAll(/^cmdstat_(flock\.\w+):calls=(\d+)/gm)].map((m) => [m[1], Number(m[2])]),
+      );
+      assert.deepEqual(calls, { "flock.acquire": 1, "flock.release": 1 });
+    });
+
     test("acquire/release by lease; release(key, owner, token) and revoke(key, owner) from anywhere", async () => {
       const k = key();
       const a = await flock.acquire(k, { ttlMs: 5000, owner: "worker-a" });
