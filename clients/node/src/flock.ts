@@ -128,7 +128,10 @@ export class Flock {
           // The wait may have been longer than the ttl: renew at once with the token and count
           // the lease from that RENEW (rule 1).
           const renewSent = now();
-          const r = await callRetrying(conn, ["FLOCK.RENEW", key, owner, ttl, token]);
+          const r = await callRetrying(conn, ["FLOCK.RENEW", key, owner, ttl, token], () => {
+            // Granted, but never counted as held: give it back to the next waiter.
+            void conn.call(["FLOCK.RELEASE", key, owner, token]).catch(() => {});
+          });
           if (r !== null) return make(token, renewSent);
           // Granted and gone again before we could renew it (revoked, or expired): keep waiting.
         }

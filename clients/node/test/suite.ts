@@ -11,6 +11,7 @@ import {
   FencedError,
   Flock,
   FlockError,
+  keySlot,
   LeaseTooShortError,
   LockBusyError,
   LockLostError,
@@ -391,6 +392,9 @@ export function coreSuite(lib: Lib): void {
       try {
         const k = `{move-${libKey(lib)}}:lock`;
         const slot = Number(await cluster.nodes[0].admin.call("CLUSTER", "KEYSLOT", k));
+        for (const x of [k, "plain", "{user1000}.following", "a{}b", "{}x{y}", "\u00e9t\u00e9:{42}"]) {
+          assert.equal(keySlot(x), Number(await cluster.nodes[0].admin.call("CLUSTER", "KEYSLOT", x)), x);
+        }
         const src = await cluster.ownerOf(slot);
         const dst = cluster.nodes.find((x) => x !== src)!;
         const [srcId, dstId] = [await cluster.nodeId(src), await cluster.nodeId(dst)];
