@@ -24,6 +24,9 @@ export interface Adapter {
   dedicated(opts: { bound: boolean }): Promise<Conn>;
 }
 
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
 type AnyClient = Record<string, any>;
 
 /** True for an error that the server answered (as opposed to a connection or client failure). */
@@ -103,13 +106,40 @@ function ioredisConn(c: AnyClient, owned: boolean): Conn {
   };
 }
 
+/**
+ * ioredis' Command class, from the copy of ioredis that made this Cluster (found from the
+ * application's entry point or working directory, and only used when the cluster is an
+ * instance of that copy's Cluster), or null.
+ */
+const ioCommands = new WeakMap<object, any>();
+function ioredisCommandClass(c: AnyClient): any {
+  if (ioCommands.has(c)) return ioCommands.get(c);
+  let found: any = null;
+  const bases = [require.main?.filename, join(process.cwd(), "index.js"), __filename];
+  for (const base of bases) {
+    if (!base) continue;
+    try {
+      const io = createRequire(base)("ioredis");
+      const ClusterClass = io.Cluster ?? io.default?.Cluster;
+      const CommandClass = io.Command ?? io.default?.Command;
+      if (ClusterClass && CommandClass && c instanceof ClusterClass) {
+        found = CommandClass;
+        break;
+      }
+    } catch {
+      /* not resolvable from there */
+    }
+  }
+  ioCommands.set(c, found);
+  return found;
+}
+
 function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
   return {
     call: (args) => {
       // ioredis does not know the key position of module commands and would send them to a
       // random node (then follow MOVED). Give the command its slot so it goes to the right master.
-      const node = typeof c.nodes === "function" ? c.nodes("all")[0] : undefined;
-      const Command = node?.constructor?.Command;
+      const Command = ioredisCommandClass(c);
       if (!Command) return c.call(...(args as [string, ...Arg[]]));
       const [name, ...rest] = args;
       const cmd = new Command(String(name), rest, { replyEncoding: "utf8" });

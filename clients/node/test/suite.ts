@@ -385,7 +385,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await lease.release(), false);
     });
 
-    test("cluster (3 masters): a wait survives a slot move and completes on the new node", async () => {
+    test("cluster (3 masters): commands go to the slot's master; a wait survives a slot move and completes on the new node", async () => {
       const cluster = await Cluster.start();
       const cc = await lib.cluster(cluster.nodes[0].port);
       const cf = new Flock(cc);
@@ -398,6 +398,20 @@ export function coreSuite(lib: Lib): void {
         const src = await cluster.ownerOf(slot);
         const dst = cluster.nodes.find((x) => x !== src)!;
         const [srcId, dstId] = [await cluster.nodeId(src), await cluster.nodeId(dst)];
+
+        // Routed by the lock key: straight to the slot's master, no MOVED redirections.
+        for (const node of cluster.nodes) await node.admin.call("CONFIG", "RESETSTAT");
+        for (let i = 0; i < 20; i++) {
+          const l = await cf.acquire(`{route:${i}}:lock`, { ttlMs: 2000 });
+          assert.ok(l);
+          assert.equal(await l.fenced("SET", `{route:${i}}:data`, "v"), "OK");
+          assert.equal(await l.release(), true);
+        }
+        let moved = 0;
+        for (const node of cluster.nodes) {
+          moved += Number(/errorstat_MOVED:count=(\d+)/.exec(await node.admin.info("errorstats"))?.[1] ?? 0);
+        }
+        assert.equal(moved, 0, "MOVED redirections");
 
         const holder = await cf.acquire(k, { ttlMs: 3000 });
         assert.ok(holder);
