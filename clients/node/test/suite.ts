@@ -287,6 +287,22 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await lease.release(), true);
     });
 
+    test("release across a killed connection is retried and ends the grant", async () => {
+      const k = key();
+      const lease = await flock.acquire(k, { ttlMs: 5000 });
+      assert.ok(lease);
+      const id = Number(await lib.raw(client, ["CLIENT", "ID"]));
+      await server.admin.call("CLIENT", "PAUSE", "1000", "WRITE"); // the RELEASE waits in the server
+      const released = lease.release();
+      await sleep(100);
+      assert.equal(await server.admin.call("CLIENT", "KILL", "ID", String(id)), 1);
+      await server.admin.call("CLIENT", "UNPAUSE");
+      assert.equal(await released, true);
+      assert.equal(lease.lost, false);
+      assert.equal(await server.admin.exists(k), 0);
+      assert.equal(await flock.check(k, lease.token), 0);
+    });
+
     test("a BLOCK wait longer than the ttl is followed at once by a token-qualified RENEW", async () => {
       const k = key();
       assert.ok(await server.admin.call("FLOCK.ACQUIRE", k, "holder", 10000));
@@ -318,6 +334,7 @@ export function coreSuite(lib: Lib): void {
     test("BLOCK waiting shows as blocked clients on the server, and waiters are served first come, first served", async () => {
       const k = key();
       assert.ok(await server.admin.call("FLOCK.ACQUIRE", k, "holder", 10000));
+      const clientsBefore = Number(/connected_clients:(\d+)/.exec(await server.admin.info("clients"))?.[1]);
       const order: number[] = [];
       const waiters: Promise<void>[] = [];
       const guard = await flock.acquire(key(), { ttlMs: 300 }); // renews meanwhile on the shared connection
@@ -340,6 +357,12 @@ export function coreSuite(lib: Lib): void {
       await Promise.all(waiters);
       assert.deepEqual(order, [1, 2, 3]);
       assert.equal(await server.blockedClients(), 0);
+      // Each wait ran on a duplicate() of the client, closed when the wait ended.
+      const t0c = performance.now();
+      while (Number(/connected_clients:(\d+)/.exec(await server.admin.info("clients"))?.[1]) !== clientsBefore) {
+        assert.ok(performance.now() - t0c < 3000, "the wait connections were not closed");
+        await sleep(10);
+      }
       assert.equal(await server.admin.exists(k), 0);
       await guard.release();
       // A wait that times out resolves null / LockBusyError.
