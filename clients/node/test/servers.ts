@@ -139,14 +139,19 @@ export class Server {
   kill(): void {
     this.#admin?.disconnect();
     this.#admin = null;
+    const rm = () => rmSync(this.dir, { recursive: true, force: true, maxRetries: 3 });
+    if (this.proc.exitCode !== null || this.proc.signalCode !== null) {
+      rm();
+      return;
+    }
+    // Remove the directory once the server is gone (it may still write while it dies).
+    this.proc.once("exit", rm);
     try {
       this.proc.kill("SIGCONT");
       this.proc.kill("SIGKILL");
     } catch {
       /* gone */
     }
-    live.delete(this.proc);
-    rmSync(this.dir, { recursive: true, force: true });
   }
 }
 
