@@ -40,6 +40,7 @@ integration-test: build
 # The clients (clients/*), each in its own test runner, against servers with the module.
 client-test: build
 	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
+	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
 
 test: unit-test integration-test client-test
 
