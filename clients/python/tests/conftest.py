@@ -124,7 +124,7 @@ def server() -> Iterator[Server]:
 
 
 class Cluster:
-    """Three masters (no replicas) made with redis-cli --cluster create."""
+    """Three masters (no replicas): CLUSTER ADDSLOTSRANGE on each, then CLUSTER MEET."""
 
     def __init__(self) -> None:
         self.nodes: List[Server] = []
@@ -134,13 +134,17 @@ class Cluster:
                                           "--cluster-config-file", "nodes.conf",
                                           "--cluster-node-timeout", "5000",
                                           "--cluster-require-full-coverage", "no"]))
-            cli = os.environ.get("REDIS_CLI") or "redis-cli"
-            out = subprocess.run([cli, "--cluster", "create",
-                                  *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                                  "--cluster-replicas", "0", "--cluster-yes"],
-                                 capture_output=True, text=True, timeout=60)
-            if out.returncode != 0:
-                raise RuntimeError(f"redis-cli --cluster create failed:\n{out.stdout}\n{out.stderr}")
+            # Slots split in three, then the nodes meet (faster than redis-cli --cluster create,
+            # which waits in steps of a second).
+            n = len(self.nodes)
+            bounds = [16384 * i // n for i in range(n + 1)]
+            for i, node in enumerate(self.nodes):
+                with node.client() as c:
+                    c.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+                    c.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+            with self.nodes[0].client() as c:
+                for node in self.nodes[1:]:
+                    c.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             self.ids = {}
             for n in self.nodes:
                 with n.client(decode_responses=True) as c:
@@ -153,7 +157,10 @@ class Cluster:
     def _agreed(self) -> bool:
         for n in self.nodes:
             with n.client(decode_responses=True) as c:
-                if c.info("cluster").get("cluster_state") != "ok":
+                state = c.execute_command("CLUSTER", "INFO")
+                if isinstance(state, dict):
+                    state = "".join(f"{k}:{v}\n" for k, v in state.items())
+                if "cluster_state:ok" not in state:
                     return False
                 text = c.execute_command("CLUSTER", "NODES")
                 if isinstance(text, dict):  # redis-py may parse it
@@ -192,7 +199,7 @@ class Cluster:
             n.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     c = Cluster()
     try:

@@ -6,7 +6,6 @@ import itertools
 import logging
 import math
 import os
-import queue
 import threading
 import time
 import weakref
@@ -138,47 +137,43 @@ class _Transport:
 # --- the watchdog: one timetable thread and a few renewal workers per process ---------------
 
 class _Watchdog:
-    """Keeps the renewal timetable of every lease in this process. Renewals run on worker
-    threads (more are started while all are busy), so a slow node never delays another lease's
-    renewal. Holds leases only by weak reference: it can never keep a lease alive."""
+    """Keeps the renewal timetable of every lease in this process, on a few daemon threads that
+    share it (leader/followers): the idle thread that waits for the next due renewal sends it
+    itself (one wake-up between "due" and "sent"), and another thread is started whenever none
+    is left idle, so a slow node never delays another lease's renewal. Holds leases only by
+    weak reference: it can never keep a lease alive."""
 
-    MAX_WORKERS = 64
+    MAX_THREADS = 64
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._heap: List[Tuple[float, int, Any]] = []
         self._seq = itertools.count()
-        self._jobs: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
         self._idle = 0
-        self._workers = 0
+        self._threads = 0
         self._pid = -1
 
-    def _start_locked(self) -> None:
+    def _ensure_idle_locked(self) -> None:
         if self._pid != os.getpid():  # first use, or the first use after a fork
             self._pid = os.getpid()
-            self._heap.clear()
-            self._jobs = queue.SimpleQueue()
-            self._idle = self._workers = 0
-            threading.Thread(target=self._timetable, name="flock-watchdog", daemon=True).start()
+            self._idle = self._threads = 0
+        if self._idle == 0 and self._threads < self.MAX_THREADS:
+            self._threads += 1
+            self._idle += 1  # counted as idle from now, so that only one is started
+            threading.Thread(target=self._thread, name="flock-watchdog", daemon=True).start()
 
-    def at(self, due: float, ref: "weakref.ref[Lease]") -> None:
+    def at(self, due: float, job: Any) -> None:
+        """Runs job() at due (monotonic). job is a weakref to a lease or a plain callable."""
         with self._cond:
-            self._start_locked()
-            heapq.heappush(self._heap, (due, next(self._seq), ref))
-            if self._heap[0][2] is ref:
+            self._ensure_idle_locked()
+            heapq.heappush(self._heap, (due, next(self._seq), job))
+            if self._heap[0][2] is job:
                 self._cond.notify()
 
     def run(self, job: Callable[[], None]) -> None:
-        """Runs job on a worker thread soon."""
-        with self._cond:
-            self._start_locked()
-            if self._idle == 0 and self._workers < self.MAX_WORKERS:
-                self._workers += 1
-                threading.Thread(target=self._worker, name="flock-renew", daemon=True).start()
-            jobs = self._jobs
-        jobs.put(job)
+        self.at(0.0, job)
 
-    def _timetable(self) -> None:
+    def _thread(self) -> None:
         while True:
             with self._cond:
                 while True:
@@ -189,26 +184,25 @@ class _Watchdog:
                     if wait > 0:
                         self._cond.wait(wait)
                         continue
-                    ref = heapq.heappop(self._heap)[2]
+                    job = heapq.heappop(self._heap)[2]
                     break
-            lease = ref()
-            if lease is not None and lease._watching:
-                self.run(lease._tick)
-            del lease
-
-    def _worker(self) -> None:
-        jobs = self._jobs
-        while True:
-            with self._cond:
-                self._idle += 1
-            job = jobs.get()
-            with self._cond:
                 self._idle -= 1
+                self._ensure_idle_locked()  # someone keeps watching the timetable
+                if self._heap:
+                    self._cond.notify()
             try:
-                job()
-            except BaseException:  # a job never kills the worker
+                if isinstance(job, weakref.ref):
+                    lease = job()
+                    if lease is not None and lease._watching:
+                        lease._tick()
+                    del lease
+                else:
+                    job()
+            except BaseException:  # a job never kills the thread
                 log.exception("flock: watchdog job failed")
             del job
+            with self._cond:
+                self._idle += 1
 
 
 _watchdog = _Watchdog()
