@@ -206,3 +206,13 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skipped test is a defect here: report it as a failure."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped:
+        rep.outcome = "failed"
+        rep.longrepr = f"a test may not be skipped: {rep.longrepr}"

@@ -401,7 +401,7 @@ class Lease:
             sent = monotonic()
             try:
                 ok = self._renew_locked(self.ttl_ms, raise_lost=False)
-            except _NETWORK_ERRORS + (ResponseError,) as e:
+            except Exception as e:  # network, redirect, LOADING...: retry until the deadline
                 # Retry soon, but never past the local deadline (checked before each send).
                 if self._conn is not None:
                     self._set_lost(f"the connection of the BOUND lease failed: {e}")

@@ -114,7 +114,11 @@ class _Slot:
 
     async def give_back(self) -> None:
         if self._node is not None:
-            self._node.release(self.conn)
+            release = getattr(self._node, "release", None)
+            if release is not None:
+                release(self.conn)
+            else:  # redis-py 5.0: the node's free list
+                self._node._free.append(self.conn)
         else:
             await _maybe_await(self._pool.release(self.conn))
 
@@ -379,7 +383,7 @@ class Lease:
             sent = monotonic()
             try:
                 ok = await self._renew_locked(self.ttl_ms, raise_lost=False)
-            except _NETWORK_ERRORS + (ResponseError,) as e:
+            except Exception as e:  # network, redirect, LOADING...: retry until the deadline
                 if self._slot is not None:
                     self._set_lost(f"the connection of the BOUND lease failed: {e}")
                     return
