@@ -361,3 +361,16 @@ def test_invalid_arguments(server):
         flock.acquire("k", 1000, shared=True, limit=2)
     with pytest.raises(redis.ResponseError):
         flock.acquire("k", 10**12)  # above flock.max-ttl-ms: the server's own error
+
+
+def test_the_readme_example_runs(server):
+    text = (HERE.parent / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{server.port}",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=SOON_S)
+    assert out.returncode == 0, out.stderr
+    assert "order 42 is new; we hold token" in out.stdout
+    assert out.stdout.strip().endswith("order 42 is paid")
