@@ -146,17 +146,39 @@ class _Watchdog:
     MAX_THREADS = 64
 
     def __init__(self) -> None:
+        self._seq = itertools.count()
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            # A forked child has none of these threads, and the copies of its parent's leases
+            # are not its own grants: it renews none of them (they run out by its clock).
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._heap: List[Tuple[float, int, Any]] = []
-        self._seq = itertools.count()
         self._idle = 0
         self._threads = 0
-        self._pid = -1
+        self._stale = 0
+
+    def forget(self) -> None:
+        """A lease stopped renewing: its pending entry is stale. Now and then, drop them all
+        (a program that takes many long leases briefly would pile them up)."""
+        with self._cond:
+            self._stale += 1
+            if self._stale > 1024 and self._stale * 2 > len(self._heap):
+                live = []
+                for entry in self._heap:
+                    job = entry[2]
+                    if isinstance(job, weakref.ref):
+                        lease = job()
+                        if lease is None or not lease._watching:
+                            continue
+                    live.append(entry)
+                heapq.heapify(live)
+                self._heap = live
+                self._stale = 0
 
     def _ensure_idle_locked(self) -> None:
-        if self._pid != os.getpid():  # first use, or the first use after a fork
-            self._pid = os.getpid()
-            self._idle = self._threads = 0
         if self._idle == 0 and self._threads < self.MAX_THREADS:
             self._threads += 1
             self._idle += 1  # counted as idle from now, so that only one is started
@@ -209,12 +231,21 @@ _watchdog = _Watchdog()
 
 
 def _release_in_background(transport: _Transport, key: Any, owner: str, token: int,
-                           addr: Addr) -> None:
+                           addr: Addr, conn: Any = None, pool: Any = None) -> None:
     """A lease that was garbage-collected unreleased: end its grant (and the watchdog already
-    stopped, since it only held the lease weakly)."""
+    stopped, since it only held the lease weakly); a BOUND lease's connection goes back to its
+    pool."""
     def job() -> None:
         try:
-            transport.call(key, "FLOCK.RELEASE", key, owner, token, addr=addr, attempts=2)
+            if conn is not None:
+                try:
+                    _roundtrip(conn, ("FLOCK.RELEASE", key, owner, token), None, False)
+                except _NETWORK_ERRORS:
+                    conn.disconnect()
+                finally:
+                    pool.release(conn)
+            else:
+                transport.call(key, "FLOCK.RELEASE", key, owner, token, addr=addr, attempts=2)
         except Exception:
             log.warning("flock: background release of %r failed", key, exc_info=True)
     try:
@@ -252,7 +283,7 @@ class Lease:
         self._watching = renew
         self._backoff = 0.0
         self._finalizer = weakref.finalize(self, _release_in_background, self._t, key, owner,
-                                           token, addr)
+                                           token, addr, conn, pool)
         self._finalizer.atexit = False
         if renew:
             _watchdog.at(sent + renew_interval(ttl_ms), weakref.ref(self))
@@ -441,8 +472,10 @@ class Lease:
             if not self._lost and monotonic() >= self._deadline:
                 self._set_lost_locked("the local deadline passed (rule 1)")
             self._released = True
-            self._watching = False
+            watched, self._watching = self._watching, False
         self._finalizer.detach()
+        if watched:
+            _watchdog.forget()
         try:
             if self._conn is not None:
                 with self._io:
@@ -638,6 +671,8 @@ class Flock:
             redirects += 1
             if redirects > _MAX_REDIRECTS and wait_s is None:
                 raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
+            if redirects > 4:  # a cluster in flux: do not spin
+                time.sleep(min(0.2, 0.01 * (1 << min(redirects - 4, 5))))
 
     def _forget(self, key: Any, owner: str, addr: Addr) -> None:
         """After a failed wait: a grant whose reply was lost must not stay held until its ttl."""

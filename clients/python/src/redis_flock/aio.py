@@ -184,21 +184,30 @@ def _spawn(coro: Any) -> None:
 
 
 async def _release_quietly(transport: _Transport, key: Any, owner: str, token: Optional[int],
-                           addr: Addr) -> None:
+                           addr: Addr, slot: Optional[_Slot] = None) -> None:
     try:
         args = ("FLOCK.RELEASE", key, owner) + ((token,) if token is not None else ())
+        if slot is not None:  # a BOUND lease: on its own connection, which then goes back
+            try:
+                await _roundtrip(slot.conn, args, None, False)
+            except _NETWORK_ERRORS:
+                await slot.conn.disconnect()
+            finally:
+                await slot.give_back()
+            return
         await transport.call(key, *args, addr=addr, attempts=2)
     except Exception:
         log.warning("flock: background release of %r failed", key, exc_info=True)
 
 
 def _release_in_background(loop: asyncio.AbstractEventLoop, transport: _Transport, key: Any,
-                           owner: str, token: int, addr: Addr) -> None:
+                           owner: str, token: int, addr: Addr, slot: Optional[_Slot]) -> None:
     """A lease garbage-collected unreleased: its watchdog has stopped (it held the lease
     weakly); end the grant on the lease's loop."""
     try:
         if not loop.is_closed():
-            loop.call_soon_threadsafe(_spawn, _release_quietly(transport, key, owner, token, addr))
+            loop.call_soon_threadsafe(_spawn, _release_quietly(transport, key, owner, token, addr,
+                                                               slot))
     except RuntimeError:
         pass
 
@@ -247,7 +256,7 @@ class Lease:
         self._next_due = sent + renew_interval(ttl_ms)
         self._finalizer = weakref.finalize(self, _release_in_background,
                                            asyncio.get_running_loop(), self._t, key, owner,
-                                           token, addr)
+                                           token, addr, slot)
         self._finalizer.atexit = False
         self._task: Optional["asyncio.Task[None]"] = None
         if renew:
@@ -588,6 +597,8 @@ class Flock:
             redirects += 1
             if redirects > _MAX_REDIRECTS and wait_s is None:
                 raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
+            if redirects > 4:  # a cluster in flux: do not spin
+                await asyncio.sleep(min(0.2, 0.01 * (1 << min(redirects - 4, 5))))
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         args: List[Any] = ["FLOCK.RELEASE", key, owner]
