@@ -9,6 +9,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 PY="${PY:-$repo/.venv/bin/python}"
+case "$PY" in
+  /*) ;;
+  */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;  # relative to the caller's cwd
+  *) PY="$(command -v "$PY" || echo "$PY")" ;;
+esac
 if [ ! -x "$PY" ]; then
   echo "clients/python/test.sh: $PY is not a python executable (set PY=/path/to/venv/bin/python)" >&2
   exit 1
