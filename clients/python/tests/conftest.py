@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
@@ -216,3 +217,44 @@ def pytest_runtest_makereport(item, call):
     if rep.skipped:
         rep.outcome = "failed"
         rep.longrepr = f"a test may not be skipped: {rep.longrepr}"
+
+
+class Monitor:
+    """Every command the server runs, in its order (MONITOR on a connection of its own, read by
+    a thread): lets a test prove what was and was not sent without timing anything."""
+
+    SENTINEL = "flock-tests-monitor-done"
+
+    def __init__(self, server: Server) -> None:
+        self._port = server.port
+        self._client = server.client(decode_responses=True, socket_timeout=None)
+        self._monitor = self._client.monitor()
+        self._monitor.__enter__()
+        self.commands: List[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                cmd = self._monitor.next_command()["command"]
+            except Exception:
+                return
+            if self.SENTINEL in cmd:
+                return
+            self.commands.append(cmd)
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for c in list(self.commands) if c.startswith(prefix))
+
+    def index(self, prefix: str) -> int:
+        return next(i for i, c in enumerate(list(self.commands)) if c.startswith(prefix))
+
+    def close(self) -> None:
+        with redis.Redis(host="127.0.0.1", port=self._port) as c:
+            c.echo(self.SENTINEL)
+        self._thread.join(SOON_S)
+        try:
+            self._monitor.__exit__(None, None, None)
+        finally:
+            self._client.close()

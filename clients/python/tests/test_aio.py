@@ -11,7 +11,7 @@ import redis.asyncio
 from redis_flock import FencedError, LeaseTooShortError, LockBusyError, LockLostError
 from redis_flock.aio import Flock
 
-from conftest import SOON_S, wait_until
+from conftest import SOON_S, Monitor, wait_until
 
 
 def run(coro):
@@ -77,11 +77,37 @@ def test_aio_watchdog_keeps_a_300ms_lease_alive_for_3s(server):
                 assert not lease.lost, lease.lost_reason
                 await asyncio.sleep(0.05)
         assert await renewals(r) >= 9
-        n = await renewals(r)
-        await asyncio.sleep(0.3)  # three renewal periods after release: none may come
-        assert await renewals(r) == n
         await r.aclose()
     run(main())
+
+
+def test_aio_watchdog_stops_on_release(server):
+    async def main():
+        r = aclient(server)
+        flock = Flock(r)
+        lease = await flock.acquire("a:wd-stop", 150)
+        await until(lambda: _now(mon.count("FLOCK.RENEW a:wd-stop") >= 2), "two renewals")
+        assert await lease.release() is True
+        await until(lambda: _now(mon.count("FLOCK.RELEASE a:wd-stop") == 1), "the release")
+        marker = await flock.acquire("a:marker", 150)
+        await until(lambda: _now(mon.count("FLOCK.RENEW a:marker") >= 5),
+                    "five renewals of another lease")
+        await marker.release()
+        await r.aclose()
+        return lease
+
+    mon = Monitor(server)
+    try:
+        lease = run(main())
+    finally:
+        mon.close()
+    after = mon.commands[mon.index("FLOCK.RELEASE a:wd-stop"):]
+    assert not [c for c in after if c.startswith("FLOCK.RENEW a:wd-stop")], after
+    assert not lease.lost
+
+
+async def _now(value):
+    return value
 
 
 def test_aio_revoke_is_noticed_and_raised_on_leaving(server):

@@ -22,7 +22,7 @@ from redis_flock import (
     LockLostError,
 )
 
-from conftest import SOON_S, wait_until
+from conftest import SOON_S, Monitor, wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -100,13 +100,22 @@ def test_watchdog_keeps_a_300ms_lease_alive_for_3s(server):
 
 
 def test_watchdog_stops_on_release(server):
-    flock = Flock(server.client())
-    lease = flock.acquire("wd-stop", 150)
-    wait_until(lambda: renewals(server) >= 2, "two renewals")
-    assert lease.release() is True
-    n = renewals(server)
-    time.sleep(0.5)  # ten renewal periods: none may come
-    assert renewals(server) == n
+    mon = Monitor(server)
+    try:
+        flock = Flock(server.client())
+        lease = flock.acquire("wd-stop", 150)
+        wait_until(lambda: mon.count("FLOCK.RENEW wd-stop") >= 2, "two renewals")
+        assert lease.release() is True
+        wait_until(lambda: mon.count("FLOCK.RELEASE wd-stop") == 1, "the release")
+        # Another lease with the same ttl renews five times: had the released lease's watchdog
+        # gone on, its RENEWs would be among them.
+        marker = flock.acquire("marker", 150)
+        wait_until(lambda: mon.count("FLOCK.RENEW marker") >= 5, "five renewals of another lease")
+        marker.release()
+    finally:
+        mon.close()
+    after = mon.commands[mon.index("FLOCK.RELEASE wd-stop"):]
+    assert not [c for c in after if c.startswith("FLOCK.RENEW wd-stop")], after
     assert not lease.lost
 
 
