@@ -230,3 +230,33 @@ def test_aio_dropped_lease_is_released_in_the_background(server):
         await until(lambda: _eq(r.exists("a:dropped"), 0), "the background release")
         await r.aclose()
     run(main())
+
+
+def test_aio_a_connection_killed_in_the_middle_of_a_renewal_is_recovered(server):
+    admin = server.client(decode_responses=True)
+
+    def held_renewal():
+        return [c for c in admin.client_list() if c.get("name") == "aio-holder2"
+                and c.get("cmd") == "flock.renew" and "b" in c.get("flags", "")]
+
+    async def main():
+        r = aclient(server, client_name="aio-holder2")
+        flock = Flock(r)
+        loop = asyncio.get_running_loop()
+        async with flock.lock("a:ck2", 900) as lease:
+            for _ in range(3):
+                base = await renewals(r)
+                admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+                try:
+                    held = await loop.run_in_executor(None, lambda: wait_until(
+                        held_renewal, "a renewal held by the pause"))
+                    for c in held:
+                        assert admin.execute_command("CLIENT", "KILL", "ID", c["id"]) == 1
+                finally:
+                    admin.execute_command("CLIENT", "UNPAUSE")
+                await until(lambda: _ge_or(renewals(r), base + 1, lease), "the renewal retried")
+                assert not lease.lost, lease.lost_reason
+            assert await lease.check() > 0
+        assert not lease.lost
+        await r.aclose()
+    run(main())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import os
 import signal
 import subprocess
@@ -220,6 +221,54 @@ def test_client_kill_of_the_watchdog_connection_is_recovered(server):
         assert admin.execute_command("FLOCK.CHECK", "ck", lease.token) > 0
     assert kills >= 6
     assert not lease.lost
+
+
+def holder_clients(admin, name, cmd=None):
+    return [c for c in admin.client_list() if c.get("name") == name
+            and (cmd is None or (c.get("cmd") == cmd and "b" in c.get("flags", "")))]
+
+
+def test_a_connection_killed_in_the_middle_of_a_renewal_is_recovered(server):
+    # CLIENT PAUSE WRITE holds the watchdog's RENEW on the server; its connection is killed
+    # while the RENEW waits there, unanswered. The watchdog retries on a new connection.
+    admin = server.client(decode_responses=True)
+    flock = Flock(server.client(client_name="flock-holder"))
+    with flock.lock("ck2", 900) as lease:
+        for _ in range(3):
+            base = renewals(server)
+            admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+            try:
+                held = wait_until(lambda: holder_clients(admin, "flock-holder", "flock.renew"),
+                                  "a renewal held by the pause")
+                for c in held:
+                    assert admin.execute_command("CLIENT", "KILL", "ID", c["id"]) == 1
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+            wait_until(lambda: renewals(server) > base or lease.lost, "the renewal retried")
+            assert not lease.lost, lease.lost_reason
+        assert admin.execute_command("FLOCK.CHECK", "ck2", lease.token) > 0
+    assert not lease.lost
+
+
+def test_a_wait_survives_a_killed_connection_and_waits_forever(server):
+    admin = server.client(decode_responses=True)
+    flock = Flock(server.client(client_name="waiter"))
+    holder = Flock(server.client()).acquire("wk", 20_000)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        lease=flock.acquire("wk", 5000, wait_ms=math.inf)))
+    t.start()
+    victim = wait_until(lambda: holder_clients(admin, "waiter", "flock.acquire"), "the wait")
+    assert admin.execute_command("CLIENT", "KILL", "ID", victim[0]["id"]) == 1
+    # the client waits again on a new connection
+    wait_until(lambda: [c for c in holder_clients(admin, "waiter", "flock.acquire")
+                        if c["id"] != victim[0]["id"]], "the wait on a new connection")
+    assert t.is_alive()
+    holder.release()
+    t.join(SOON_S)
+    lease = got["lease"]
+    assert lease is not None and lease.token > holder.token and not lease.lost
+    assert lease.release() is True
 
 
 def test_a_block_wait_longer_than_the_ttl_is_renewed_at_once(server):
