@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import redis
 from redis.cluster import RedisCluster
@@ -541,7 +541,7 @@ _nolock = _NoLock()
 class _LockContext:
     __slots__ = ("_flock", "_args", "_kw", "_lease")
 
-    def __init__(self, flock: "Flock", args: Tuple[Any, ...], kw: dict) -> None:
+    def __init__(self, flock: "Flock", args: Tuple[Any, ...], kw: Dict[str, Any]) -> None:
         self._flock = flock
         self._args = args
         self._kw = kw
@@ -568,7 +568,7 @@ class Flock:
     """Fenced locks over a redis-py ``Redis`` or ``RedisCluster`` client."""
 
     def __init__(self, client: Union["redis.Redis", RedisCluster]) -> None:
-        self.client = client
+        self.client: Any = client
         self._t = _Transport(client)
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,

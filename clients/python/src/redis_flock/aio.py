@@ -20,7 +20,7 @@ import logging
 import math
 import time
 import weakref
-from typing import Any, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -479,7 +479,7 @@ class Lease:
 class _LockContext:
     __slots__ = ("_flock", "_args", "_kw", "_lease")
 
-    def __init__(self, flock: "Flock", args: Tuple[Any, ...], kw: dict) -> None:
+    def __init__(self, flock: "Flock", args: Tuple[Any, ...], kw: Dict[str, Any]) -> None:
         self._flock = flock
         self._args = args
         self._kw = kw
@@ -504,7 +504,7 @@ class Flock:
     """Fenced locks over a ``redis.asyncio`` ``Redis`` or ``RedisCluster`` client."""
 
     def __init__(self, client: Union["redis.asyncio.Redis", RedisCluster]) -> None:
-        self.client = client
+        self.client: Any = client
         self._t = _Transport(client)
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
