@@ -432,3 +432,17 @@ def test_the_readme_example_runs(server):
     assert out.returncode == 0, out.stderr
     assert "order 42 is new; we hold token" in out.stdout
     assert out.stdout.strip().endswith("order 42 is paid")
+
+
+def test_many_short_leases_leave_no_pile_of_timetable_entries(server):
+    from redis_flock._sync import _watchdog
+
+    flock = Flock(server.client())
+    with flock.lock("live", 300) as live:
+        for _ in range(3000):
+            with flock.lock("churn", 30_000):
+                pass
+        # the released leases' entries were dropped; the live lease's was kept
+        wait_until(lambda: len(_watchdog._heap) < 1500, "the timetable compacted")
+        assert not live.wait_lost(1000), live.lost_reason
+        assert live.check() > 0

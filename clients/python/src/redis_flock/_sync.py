@@ -161,22 +161,37 @@ class _Watchdog:
         self._stale = 0
 
     def forget(self) -> None:
-        """A lease stopped renewing: its pending entry is stale. Now and then, drop them all
-        (a program that takes many long leases briefly would pile them up)."""
+        """A lease stopped renewing: its pending entry is stale. Now and then the watchdog
+        drops them all (a program that takes many long leases briefly would pile them up)."""
         with self._cond:
             self._stale += 1
             if self._stale > 1024 and self._stale * 2 > len(self._heap):
-                live = []
-                for entry in self._heap:
-                    job = entry[2]
-                    if isinstance(job, weakref.ref):
-                        lease = job()
-                        if lease is None or not lease._watching:
-                            continue
-                    live.append(entry)
-                heapq.heapify(live)
-                self._heap = live
-                self._stale = 0
+                self._stale = -(1 << 30)  # one compaction at a time
+                self._ensure_idle_locked()
+                heapq.heappush(self._heap, (0.0, next(self._seq), self._compact))
+                self._cond.notify()
+
+    def _compact(self) -> None:
+        with self._cond:
+            entries = list(self._heap)
+        live = []
+        for entry in entries:  # without the lock: derefs and reads only
+            job = entry[2]
+            if isinstance(job, weakref.ref):
+                lease = job()
+                if lease is None or not lease._watching:
+                    continue
+            live.append(entry)
+        with self._cond:
+            # entries pushed meanwhile are kept; those popped meanwhile are not brought back
+            now = set(id(e) for e in self._heap)
+            kept = [e for e in live if id(e) in now]
+            seen = set(id(e) for e in entries)
+            kept += [e for e in self._heap if id(e) not in seen]
+            heapq.heapify(kept)
+            self._heap = kept
+            self._stale = 0
+            self._cond.notify()
 
     def _ensure_idle_locked(self) -> None:
         if self._idle == 0 and self._threads < self.MAX_THREADS:
