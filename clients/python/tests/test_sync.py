@@ -336,14 +336,18 @@ def test_a_wait_does_not_hold_up_other_leases(server):
     # One pool for everything: the wait has a connection of its own (rule 8).
     flock = Flock(server.client())
     holder = flock.acquire("w1", 20_000)
-    t = threading.Thread(target=lambda: flock.acquire("w1", 1000, wait_ms=3000))
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        lease=flock.acquire("w1", 1000, wait_ms=SOON_S * 1000)))
     t.start()
     wait_until(lambda: server.blocked_clients() == 1, "the waiter blocks")
     with flock.lock("w2", 300) as other:
         assert other.fenced("SET", "x", "1") in (b"OK", "OK")
         assert not other.wait_lost(1000)  # its watchdog renews while the wait goes on
-    t.join(SOON_S)
+    assert t.is_alive() and server.blocked_clients() == 1
     holder.release()
+    t.join(SOON_S)
+    assert got["lease"] is not None and got["lease"].release() is True
 
 
 def test_a_holder_process_paused_past_its_lease(server):
