@@ -10,16 +10,6 @@ fn ok(r: &Reply, what: &str) {
     assert!(!r.is_err(), "{what}: {r:?}");
 }
 
-fn user_conn(srv: &Server, user: &str) -> redis::Connection {
-    let mut c = srv.conn();
-    assert_eq!(
-        call(&mut c, &["AUTH", user, "pw"]),
-        Reply::Status("OK".into()),
-        "AUTH {user}"
-    );
-    c
-}
-
 fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
     let r = call(
         admin,

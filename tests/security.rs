@@ -33,16 +33,6 @@ fn module_loaded(c: &mut redis::Connection) -> bool {
     any_flock(&call(c, &["MODULE", "LIST"]))
 }
 
-fn user_conn(srv: &Server, user: &str) -> redis::Connection {
-    let mut c = srv.conn();
-    assert_eq!(
-        call(&mut c, &["AUTH", user, "pw"]),
-        Reply::Status("OK".into()),
-        "AUTH {user}"
-    );
-    c
-}
-
 /// Everything an application user may not do must fail through FENCED too, and change nothing.
 #[test]
 fn fenced_never_escalates_commands_keys_or_channels() {

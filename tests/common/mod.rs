@@ -570,6 +570,17 @@ impl Drop for Server {
     }
 }
 
+/// A connection to `srv` authenticated as ACL user `user` with password `pw`.
+pub fn user_conn(srv: &Server, user: &str) -> redis::Connection {
+    let mut c = srv.conn();
+    assert_eq!(
+        call(&mut c, &["AUTH", user, "pw"]),
+        Reply::Status("OK".into()),
+        "AUTH {user}"
+    );
+    c
+}
+
 /// A server started from a redis.conf file, as an operator starts one (`make run` does, and
 /// CONFIG REWRITE needs a file to write). The file is `conf` plus the port, dir and logfile
 /// lines the harness sets; `cli` are extra command-line options.
