@@ -3,7 +3,7 @@
 //! waiters, deleting the key, the reply). Nothing here decides what a lock does.
 
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::record::{self, Found, KeyId, LockRecord, TimerSlot};
+use crate::record::{self, KeyId, LockRecord, TimerSlot};
 use crate::{config, expiry, replication, server, stats, waiters};
 use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::{LockState, Waiter};
@@ -45,7 +45,8 @@ fn event_name(e: Event) -> &'static CStr {
 }
 
 impl Host for KeyHost<'_> {
-    #[inline]
+    // Always inlined: each call site names one variant, so the match folds away.
+    #[inline(always)]
     fn effect(&mut self, effect: Effect<'_>) {
         let (ctx, key) = (self.ctx, self.key_name);
         match effect {
@@ -131,9 +132,10 @@ pub fn with_lock(
                 record::create(key, LockState::default()).map_err(|_| NoLock::NotStored)?,
                 true,
             ),
-            KeyKind::Ours => match record::lock_of_mut(key) {
-                Found::Lock(rec) => (rec, false),
-                _ => return Err(NoLock::Missing),
+            // SAFETY: the kind was checked just above, on this open key.
+            KeyKind::Ours => match unsafe { record::lock_of_ours(key) } {
+                Some(rec) => (rec, false),
+                None => return Err(NoLock::Missing),
             },
         };
         let LockRecord {

@@ -84,6 +84,17 @@ pub fn lock_of_mut(key: &mut Key) -> Found<&mut LockRecord> {
     }
 }
 
+/// The lock record of a key already known to hold our type (saves asking Redis for the
+/// key's type twice on the write path).
+///
+/// # Safety
+/// `key.kind(server::lock_type())` must have been `KeyKind::Ours`, with the key unchanged
+/// since.
+pub unsafe fn lock_of_ours(key: &mut Key) -> Option<&mut LockRecord> {
+    // SAFETY: by the caller, the value is a `LockRecord` boxed by this module.
+    unsafe { key.value_mut::<LockRecord>() }
+}
+
 /// Why [`create`] stored nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreError {

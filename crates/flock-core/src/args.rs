@@ -40,6 +40,7 @@ impl ArgError {
 /// A decimal integer by Redis's own rules (`string2ll`, which `SET ... PX` uses): optional '-',
 /// digits, no '+', no spaces, no leading zeros ("0" alone is zero, "-0" is refused), fits in
 /// i64. Every integer argument and load argument of flock goes through it.
+#[inline]
 pub fn parse_i64(b: &[u8]) -> Option<i64> {
     let (negative, digits) = match b.strip_prefix(b"-") {
         Some(rest) => (true, rest),
@@ -66,6 +67,7 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
     }
 }
 
+#[inline]
 pub fn parse_owner(b: &[u8]) -> Result<&[u8], ArgError> {
     if b.is_empty() || b.len() > MAX_OWNER_LEN {
         Err(ArgError::Owner)
@@ -74,6 +76,7 @@ pub fn parse_owner(b: &[u8]) -> Result<&[u8], ArgError> {
     }
 }
 
+#[inline]
 pub fn parse_ttl(b: &[u8], max_ttl_ms: u64) -> Result<u64, ArgError> {
     match parse_i64(b) {
         Some(v) if v >= 1 && (v as u64) <= max_ttl_ms => Ok(v as u64),
@@ -81,6 +84,7 @@ pub fn parse_ttl(b: &[u8], max_ttl_ms: u64) -> Result<u64, ArgError> {
     }
 }
 
+#[inline]
 pub fn parse_token(b: &[u8]) -> Result<u64, ArgError> {
     match parse_i64(b) {
         Some(v) if v >= 1 => Ok(v as u64),
@@ -88,6 +92,7 @@ pub fn parse_token(b: &[u8]) -> Result<u64, ArgError> {
     }
 }
 
+#[inline]
 pub fn parse_timeout(b: &[u8]) -> Result<u64, ArgError> {
     match parse_i64(b) {
         Some(v) if v >= 0 => Ok(v as u64),
@@ -104,6 +109,7 @@ pub struct AcquireArgs<'a> {
     pub block: Option<u64>,
 }
 
+#[inline]
 pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, ArgError> {
     let [_, _key, owner, ttl, rest @ ..] = argv else {
         return Err(ArgError::Arity);
@@ -123,6 +129,7 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireAr
 }
 
 /// `FLOCK.RELEASE key owner [token]`: the owner, and the token that qualifies the call.
+#[inline]
 pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<(&'a [u8], Option<u64>), ArgError> {
     match argv {
         [_, _key, owner] => Ok((parse_owner(owner)?, None)),
@@ -132,6 +139,7 @@ pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<(&'a [u8], Option<u64>), A
 }
 
 /// `FLOCK.RENEW key owner ttl [token]`: the owner, the ttl and the token that qualifies it.
+#[inline]
 pub fn parse_renew<'a>(
     argv: &[&'a [u8]],
     max_ttl_ms: u64,
@@ -148,6 +156,7 @@ pub fn parse_renew<'a>(
 }
 
 /// `FLOCK.REVOKE key [owner]`: the owner whose grant alone is to end, if given.
+#[inline]
 pub fn parse_revoke<'a>(argv: &[&'a [u8]]) -> Result<Option<&'a [u8]>, ArgError> {
     match argv {
         [_, _key] => Ok(None),
@@ -157,6 +166,7 @@ pub fn parse_revoke<'a>(argv: &[&'a [u8]]) -> Result<Option<&'a [u8]>, ArgError>
 }
 
 /// `FLOCK.CHECK key token`.
+#[inline]
 pub fn parse_check(argv: &[&[u8]]) -> Result<u64, ArgError> {
     let [_, _key, token] = argv else {
         return Err(ArgError::Arity);
@@ -165,6 +175,7 @@ pub fn parse_check(argv: &[&[u8]]) -> Result<u64, ArgError> {
 }
 
 /// `FLOCK.INFO key`.
+#[inline]
 pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
     match argv {
         [_, _key] => Ok(()),
