@@ -204,6 +204,9 @@ pub fn arm_all(ctx: Ctx) {
     if !server::is_master() {
         return;
     }
+    // The context may be the client that ran SWAPDB (Valkey 8.1 fires the event on it):
+    // leave it in the database it had selected.
+    let selected = ffi::selected_db(ctx);
     let mut db: c_int = 0;
     while ffi::select_db(ctx, db) {
         // SAFETY: takes no arguments; the cursor is destroyed below.
@@ -217,7 +220,7 @@ pub fn arm_all(ctx: Ctx) {
         unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
         db += 1;
     }
-    ffi::select_db(ctx, 0);
+    ffi::select_db(ctx, selected);
 }
 
 unsafe extern "C" fn arm_scanned(
