@@ -290,7 +290,11 @@ fn getkeys_reports_the_lock_and_the_inner_keys() {
 
 #[test]
 fn the_inner_write_is_replicated_and_logged_as_itself() {
-    let master = Server::builder().arg("appendonly", "yes").start();
+    // fsync every write: the AOF file is read below, right after the writes.
+    let master = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
     let replica = Server::start_replica_of(&master);
     let mut m = master.conn();
     let mut r = replica.conn();
