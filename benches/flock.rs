@@ -4,8 +4,8 @@
 //! cargo bench --bench flock [-- --quick] [--out DIR] [--only 1,3] [--no-callgrind]
 //! ```
 //!
-//! Starts its own redis-server(s) on loopback (free port, temp dir, the harness of
-//! tests/common), with a private copy of target/release/libredis_flock.so (so that a rebuild
+//! Starts its own redis-server(s) on loopback (free port, temp dir, the shared harness
+//! crates/flock-testkit), with a private copy of target/release/libredis_flock.so (so that a rebuild
 //! during the run cannot change what is measured), runs every scenario of issue 7 and prints
 //! one table per scenario. Every result is a ratio against a baseline measured in the same run,
 //! interleaved with it, because the machines this runs on are shared and noisy.
@@ -24,11 +24,7 @@
 //! In a full run, when valgrind is installed, a short callgrind run counts instructions per
 //! call (noise-free) and lists where flock's commands spend them.
 
-#[path = "../tests/common/mod.rs"]
-#[allow(unused_imports)]
-mod common;
-
-use common::{Reply, Server};
+use flock_testkit::{Reply, Server};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1952,7 +1948,7 @@ fn measure_waiters(c: &mut Conn, port: u16, cfg: &Cfg, nw: usize, round: usize, 
     for i in 0..nw {
         let mut out = Vec::new();
         for j in 0..per_waiter {
-            out.extend(common::resp_command(&[
+            out.extend(flock_testkit::resp_command(&[
                 "FLOCK.ACQUIRE",
                 "busy",
                 &format!("w{i}-{}", j % 2),
@@ -2008,7 +2004,7 @@ fn measure_waiters(c: &mut Conn, port: u16, cfg: &Cfg, nw: usize, round: usize, 
                 } else {
                     for _ in 0..h {
                         let info = c.call(&["FLOCK.INFO", "busy"]);
-                        let owner = common::parse_info(&info, "FLOCK.INFO busy")
+                        let owner = flock_testkit::parse_info(&info, "FLOCK.INFO busy")
                             .and_then(|i| i.owner)
                             .expect("busy key has an owner");
                         let owner = String::from_utf8_lossy(&owner).into_owned();
@@ -2375,15 +2371,15 @@ fn callgrind(cfg: &Cfg, rep: &mut Report) {
     );
     let dir = std::env::temp_dir().join(format!("flock-bench-cg-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let port = common::free_port();
-    let module = common::module_path();
+    let port = flock_testkit::free_port();
+    let module = flock_testkit::module_path();
     let mut child = match Command::new("valgrind")
         .args([
             "--tool=callgrind",
             "--cache-sim=yes",
             "--dump-instr=no",
             &format!("--callgrind-out-file={}/cg.out", dir.display()),
-            &common::server_binary(),
+            &flock_testkit::server_binary(),
             "--port",
             &port.to_string(),
             "--bind",
@@ -3157,7 +3153,7 @@ fn date_utc() -> String {
 
 /// Copy the module to a private path so a rebuild during the run changes nothing measured.
 fn private_module(dir: &Path) -> PathBuf {
-    let src = common::module_path();
+    let src = flock_testkit::module_path();
     let dst = dir.join("libredis_flock.so");
     std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
     std::env::set_var("FLOCK_MODULE", &dst);
@@ -3174,7 +3170,7 @@ fn main() {
     let load_before = loadavg();
     let date = date_utc();
     let server_version =
-        run_out(&common::server_binary(), &["--version"]).unwrap_or_else(|| "unknown".into());
+        run_out(&flock_testkit::server_binary(), &["--version"]).unwrap_or_else(|| "unknown".into());
     let commit =
         run_out("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let dirty = run_out(

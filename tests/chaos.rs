@@ -31,9 +31,8 @@
 //! Environment: FLOCK_CHAOS_SECS (default 20), FLOCK_CHAOS_CLIENTS (8), FLOCK_CHAOS_KEYS (4),
 //! FLOCK_CHAOS_SEED, FLOCK_CHAOS_REPORT (append a Markdown table row to this file),
 //! REDIS_SERVER (the server binary, e.g. valkey-server).
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
@@ -50,28 +49,6 @@ fn env_num(name: &str, default: u64) -> u64 {
 /// Slack for comparing the client's clock with the server's lease deadlines (deadlines that
 /// travel through the AOF or replication are rounded to milliseconds).
 const EPS_US: u64 = 5_000;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // the history
@@ -750,7 +727,7 @@ impl Client {
 }
 
 fn operator(sh: Arc<Shared>, seed: u64) {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut conn: Option<RawConn> = None;
     while !sh.stop.load(SeqCst) {
         sleep(Duration::from_millis(100 + rng.below(600)));
@@ -806,11 +783,7 @@ fn raw_call(port: u16, args: &[&str]) -> Result<Reply, String> {
 }
 
 fn info_of(port: u16, section: &str, field: &str) -> Option<String> {
-    let r = raw_call(port, &["INFO", section]).ok()?;
-    r.string()?.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        (k == field).then(|| v.trim().to_string())
-    })
+    info_field(&mut RawConn::connect(port).ok()?, section, field)
 }
 
 fn replica_linked(replica: &Server, master: &Server) -> bool {
@@ -1433,7 +1406,7 @@ fn history_checker_under_faults() {
         sh: sh.clone(),
         servers: vec![a, b],
         master: 0,
-        rng: Rng(seed ^ 0xFA17),
+        rng: Rng::new(seed ^ 0xFA17),
     };
     inj.attach_replica();
 
@@ -1444,7 +1417,7 @@ fn history_checker_under_faults() {
             let mut c = Client {
                 id,
                 sh,
-                rng: Rng((seed.wrapping_add(id as u64 + 1)).wrapping_mul(0x9E37_79B9) | 1),
+                rng: Rng::new(seed.wrapping_add(id as u64 + 1)),
                 conn: None,
                 n: 0,
                 seq: 0,

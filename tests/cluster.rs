@@ -4,9 +4,8 @@
 //!
 //! Each test starts its own cluster of 3 masters and 3 replicas on loopback (free ports below
 //! 55536, temp dirs), created with `redis-cli --cluster create ... --cluster-replicas 1`.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::process::Command;
 use std::thread::{self, sleep};
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! The commands' contract (SPEC.md "Commands", "Details", G1-G4, G6): one server per test.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,7 @@
 //! FLOCK.FENCED: writes run only under the live grant (G5), with the caller's ACL rights,
 //! inner keys reported for ACL and cluster routing, the inner write replicated as itself.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 
 fn fenced(c: &mut redis::Connection, key: &str, token: i64, cmd: &[&str]) -> Reply {
     let mut args = vec![

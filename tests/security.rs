@@ -2,9 +2,8 @@
 //! forged payloads, hostile bytes in owners, arguments at and past every limit, and
 //! `flock.max-waiters` as the bound on what a client can pin. The threat model these tests
 //! back is docs/THREAT-MODEL.md.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::io::Write;
 use std::net::TcpStream;
 use std::thread::sleep;

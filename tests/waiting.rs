@@ -1,9 +1,8 @@
 //! Waiting without polling (FLOCK.ACQUIRE ... BLOCK), REVOKE, lock-delay, INFO and keyspace
 //! events. Each waiter is a thread with its own connection; order and outcome are asserted
 //! with generous time bounds (CI machines are loaded 2-core boxes).
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::thread::{self, sleep, JoinHandle};
