@@ -48,8 +48,8 @@ impl Server {
         let mut out = String::new();
         for f in self.files() {
             if file_name(&f).ends_with(".incr.aof") {
-                let text = String::from_utf8_lossy(&fs::read(&f).unwrap_or_default())
-                    .replace("\r\n", " ");
+                let text =
+                    String::from_utf8_lossy(&fs::read(&f).unwrap_or_default()).replace("\r\n", " ");
                 out.push_str(&text);
             }
         }

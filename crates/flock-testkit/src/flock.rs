@@ -161,4 +161,3 @@ pub fn rewrite_aof(con: &mut redis::Connection) {
     let st = info_field(con, "persistence", "aof_last_bgrewrite_status");
     assert_eq!(st.as_deref(), Some("ok"), "aof_last_bgrewrite_status");
 }
-

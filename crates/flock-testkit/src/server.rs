@@ -227,9 +227,8 @@ impl Server {
 
     /// A new raw RESP2 connection (see [`RawConn`]).
     pub fn raw(&self) -> RawConn {
-        RawConn::connect(self.port).unwrap_or_else(|e| {
-            panic!("connect {}: {e}\n{}", self.port, self.log_tail(30))
-        })
+        RawConn::connect(self.port)
+            .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", self.port, self.log_tail(30)))
     }
 
     fn command_line(&self) -> Vec<String> {
@@ -298,9 +297,9 @@ impl Server {
         for (k, v) in &self.cfg.env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().map_err(|e| {
-            format!("cannot run {} (set REDIS_SERVER?): {e}", prog.display())
-        })?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {} (set REDIS_SERVER?): {e}", prog.display()))?;
         self.child = Some(child);
         let start = Instant::now();
         loop {
