@@ -118,16 +118,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
             "Lua fenced acquire",
             "lua",
             Box::new(|i, c: &mut Conn| {
-                let k = format!("l:{i:07}");
-                c.push(&[
-                    "EVALSHA",
-                    &facq,
-                    "2",
-                    &k,
-                    &format!("{k}:tok"),
-                    &uuid(i),
-                    TTL,
-                ])
+                push_acquire(c, Kind::LuaFenced, &format!("l:{i:07}"), &uuid(i), &facq)
             }),
         ),
         (

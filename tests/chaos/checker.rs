@@ -5,9 +5,6 @@
 use crate::history::*;
 use crate::EPS_US;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize};
-use std::sync::{Condvar, Mutex};
-use std::time::Instant;
 
 pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, Vec<String>>) {
     let mut v: Vec<String> = Vec::new();
@@ -223,20 +220,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
 // ---------------------------------------------------------------------------------------------
 
 fn synthetic_shared(keys: usize) -> Shared {
-    Shared {
-        t0: Instant::now(),
-        port: AtomicU16::new(0),
-        stop: AtomicBool::new(false),
-        gate: Gate {
-            paused: Mutex::new(false),
-            cv: Condvar::new(),
-            parked: AtomicUsize::new(0),
-        },
-        hist: Mutex::new(History::default()),
-        failover_epoch: AtomicU64::new(0),
-        keys,
-        workers: 0,
-    }
+    Shared::new(0, keys, 0)
 }
 
 fn grant_rec(key: usize, owner: &str, token: i64, ttl_ms: u64, proofs: &[(u64, u64)]) -> GrantRec {

@@ -126,6 +126,25 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The shared state of a run against the master on `port` (0: none, a synthetic history)
+    /// with `keys` lock keys and `workers` threads that the gate pauses.
+    pub(crate) fn new(port: u16, keys: usize, workers: usize) -> Shared {
+        Shared {
+            t0: Instant::now(),
+            port: AtomicU16::new(port),
+            stop: AtomicBool::new(false),
+            gate: Gate {
+                paused: Mutex::new(false),
+                cv: Condvar::new(),
+                parked: AtomicUsize::new(0),
+            },
+            hist: Mutex::new(History::default()),
+            failover_epoch: AtomicU64::new(0),
+            keys,
+            workers,
+        }
+    }
+
     pub(crate) fn now(&self) -> u64 {
         self.t0.elapsed().as_micros() as u64
     }

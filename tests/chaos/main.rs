@@ -47,8 +47,8 @@ use faults::*;
 use flock_testkit::*;
 use history::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A number from the environment (the `make chaos` knobs), else `default`.
@@ -76,20 +76,7 @@ fn history_checker_under_faults() {
     );
     let a = aof_server();
     let b = aof_server();
-    let sh = Arc::new(Shared {
-        t0: Instant::now(),
-        port: AtomicU16::new(a.port()),
-        stop: AtomicBool::new(false),
-        gate: Gate {
-            paused: Mutex::new(false),
-            cv: Condvar::new(),
-            parked: AtomicUsize::new(0),
-        },
-        hist: Mutex::new(History::default()),
-        failover_epoch: AtomicU64::new(0),
-        keys,
-        workers: clients + 1,
-    });
+    let sh = Arc::new(Shared::new(a.port(), keys, clients + 1));
     let mut inj = Injector {
         sh: sh.clone(),
         servers: vec![a, b],

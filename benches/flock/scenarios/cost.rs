@@ -43,42 +43,33 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
             match g {
                 0 => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&["FLOCK.ACQUIRE", &lock_key(i), &uuid(i), TTL])
+                        push_acquire(c, Kind::Flock, &lock_key(i), &uuid(i), &facq)
                     });
                     expect("FLOCK.ACQUIRE", &t, n, |t| t.int);
                     s.add("acq.flock", c.cmdstats().cost("flock.acquire"));
                     c.reset_stats();
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&["FLOCK.RELEASE", &lock_key(i), &uuid(i)])
+                        push_release(c, Kind::Flock, &lock_key(i), &uuid(i), &cad)
                     });
                     expect("FLOCK.RELEASE", &t, n, |t| t.one);
                     s.add("rel.flock", c.cmdstats().cost("flock.release"));
                 }
                 1 => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&["SET", &lock_key(i), &uuid(i), "NX", "PX", TTL])
+                        push_acquire(c, Kind::SetNx, &lock_key(i), &uuid(i), &facq)
                     });
                     expect("SET NX PX", &t, n, |t| t.ok);
                     s.add("acq.set", c.cmdstats().cost("set"));
                     c.reset_stats();
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&["EVALSHA", &cad, "1", &lock_key(i), &uuid(i)])
+                        push_release(c, Kind::SetNx, &lock_key(i), &uuid(i), &cad)
                     });
                     expect("Lua compare-and-delete", &t, n, |t| t.one);
                     s.add("rel.cad", c.cmdstats().cost("evalsha"));
                 }
                 _ => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        let k = lock_key(i);
-                        c.push(&[
-                            "EVALSHA",
-                            &facq,
-                            "2",
-                            &k,
-                            &format!("{k}:tok"),
-                            &uuid(i),
-                            TTL,
-                        ])
+                        push_acquire(c, Kind::LuaFenced, &lock_key(i), &uuid(i), &facq)
                     });
                     expect("Lua fenced acquire", &t, n, |t| t.int);
                     s.add("acq.lua", c.cmdstats().cost("evalsha"));
