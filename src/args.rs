@@ -36,13 +36,18 @@ impl ArgError {
     }
 }
 
-/// A decimal integer as Redis writes them: optional '-', digits, no spaces, fits in i64.
+/// A decimal integer by Redis's own rules (`string2ll`, which `SET ... PX` uses): optional '-',
+/// digits, no '+', no spaces, no leading zeros ("0" alone is zero, "-0" is refused), fits in
+/// i64. Every integer argument and load argument of flock goes through it.
 pub fn parse_i64(b: &[u8]) -> Option<i64> {
     let (negative, digits) = match b.strip_prefix(b"-") {
         Some(rest) => (true, rest),
         None => (false, b),
     };
     if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    if digits[0] == b'0' && (digits.len() > 1 || negative) {
         return None;
     }
     // Accumulate as a negative number: i64::MIN has no positive counterpart.
@@ -248,11 +253,17 @@ const FENCED_REFUSED: &[&[u8]] = &[
     b"swapdb",
 ];
 
+/// Commands that act on the whole keyspace, the lock key included: FENCED refuses them.
+const FENCED_WHOLE_KEYSPACE: &[&[u8]] = &[b"flushdb", b"flushall"];
+
 /// Why `cmd` (followed by `rest`) may not run inside FLOCK.FENCED, if it may not.
 pub fn fenced_refusal(cmd: &[u8], rest: &[&[u8]]) -> Option<&'static str> {
     let lower = cmd.to_ascii_lowercase();
     if lower.starts_with(b"flock.") {
         return Some("FLOCK commands");
+    }
+    if FENCED_WHOLE_KEYSPACE.contains(&lower.as_slice()) {
+        return Some("commands on the whole keyspace (the lock key included)");
     }
     if FENCED_REFUSED.contains(&lower.as_slice()) {
         return Some("blocking commands, transactions, scripts and connection commands");
@@ -287,6 +298,11 @@ mod tests {
             ("", None),
             ("-", None),
             ("+5", None),
+            ("05", None),
+            ("01000", None),
+            ("00", None),
+            ("-0", None),
+            ("-05", None),
             (" 5", None),
             ("5 ", None),
             ("1.5", None),

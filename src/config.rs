@@ -1,34 +1,117 @@
-//! Module configuration (module arguments at load time, CONFIG GET/SET flock.<name> later).
+//! Module configuration: `loadmodule` arguments, redis.conf `flock.*` lines and CONFIG SET,
+//! all validated by [`crate::settings`].
+//!
+//! The configs are registered from `init` with the load arguments as their defaults, then
+//! `RM_LoadConfigs` applies redis.conf's `flock.*` lines on top (Redis's own order for module
+//! configs; CONFIG REWRITE writes those lines, so the last value an operator set survives a
+//! restart). Where such a line overrides a load argument the module says so in the log.
 
+use crate::settings::{self, Setting};
+use redis_module::configuration::{register_i64_configuration, ConfigurationContext, ConfigurationFlags};
+use redis_module::{raw, ConfigurationValue, Context, RedisError, RedisString};
 use std::sync::atomic::{AtomicI64, Ordering};
 
-pub const MAX_TTL_DEFAULT: i64 = 86_400_000;
-/// The largest value `flock.max-ttl-ms` may be set to: ten years.
-pub const MAX_TTL_LIMIT: i64 = 315_360_000_000;
-pub const MAX_WAITERS_DEFAULT: i64 = 10_000;
-pub const MAX_WAITERS_LIMIT: i64 = 1_000_000_000;
-/// The largest lock-delay: one day.
-pub const LOCK_DELAY_LIMIT: i64 = 86_400_000;
+/// One setting's value in effect. Every write goes through [`Setting::check`], so what
+/// CONFIG GET shows is what the module applies.
+pub struct Value {
+    setting: &'static Setting,
+    value: AtomicI64,
+}
+
+impl Value {
+    const fn new(setting: &'static Setting) -> Value {
+        Value {
+            setting,
+            value: AtomicI64::new(setting.default),
+        }
+    }
+
+    fn get(&self) -> i64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+impl ConfigurationValue<i64> for Value {
+    fn get(&self, _ctx: &ConfigurationContext) -> i64 {
+        Value::get(self)
+    }
+
+    fn set(&self, _ctx: &ConfigurationContext, val: i64) -> Result<(), RedisError> {
+        let v = self.setting.check(val).map_err(RedisError::String)?;
+        self.value.store(v, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+pub static MAX_TTL_MS: Value = Value::new(&settings::MAX_TTL);
+pub static MAX_WAITERS: Value = Value::new(&settings::MAX_WAITERS);
+pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
+
+fn value_of(setting: &Setting) -> Option<&'static Value> {
+    [&MAX_TTL_MS, &MAX_WAITERS, &LOCK_DELAY_MS]
+        .into_iter()
+        .find(|v| std::ptr::eq(v.setting, setting))
+}
 
 /// `flock.max-ttl-ms`: largest ttl accepted.
-pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);
-/// `flock.max-waiters`: most clients waiting on one key (0: nobody may wait).
-pub static MAX_WAITERS: AtomicI64 = AtomicI64::new(MAX_WAITERS_DEFAULT);
-/// `flock.lock-delay-ms`: after an expiry or a revoke, no grant for this long.
-pub static LOCK_DELAY_MS: AtomicI64 = AtomicI64::new(0);
-
 pub fn max_ttl_ms() -> u64 {
-    MAX_TTL_MS.load(Ordering::Relaxed).clamp(1, MAX_TTL_LIMIT) as u64
+    MAX_TTL_MS.get() as u64
 }
 
+/// `flock.max-waiters`: most clients waiting on one key (0: nobody may wait).
 pub fn max_waiters() -> usize {
-    MAX_WAITERS
-        .load(Ordering::Relaxed)
-        .clamp(0, MAX_WAITERS_LIMIT) as usize
+    MAX_WAITERS.get() as usize
 }
 
+/// `flock.lock-delay-ms`: after an expiry or a revoke, no grant for this long.
 pub fn lock_delay_ms() -> u64 {
-    LOCK_DELAY_MS
-        .load(Ordering::Relaxed)
-        .clamp(0, LOCK_DELAY_LIMIT) as u64
+    LOCK_DELAY_MS.get() as u64
+}
+
+/// Validate the load arguments, register every config with them as defaults and load
+/// redis.conf's `flock.*` lines. An error (the text names the argument and the allowed range)
+/// means the module must refuse to load.
+pub fn init(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
+    let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let given = settings::parse_load_args(&bytes)?;
+    for setting in settings::ALL {
+        let Some(value) = value_of(setting) else {
+            return Err(format!("flock.{} has no storage", setting.name));
+        };
+        let default = given
+            .iter()
+            .find(|(s, _)| std::ptr::eq(*s, setting))
+            .map_or(setting.default, |(_, v)| *v);
+        value.value.store(default, Ordering::Relaxed);
+        register_i64_configuration(
+            ctx,
+            setting.name,
+            value,
+            default,
+            setting.min,
+            setting.max,
+            ConfigurationFlags::DEFAULT,
+            None,
+        );
+    }
+    // SAFETY: the function pointer comes from the server (None on servers without module
+    // configs, which flock's minimum version always has); ctx is the OnLoad context.
+    if let Some(load_configs) = unsafe { raw::RedisModule_LoadConfigs } {
+        if unsafe { load_configs(ctx.ctx) } != raw::REDISMODULE_OK as i32 {
+            return Err("a flock.* line in the configuration file was refused".to_string());
+        }
+    }
+    for (setting, arg) in given {
+        if let Some(value) = value_of(setting) {
+            let in_effect = value.get();
+            if in_effect != arg {
+                ctx.log_warning(&format!(
+                    "the configuration file sets flock.{} {in_effect}, which takes \
+                     precedence over the loadmodule argument {} {arg}",
+                    setting.name, setting.name
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -15,30 +15,63 @@ use redis_module::raw;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
 
-/// Report key positions (getkeys-api): the lock key, then the inner command's keys.
+/// Report key positions (getkeys-api) with what the command does to each key, so that ACL
+/// asks for no more than it must: the lock key is only read (`%R~` suffices for it); the inner
+/// command's keys carry the flags the inner command declares.
 /// Only positions inside argv are reported: servers index argv with them (Valkey 9 crashes on
 /// a position past the end).
 fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
     if argc < 2 {
         return;
     }
-    rm!(RedisModule_KeyAtPos, (); ctx, 1);
+    let read_only = (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int;
+    rm!(RedisModule_KeyAtPosWithFlags, (); ctx, 1, read_only);
     if argc < 4 {
         return;
     }
     let inner = unsafe { argv.add(3) };
     let mut n: c_int = 0;
-    let positions = rm!(RedisModule_GetCommandKeys, ptr::null_mut(); ctx, inner, argc - 3, &mut n);
+    let mut flags: *mut c_int = ptr::null_mut();
+    let positions = rm!(RedisModule_GetCommandKeysWithFlags, ptr::null_mut();
+        ctx, inner, argc - 3, &mut n, &mut flags);
     if positions.is_null() {
         return;
     }
     for i in 0..n.max(0) as usize {
         let pos = unsafe { *positions.add(i) };
+        let key_flags = if flags.is_null() {
+            (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int
+        } else {
+            unsafe { *flags.add(i) }
+        };
         if pos >= 0 && pos + 3 < argc {
-            rm!(RedisModule_KeyAtPos, (); ctx, pos + 3);
+            rm!(RedisModule_KeyAtPosWithFlags, (); ctx, pos + 3, key_flags);
         }
     }
     rm!(RedisModule_Free, (); positions.cast());
+    if !flags.is_null() {
+        rm!(RedisModule_Free, (); flags.cast());
+    }
+}
+
+/// Whether the inner command (argv from the command name on) names `lock_key` as a key: a
+/// fenced write to the lock itself would overwrite or delete the lock it is fenced by.
+fn touches_lock_key(ctx: Ctx, inner: &mut [RStr], lock_key: &[u8]) -> bool {
+    let mut n: c_int = 0;
+    let positions = rm!(RedisModule_GetCommandKeys, ptr::null_mut();
+        ctx, inner.as_mut_ptr(), inner.len() as c_int, &mut n);
+    if positions.is_null() {
+        return false;
+    }
+    let mut touches = false;
+    for i in 0..n.max(0) as usize {
+        let pos = unsafe { *positions.add(i) };
+        if let Some(arg) = usize::try_from(pos).ok().and_then(|p| inner.get(p)) {
+            touches |= ffi::bytes(*arg) == lock_key;
+        }
+    }
+    rm!(RedisModule_Free, (); positions.cast());
+    touches
 }
 
 pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
@@ -63,6 +96,10 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
                 String::from_utf8_lossy(ffi::bytes(*cmd)).to_lowercase()
             ),
         );
+    }
+    let mut inner_argv: Vec<RStr> = std::iter::once(*cmd).chain(rest.iter().copied()).collect();
+    if touches_lock_key(ctx, &mut inner_argv, ffi::bytes(*key_name)) {
+        return ffi::reply_error_static(ctx, "ERR FLOCK.FENCED cannot touch its own lock key\0");
     }
     let live = {
         let key = Key::open(ctx, *key_name, false);

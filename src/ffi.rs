@@ -32,6 +32,10 @@ pub fn missing_api() -> Option<&'static str> {
     }
     need!(
         RedisModule_OpenKey,
+        RedisModule_GetCommand,
+        RedisModule_SetCommandInfo,
+        RedisModule_KeyAtPosWithFlags,
+        RedisModule_GetCommandKeysWithFlags,
         RedisModule_CloseKey,
         RedisModule_KeyType,
         RedisModule_ModuleTypeGetType,

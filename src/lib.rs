@@ -7,12 +7,14 @@
 //! - `lock_type`: the `flocklock` data type and its persistence callbacks.
 //! - `replication`: the effect command replicated and written to the AOF.
 //! - `expiry`: active lease expiry with Redis timers.
-//! - `server`: server-wide state (tokens, role, clocks); `config`, `stats`: settings and INFO.
+//! - `settings`: the configs and their one validation (pure); `config`: their registration.
+//! - `server`: server-wide state (tokens, role, clocks); `stats`: INFO.
 //! - `ffi`: thin, panic-free access to the module API.
 
 pub mod args;
 pub mod core;
 pub mod deadlines;
+pub mod settings;
 pub mod slots;
 
 #[cfg(not(test))]
@@ -31,6 +33,8 @@ mod fenced;
 mod ffi;
 #[cfg(not(test))]
 mod handoff;
+#[cfg(not(test))]
+mod key_specs;
 #[cfg(not(test))]
 mod lock_type;
 #[cfg(not(test))]

@@ -140,6 +140,10 @@ pub fn ref_int(b: &[u8]) -> Option<i64> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(|c| c.is_ascii_digit()) {
         return None;
     }
+    // Redis's string2ll: "0" alone, else no leading zero (so no "-0" either).
+    if digits[0] == b'0' && (digits.len() > 1 || neg) {
+        return None;
+    }
     let mut v: i128 = 0;
     for d in digits {
         v = v * 10 + i128::from(d - b'0');
