@@ -616,16 +616,6 @@ fn tokens_below_2_pow_53_and_increasing() {
     }
 }
 
-/// Pipeline `cmds` on a raw connection and return the replies.
-fn pipeline(c: &mut RawConn, cmds: &[Vec<String>]) -> Vec<Reply> {
-    for cmd in cmds {
-        c.send(cmd).expect("send");
-    }
-    cmds.iter()
-        .map(|_| c.read_reply().expect("reply"))
-        .collect()
-}
-
 #[test]
 fn no_residue_after_many_locks() {
     // G10: locks that ended leave no key and no memory behind
@@ -652,7 +642,7 @@ fn no_residue_after_many_locks() {
             cmds.push(vec!["FLOCK.RELEASE".into(), key, "owner".into()]);
         }
         for chunk in cmds.chunks(2000) {
-            for (k, r) in pipeline(&mut raw, chunk).iter().enumerate() {
+            for (k, r) in raw.pipeline(chunk).expect("pipeline").iter().enumerate() {
                 if k % 2 == 0 {
                     assert!(r.int().is_some(), "acquire: {r:?}");
                 } else {
@@ -685,7 +675,7 @@ fn no_residue_after_many_locks() {
         ]);
     }
     for chunk in cmds.chunks(2000) {
-        for r in pipeline(&mut raw, chunk) {
+        for r in raw.pipeline(chunk).expect("pipeline") {
             assert!(!r.is_err(), "{r:?}");
         }
     }
@@ -716,28 +706,64 @@ fn token_qualified_release_renew_and_revoke_by_owner() {
     let srv = Server::start();
     let mut c = srv.conn();
     let t1 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(1));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
+        Reply::Int(1)
+    );
     let t2 = grant(&mut c, "tq", "me", 60_000);
     assert!(t2 > t1);
     // The retried release of the first grant, and a renew with its token: nothing changes.
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(0));
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]), Reply::Nil);
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
+        Reply::Int(0)
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]
+        ),
+        Reply::Nil
+    );
     let (owner, token, ttl) = held(&mut c, "tq");
     assert_eq!((owner.as_str(), token), ("me", t2));
-    assert!(ttl > 50_000, "the stale RENEW must not shorten the lease: {ttl}");
+    assert!(
+        ttl > 50_000,
+        "the stale RENEW must not shorten the lease: {ttl}"
+    );
     // The right token renews; another owner with the right token does not.
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]), Reply::Nil);
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]), Reply::Int(t2));
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]
+        ),
+        Reply::Nil
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]
+        ),
+        Reply::Int(t2)
+    );
     assert!(held(&mut c, "tq").2 <= 5000);
     // REVOKE by owner: another owner's name ends nothing, the holder's ends the grant.
-    assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "other"]), Reply::Int(0));
+    assert_eq!(
+        call(&mut c, &["FLOCK.REVOKE", "tq", "other"]),
+        Reply::Int(0)
+    );
     assert!(check(&mut c, "tq", t2) > 0);
     assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "me"]), Reply::Int(1));
     assert_eq!(check(&mut c, "tq", t2), 0);
     assert_eq!(exists(&mut c, "tq"), 0, "nothing left after the revoke");
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]), Reply::Int(0));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]),
+        Reply::Int(0)
+    );
     // The plain forms still act on the owner's live grant.
     let t3 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]), Reply::Int(t3));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]),
+        Reply::Int(t3)
+    );
     assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me"]), Reply::Int(1));
 }

@@ -2,119 +2,29 @@
 //! `--flock.*` on the command line, CONFIG SET, and CONFIG REWRITE followed by a restart. Each
 //! bad form refuses to load (or is refused) with a message that names the argument and the
 //! range; each good form is in effect, and CONFIG GET shows what the module applies.
-mod common;
-
-use common::*;
+use flock_testkit::*;
 use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::Instant;
 
-/// A server started from a redis.conf we write, so that CONFIG REWRITE has a file to write.
-struct ConfServer {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl ConfServer {
-    fn conf_path(&self) -> PathBuf {
-        self.dir.join("redis.conf")
+/// A server started from a redis.conf (`ServerBuilder::config_file`) that loads the module
+/// with `module_args` and holds `conf_lines`; `cli` are extra command-line options
+/// (`--flock.max-ttl-ms 8000`). Its whole log when it exits at start.
+fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<Server, String> {
+    let mut b = Server::builder()
+        .module_args(module_args)
+        .config_file(conf_lines);
+    for pair in cli.chunks(2) {
+        b = b.args(pair[0], &pair[1..]);
     }
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .and_then(|c| c.get_connection())
-            .expect("connect")
-    }
+    b.try_start()
 }
 
-impl Drop for ConfServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// How a start ended: up (answering PING) or exited (with its log).
-enum Started {
-    Up(ConfServer),
-    Exited(String),
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "flock-config-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-/// Start a server whose redis.conf loads the module with `module_args` and holds `conf_lines`;
-/// `cli` are extra command-line options (`--flock.max-ttl-ms 8000`).
-fn start_in(dir: PathBuf, module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Started {
-    let port = free_port();
-    let mut conf = format!(
-        "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\nsave \"\"\nappendonly no\n\
-         loadmodule {} {}\n",
-        dir.display(),
-        dir.join("server.log").display(),
-        module_path().display(),
-        module_args.join(" ")
-    );
-    for line in conf_lines {
-        conf.push_str(line);
-        conf.push('\n');
-    }
-    fs::write(dir.join("redis.conf"), conf).expect("write redis.conf");
-    let mut child = Command::new(server_binary())
-        .arg(dir.join("redis.conf"))
-        .args(cli)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn server");
-    let t0 = Instant::now();
-    while t0.elapsed() < DEADLINE {
-        if let Ok(Some(_)) = child.try_wait() {
-            let log = fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-            let _ = fs::remove_dir_all(&dir);
-            return Started::Exited(log);
-        }
-        if let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-            if let Ok(mut con) = c.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Started::Up(ConfServer { child, port, dir });
-                }
-            }
-        }
-        sleep(POLL);
-    }
-    let _ = child.kill();
-    panic!("server neither answered nor exited within {DEADLINE:?}");
-}
-
-fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Started {
-    start_in(temp_dir("srv"), module_args, conf_lines, cli)
-}
-
-fn up(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> ConfServer {
-    match start(module_args, conf_lines, cli) {
-        Started::Up(s) => s,
-        Started::Exited(log) => panic!(
+fn up(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Server {
+    start(module_args, conf_lines, cli).unwrap_or_else(|log| {
+        panic!(
             "server with module args {module_args:?}, conf {conf_lines:?}, cli {cli:?} did not \
              start:\n{log}"
-        ),
-    }
+        )
+    })
 }
 
 fn config_get(c: &mut redis::Connection, name: &str) -> i64 {
@@ -131,8 +41,15 @@ fn assert_max_ttl_applied(c: &mut redis::Connection, max: i64) {
     let ok = call(c, &["FLOCK.ACQUIRE", "cfg:probe", "o", &max.to_string()]);
     assert!(ok.int().is_some(), "ttl {max} must be accepted: {ok:?}");
     assert_eq!(call(c, &["FLOCK.RELEASE", "cfg:probe", "o"]), Reply::Int(1));
-    let r = call(c, &["FLOCK.ACQUIRE", "cfg:probe", "o", &(max + 1).to_string()]);
-    assert_err_contains(&r, &format!("from 1 to {max} (flock.max-ttl-ms)"), "ttl max+1");
+    let r = call(
+        c,
+        &["FLOCK.ACQUIRE", "cfg:probe", "o", &(max + 1).to_string()],
+    );
+    assert_err_contains(
+        &r,
+        &format!("from 1 to {max} (flock.max-ttl-ms)"),
+        "ttl max+1",
+    );
 }
 
 #[test]
@@ -141,21 +58,36 @@ fn bad_load_arguments_refuse_to_load_and_say_why() {
     let table: &[(&[&str], &str)] = &[
         (&["bogus", "1"], "unknown argument 'bogus'"),
         (&["max-ttl-ms"], "argument 'max-ttl-ms' has no value"),
-        (&["max-ttl-ms", "0"], "flock.max-ttl-ms must be an integer from 1 to 315360000000, not 0"),
+        (
+            &["max-ttl-ms", "0"],
+            "flock.max-ttl-ms must be an integer from 1 to 315360000000, not 0",
+        ),
         (&["max-ttl-ms", "99999999999999"], "not 99999999999999"),
         (&["max-ttl-ms", "abc"], "not 'abc'"),
         (&["max-ttl-ms", "+5000"], range),
         (&["max-ttl-ms", "05000"], range),
-        (&["lock-delay-ms", "-1"], "flock.lock-delay-ms must be an integer from 0 to 86400000, not -1"),
-        (&["max-waiters", "-1"], "flock.max-waiters must be an integer from 0 to 1000000000, not -1"),
-        (&["max-ttl-ms", "5000", "max-ttl-ms", "6000"], "argument 'max-ttl-ms' is given twice"),
-        (&["max-ttl-ms", "5000", "flock.MAX-TTL-MS", "6000"], "is given twice"),
+        (
+            &["lock-delay-ms", "-1"],
+            "flock.lock-delay-ms must be an integer from 0 to 86400000, not -1",
+        ),
+        (
+            &["max-waiters", "-1"],
+            "flock.max-waiters must be an integer from 0 to 1000000000, not -1",
+        ),
+        (
+            &["max-ttl-ms", "5000", "max-ttl-ms", "6000"],
+            "argument 'max-ttl-ms' is given twice",
+        ),
+        (
+            &["max-ttl-ms", "5000", "flock.MAX-TTL-MS", "6000"],
+            "is given twice",
+        ),
     ];
     let mut bad = Vec::new();
     for (args, want) in table {
         match start(args, &[], &[]) {
-            Started::Up(_) => bad.push(format!("{args:?} loaded")),
-            Started::Exited(log) => {
+            Ok(_) => bad.push(format!("{args:?} loaded")),
+            Err(log) => {
                 let line = log
                     .lines()
                     .find(|l| l.contains("refusing to load"))
@@ -184,7 +116,11 @@ fn every_accepted_form_is_in_effect_and_shown_by_config_get() {
     for (args, lines, cli, want) in forms {
         let srv = up(args, lines, cli);
         let mut c = srv.conn();
-        assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), *want, "{args:?} {lines:?} {cli:?}");
+        assert_eq!(
+            config_get(&mut c, "flock.max-ttl-ms"),
+            *want,
+            "{args:?} {lines:?} {cli:?}"
+        );
         assert_max_ttl_applied(&mut c, *want);
     }
     // The other two settings as load arguments.
@@ -193,7 +129,10 @@ fn every_accepted_form_is_in_effect_and_shown_by_config_get() {
     assert_eq!(config_get(&mut c, "flock.max-waiters"), 0);
     assert_eq!(config_get(&mut c, "flock.lock-delay-ms"), 250);
     grant(&mut c, "busy", "a", 60_000);
-    let r = call(&mut c, &["FLOCK.ACQUIRE", "busy", "b", "1000", "BLOCK", "100"]);
+    let r = call(
+        &mut c,
+        &["FLOCK.ACQUIRE", "busy", "b", "1000", "BLOCK", "100"],
+    );
     assert!(r.is_err(), "max-waiters 0 must refuse every waiter: {r:?}");
 }
 
@@ -212,14 +151,20 @@ fn config_file_lines_take_precedence_over_load_arguments_and_say_so() {
         "no warning in the log:\n{log}"
     );
     // A command-line option is a config-file line too.
-    let srv = up(&["max-ttl-ms", "60000"], &[], &["--flock.max-ttl-ms", "8000"]);
+    let srv = up(
+        &["max-ttl-ms", "60000"],
+        &[],
+        &["--flock.max-ttl-ms", "8000"],
+    );
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 8_000);
-    assert!(srv.log().contains("sets flock.max-ttl-ms 8000, which takes precedence"));
+    assert!(srv
+        .log()
+        .contains("sets flock.max-ttl-ms 8000, which takes precedence"));
     // A bad config-file line refuses to start, naming the setting.
     match start(&[], &["flock.max-ttl-ms 0"], &[]) {
-        Started::Up(_) => panic!("flock.max-ttl-ms 0 in redis.conf loaded"),
-        Started::Exited(log) => assert!(
+        Ok(_) => panic!("flock.max-ttl-ms 0 in redis.conf loaded"),
+        Err(log) => assert!(
             log.contains("flock.max-ttl-ms") && log.contains("between 1 and 315360000000"),
             "{log}"
         ),
@@ -227,8 +172,8 @@ fn config_file_lines_take_precedence_over_load_arguments_and_say_so() {
     // An unknown flock.* line too: the server refuses module configs nobody registered
     // ("Module Configuration detected without loadmodule directive or no ApplyConfig call").
     match start(&[], &["flock.bogus 1"], &[]) {
-        Started::Up(_) => panic!("flock.bogus in redis.conf loaded"),
-        Started::Exited(log) => assert!(log.contains("Module Configuration detected"), "{log}"),
+        Ok(_) => panic!("flock.bogus in redis.conf loaded"),
+        Err(log) => assert!(log.contains("Module Configuration detected"), "{log}"),
     }
 }
 
@@ -256,7 +201,10 @@ fn config_set_checks_the_same_ranges_and_config_get_shows_the_value_in_effect() 
         if *accepted {
             assert_eq!(after.to_string(), *value, "{name}");
         } else {
-            assert_eq!(after, before, "a refused CONFIG SET {name} {value} changed it");
+            assert_eq!(
+                after, before,
+                "a refused CONFIG SET {name} {value} changed it"
+            );
         }
     }
     assert_max_ttl_applied(&mut c, 4_000);
@@ -264,38 +212,22 @@ fn config_set_checks_the_same_ranges_and_config_get_shows_the_value_in_effect() 
 
 #[test]
 fn config_rewrite_survives_a_restart_and_overrides_the_load_argument() {
-    let dir = temp_dir("rewrite");
-    let srv = match start_in(dir.clone(), &["max-ttl-ms", "60000"], &[], &[]) {
-        Started::Up(s) => s,
-        Started::Exited(log) => panic!("did not start:\n{log}"),
-    };
+    let mut srv = up(&["max-ttl-ms", "60000"], &[], &[]);
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 60_000);
     assert!(!call(&mut c, &["CONFIG", "SET", "flock.max-ttl-ms", "9000"]).is_err());
     assert!(!call(&mut c, &["CONFIG", "REWRITE"]).is_err());
-    let conf = fs::read_to_string(srv.conf_path()).expect("redis.conf");
-    assert!(conf.contains("flock.max-ttl-ms 9000"), "CONFIG REWRITE wrote:\n{conf}");
+    let conf = fs::read_to_string(srv.dir().join("redis.conf")).expect("redis.conf");
+    assert!(
+        conf.contains("flock.max-ttl-ms 9000"),
+        "CONFIG REWRITE wrote:\n{conf}"
+    );
     // Restart from the rewritten file: the rewritten line wins over the loadmodule argument.
-    let port = srv.port;
-    let mut srv = srv;
-    let _ = srv.child.kill();
-    let _ = srv.child.wait();
-    let mut child = Command::new(server_binary())
-        .arg(srv.conf_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("restart");
-    std::mem::swap(&mut srv.child, &mut child);
-    let _ = child.wait();
-    let up = poll_until(DEADLINE, || {
-        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .and_then(|c| c.get_connection())
-            .is_ok()
-    });
-    assert!(up, "restart from the rewritten redis.conf:\n{}", srv.log());
+    srv.restart();
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 9_000);
     assert_max_ttl_applied(&mut c, 9_000);
-    assert!(srv.log().contains("sets flock.max-ttl-ms 9000, which takes precedence"));
+    assert!(srv
+        .log()
+        .contains("sets flock.max-ttl-ms 9000, which takes precedence"));
 }

@@ -27,16 +27,6 @@ fn used_memory(c: &mut RawConn) -> i64 {
     info_i64(c, "memory", "used_memory")
 }
 
-/// Pipeline `cmds` and return the replies.
-fn pipeline(c: &mut RawConn, cmds: &[Vec<String>]) -> Vec<Reply> {
-    for cmd in cmds {
-        c.send(cmd).expect("send");
-    }
-    cmds.iter()
-        .map(|_| c.read_reply().expect("reply"))
-        .collect()
-}
-
 fn cmd(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
@@ -64,7 +54,7 @@ fn churn(c: &mut RawConn, round: &str, n: usize, batch: usize) {
             let ttl = if i % 10 == 9 { "200" } else { "60000" };
             take.push(cmd(&["FLOCK.ACQUIRE", &key, "owner-of-a-lock", ttl]));
         }
-        for r in pipeline(c, &take) {
+        for r in c.pipeline(&take).expect("pipeline") {
             assert!(matches!(r, Reply::Int(t) if t > 0), "ACQUIRE: {r:?}");
         }
         let mut end = Vec::with_capacity(this);
@@ -76,7 +66,7 @@ fn churn(c: &mut RawConn, round: &str, n: usize, batch: usize) {
                 _ => end.push(cmd(&["FLOCK.RELEASE", &key, "owner-of-a-lock"])),
             }
         }
-        for r in pipeline(c, &end) {
+        for r in c.pipeline(&end).expect("pipeline") {
             assert_eq!(r, Reply::Int(1), "RELEASE/REVOKE");
         }
         done += this;
@@ -605,7 +595,7 @@ fn exercise(port: u16, rounds: usize) {
                 v
             })
             .collect();
-        for r in pipeline(&mut c, &batch) {
+        for r in c.pipeline(&batch).expect("pipeline") {
             let _ = r;
         }
     }
@@ -710,7 +700,10 @@ fn valgrind_finds_no_leak_in_the_module() {
     assert!(!i.is_nil(), "the lock did not survive the restart");
     exercise(r.port(), 1);
     commands += processed(&mut rc);
-    assert!(r.shutdown_within(false, Duration::from_secs(300)), "shutdown");
+    assert!(
+        r.shutdown_within(false, Duration::from_secs(300)),
+        "shutdown"
+    );
     m.assert_log_clean();
     r.assert_log_clean();
 

@@ -12,6 +12,7 @@
 //!
 //! Tests do `use flock_testkit::*;`: every module's items are re-exported here.
 
+pub mod builder;
 pub mod env;
 pub mod files;
 pub mod flock;
@@ -22,6 +23,7 @@ pub mod rng;
 pub mod server;
 pub mod wait;
 
+pub use builder::*;
 pub use env::*;
 pub use flock::*;
 pub use info::*;

@@ -90,6 +90,15 @@ impl RawConn {
         self.flush()
     }
 
+    /// Send `cmds` in one write and read their replies.
+    pub fn pipeline<A: AsRef<[u8]>>(&mut self, cmds: &[Vec<A>]) -> io::Result<Vec<Reply>> {
+        for cmd in cmds {
+            self.queue(cmd);
+        }
+        self.flush()?;
+        cmds.iter().map(|_| self.read_reply()).collect()
+    }
+
     /// Send one command and read one reply.
     pub fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<Reply> {
         self.send(args)?;

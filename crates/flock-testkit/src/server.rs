@@ -3,7 +3,8 @@
 //! builder covers the unusual ones too: another binary, no module or a patched copy, extra
 //! environment (libfaketime) and a wrapper command (valgrind).
 
-use crate::env::{free_port, module_path, server_binary, tail, temp_dir};
+use crate::builder::{ServerBuilder, StartFailure};
+use crate::env::tail;
 use crate::info::info_field;
 use crate::raw::RawConn;
 use crate::reply::Reply;
@@ -14,147 +15,13 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-#[derive(Clone)]
-pub struct ServerBuilder {
-    bin: Option<PathBuf>,
-    module: Option<PathBuf>,
-    no_module: bool,
-    module_args: Vec<String>,
-    /// `--name values...` options after the defaults (so that they override them).
-    extra: Vec<Vec<String>>,
-    replica_of: Option<u16>,
-    env: Vec<(String, String)>,
-    wrapper: Vec<String>,
-    dir: Option<PathBuf>,
-    start_timeout: Duration,
-    io_timeout: Duration,
-}
-
-impl Default for ServerBuilder {
-    fn default() -> Self {
-        ServerBuilder {
-            bin: None,
-            module: None,
-            no_module: false,
-            module_args: Vec::new(),
-            extra: Vec::new(),
-            replica_of: None,
-            env: Vec::new(),
-            wrapper: Vec::new(),
-            dir: None,
-            start_timeout: DEADLINE,
-            io_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl ServerBuilder {
-    /// Arguments appended after `--loadmodule PATH`, e.g. `&["max-ttl-ms", "5000"]`.
-    pub fn module_args(mut self, args: &[&str]) -> Self {
-        self.module_args.extend(args.iter().map(|s| s.to_string()));
-        self
-    }
-    /// An extra `--name value` config option (later ones override the defaults).
-    pub fn arg(self, name: &str, value: &str) -> Self {
-        self.args(name, &[value])
-    }
-    /// An extra option with several values, e.g. `args("save", &["900", "1"])`.
-    pub fn args(mut self, name: &str, values: &[&str]) -> Self {
-        let mut v = vec![name.trim_start_matches("--").to_string()];
-        v.extend(values.iter().map(|s| s.to_string()));
-        self.extra.push(v);
-        self
-    }
-    /// Start as a replica of `master` (with `--replicaof`); `start()` then waits for the link.
-    pub fn replica_of(mut self, master: &Server) -> Self {
-        self.replica_of = Some(master.port());
-        self
-    }
-    /// Do not load the flock module (a plain server).
-    pub fn without_module(mut self) -> Self {
-        self.no_module = true;
-        self
-    }
-    /// Another server binary than `REDIS_SERVER` (e.g. valkey-server for the adversity tests).
-    pub fn bin(mut self, bin: &Path) -> Self {
-        self.bin = Some(bin.to_path_buf());
-        self
-    }
-    /// Another module file than `FLOCK_MODULE` (e.g. a copy patched to load libfaketime).
-    pub fn module(mut self, module: &Path) -> Self {
-        self.module = Some(module.to_path_buf());
-        self
-    }
-    /// An environment variable of the server process.
-    pub fn env(mut self, name: &str, value: &str) -> Self {
-        self.env.push((name.to_string(), value.to_string()));
-        self
-    }
-    /// A command the server runs under, e.g. `["valgrind", "--leak-check=full"]`.
-    pub fn wrapper(mut self, cmd: &[String]) -> Self {
-        self.wrapper = cmd.to_vec();
-        self
-    }
-    /// Run in `dir` (made by the caller, e.g. with `temp_dir`, because something must go
-    /// there before the start); it is removed on drop like a dir of our own.
-    pub fn dir(mut self, dir: PathBuf) -> Self {
-        self.dir = Some(dir);
-        self
-    }
-    /// How long a start may take until PING answers (a server under valgrind is slow).
-    pub fn start_timeout(mut self, d: Duration) -> Self {
-        self.start_timeout = d;
-        self
-    }
-    /// Read/write timeout of `conn()` connections.
-    pub fn io_timeout(mut self, d: Duration) -> Self {
-        self.io_timeout = d;
-        self
-    }
-
-    pub fn start(mut self) -> Server {
-        let module = if self.no_module {
-            None
-        } else {
-            Some(self.module.take().unwrap_or_else(module_path))
-        };
-        let mut srv = Server {
-            child: None,
-            port: 0,
-            dir: self.dir.take().unwrap_or_else(|| temp_dir("test")),
-            bin: self
-                .bin
-                .take()
-                .unwrap_or_else(|| PathBuf::from(server_binary())),
-            module,
-            cfg: self,
-        };
-        // The port we picked may get taken between probing and the server's bind: retry.
-        let mut last_err = String::new();
-        for _ in 0..5 {
-            srv.port = free_port();
-            match srv.spawn_and_wait() {
-                Ok(()) => {
-                    if srv.cfg.replica_of.is_some() {
-                        srv.wait_link_up();
-                    }
-                    return srv;
-                }
-                Err(e) if e.contains("Address already in use") => last_err = e,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        panic!("server did not start (port trouble): {last_err}");
-    }
-}
-
 pub struct Server {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    bin: PathBuf,
-    module: Option<PathBuf>,
-    cfg: ServerBuilder,
+    pub(crate) child: Option<Child>,
+    pub(crate) port: u16,
+    pub(crate) dir: PathBuf,
+    pub(crate) bin: PathBuf,
+    pub(crate) module: Option<PathBuf>,
+    pub(crate) cfg: ServerBuilder,
 }
 
 impl Server {
@@ -177,6 +44,11 @@ impl Server {
 
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("server.log")
+    }
+
+    /// The whole server log.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     pub fn log_tail(&self, n: usize) -> String {
@@ -231,8 +103,41 @@ impl Server {
             .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", self.port, self.log_tail(30)))
     }
 
-    fn command_line(&self) -> Vec<String> {
-        let mut a: Vec<String> = [
+    pub(crate) fn config_file_path(&self) -> PathBuf {
+        self.dir.join("redis.conf")
+    }
+
+    /// Write the redis.conf of a `config_file` server: the defaults as config lines.
+    pub(crate) fn write_config_file(&self) {
+        let Some(lines) = &self.cfg.config_file else {
+            return;
+        };
+        let mut text = String::new();
+        let defaults = self.default_options();
+        for pair in defaults.chunks(2) {
+            let value = if pair[1].is_empty() { "\"\"" } else { &pair[1] };
+            text += &format!("{} {value}\n", pair[0].trim_start_matches("--"));
+        }
+        if let Some(m) = &self.module {
+            text += &format!(
+                "loadmodule {} {}\n",
+                m.display(),
+                self.cfg.module_args.join(" ")
+            );
+        }
+        if let Some(p) = self.cfg.replica_of {
+            text += &format!("replicaof 127.0.0.1 {p}\n");
+        }
+        for l in lines {
+            text += l;
+            text.push('\n');
+        }
+        fs::write(self.config_file_path(), text).expect("write redis.conf");
+    }
+
+    /// `--name value` pairs every server gets (the test's options come after and win).
+    fn default_options(&self) -> Vec<String> {
+        [
             "--port",
             &self.port.to_string(),
             "--bind",
@@ -255,13 +160,27 @@ impl Server {
         ]
         .iter()
         .map(|s| s.to_string())
-        .collect();
-        if let Some(m) = &self.module {
+        .collect()
+    }
+
+    fn command_line(&self) -> Vec<String> {
+        let mut a = if self.cfg.config_file.is_some() {
+            vec![self.config_file_path().display().to_string()]
+        } else {
+            self.default_options()
+        };
+        if self.cfg.config_file.is_some() {
+            // defaults, module and replicaof are in the file
+        } else if let Some(m) = &self.module {
             a.push("--loadmodule".into());
             a.push(m.display().to_string());
             a.extend(self.cfg.module_args.iter().cloned());
         }
-        if let Some(p) = self.cfg.replica_of {
+        if let Some(p) = self
+            .cfg
+            .replica_of
+            .filter(|_| self.cfg.config_file.is_none())
+        {
             a.extend(["--replicaof".into(), "127.0.0.1".into(), p.to_string()]);
         }
         for opt in &self.cfg.extra {
@@ -271,13 +190,15 @@ impl Server {
         a
     }
 
-    fn spawn_and_wait(&mut self) -> Result<(), String> {
+    pub(crate) fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
         let stdio = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("stdio.log"))
-            .map_err(|e| format!("open stdio.log: {e}"))?;
-        let stdio2 = stdio.try_clone().map_err(|e| e.to_string())?;
+            .map_err(|e| StartFailure::Failed(format!("open stdio.log: {e}")))?;
+        let stdio2 = stdio
+            .try_clone()
+            .map_err(|e| StartFailure::Failed(e.to_string()))?;
         let args = self.command_line();
         // With a wrapper the program is its first word and the server binary an argument.
         let (prog, mut pre) = match self.cfg.wrapper.split_first() {
@@ -297,20 +218,23 @@ impl Server {
         for (k, v) in &self.cfg.env {
             cmd.env(k, v);
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot run {} (set REDIS_SERVER?): {e}", prog.display()))?;
+        let child = cmd.spawn().map_err(|e| {
+            StartFailure::Failed(format!(
+                "cannot run {} (set REDIS_SERVER?): {e}",
+                prog.display()
+            ))
+        })?;
         self.child = Some(child);
         let start = Instant::now();
         loop {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     self.child = None;
-                    return Err(format!(
+                    return Err(StartFailure::Exited(format!(
                         "{} exited at start ({status}); args {args:?}\n{}",
                         self.bin.display(),
                         self.log_tail(40)
-                    ));
+                    )));
                 }
             }
             if self.ping_ok() {
@@ -319,11 +243,11 @@ impl Server {
             if start.elapsed() > self.cfg.start_timeout {
                 let log = self.log_tail(40);
                 self.kill();
-                return Err(format!(
+                return Err(StartFailure::Failed(format!(
                     "{} did not answer PING within {:?}; args {args:?}\n{log}",
                     self.bin.display(),
                     self.cfg.start_timeout,
-                ));
+                )));
             }
             sleep(Duration::from_millis(20));
         }
@@ -353,7 +277,7 @@ impl Server {
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "start_again: server still running");
         if let Err(e) = self.spawn_and_wait() {
-            panic!("restart failed: {e}");
+            panic!("restart failed: {}", e.message());
         }
         // A restarted replica is not waited on: its master may be gone on purpose; call
         // `wait_link_up()` when the link matters.
