@@ -5,20 +5,6 @@
 
 use flock_testkit::*;
 
-fn ok(r: &Reply, what: &str) {
-    assert!(!r.is_err(), "{what}: {r:?}");
-}
-
-fn user_conn(srv: &Server, user: &str) -> redis::Connection {
-    let mut c = srv.conn();
-    assert_eq!(
-        call(&mut c, &["AUTH", user, "pw"]),
-        Reply::Status("OK".into()),
-        "AUTH {user}"
-    );
-    c
-}
-
 fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
     let r = call(
         admin,
@@ -40,7 +26,7 @@ fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
             "+set",
         ],
     );
-    ok(&r, "ACL SETUSER");
+    assert_ok(&r, "ACL SETUSER");
 }
 
 fn is_noperm(r: &Reply) -> bool {
@@ -55,7 +41,7 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
     setuser(&mut admin, "writer", "%W~orders:*");
     setuser(&mut admin, "both", "~orders:*");
     let t = grant(&mut admin, "orders:lock", "w1", 60_000);
-    ok(&call(&mut admin, &["SET", "orders:data", "v"]), "SET");
+    assert_ok(&call(&mut admin, &["SET", "orders:data", "v"]), "SET");
     let tok = t.to_string();
 
     // (user, command, allowed)
@@ -129,7 +115,7 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
     ];
     let mut bad = Vec::new();
     for (user, cmd, allowed) in table {
-        let mut c = user_conn(&srv, user);
+        let mut c = srv.conn_as(user, "pw");
         let r = call(&mut c, cmd);
         // ACL DRYRUN (7.0+) must agree with what the call did.
         let mut dry = vec!["ACL", "DRYRUN", user];
@@ -204,7 +190,7 @@ fn fenced_cannot_touch_its_own_lock_key_nor_flush_the_keyspace() {
     let mut c = srv.conn();
     let t = grant(&mut c, "rf", "me", 60_000);
     let tok = t.to_string();
-    ok(&call(&mut c, &["SET", "other", "v"]), "SET other");
+    assert_ok(&call(&mut c, &["SET", "other", "v"]), "SET other");
     for inner in [
         vec!["SET", "rf", "x"],
         vec!["DEL", "rf"],

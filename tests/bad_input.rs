@@ -139,7 +139,10 @@ fn wrong_arity() {
         (v(&["FLOCK.REVOKE", "held", ""]), OWNER),
         // too many arguments: must not act
         (v(&["FLOCK.RELEASE", "held", "alice", &t, "x"]), EXTRA),
-        (v(&["FLOCK.RENEW", "held", "alice", "20000", &t, "x"]), EXTRA),
+        (
+            v(&["FLOCK.RENEW", "held", "alice", "20000", &t, "x"]),
+            EXTRA,
+        ),
         (v(&["FLOCK.REVOKE", "held", "alice", "x"]), EXTRA),
         (v(&["FLOCK.CHECK", "held", &t, "x"]), EXTRA),
         (v(&["FLOCK.INFO", "held", "x"]), EXTRA),
@@ -611,11 +614,6 @@ fn fuzz_vector(rng: &mut Rng, tokens: &[i64]) -> Vec<Vec<u8>> {
     v
 }
 
-fn summary(v: &[Vec<u8>]) -> String {
-    let parts: Vec<String> = v.iter().map(|a| show(a)).collect();
-    format!("{parts:?}")
-}
-
 #[test]
 fn fuzz_random_arguments_never_crash() {
     let seed: u64 = std::env::var("FLOCK_FUZZ_SEED")
@@ -645,7 +643,7 @@ fn fuzz_random_arguments_never_crash() {
             Duration::from_secs(20)
         };
         c.set_read_timeout(timeout).expect("timeout");
-        recent.push(summary(&vec));
+        recent.push(show_args(&vec));
         if recent.len() > 8 {
             recent.remove(0);
         }

@@ -17,12 +17,6 @@ fn get(c: &mut redis::Connection, key: &str) -> Reply {
     call(c, &["GET", key])
 }
 
-fn flock_stat(c: &mut redis::Connection, name: &str) -> i64 {
-    info_field(c, "flock", &format!("flock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO flock has no flock_{name}"))
-}
-
 #[test]
 fn the_live_token_writes() {
     let srv = Server::start();

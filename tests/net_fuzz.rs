@@ -266,11 +266,6 @@ impl Gen {
     }
 }
 
-fn summary(v: &[Vec<u8>]) -> String {
-    let parts: Vec<String> = v.iter().map(|a| show(a)).collect();
-    format!("{parts:?}")
-}
-
 struct Shared {
     stop: AtomicBool,
     calls: AtomicU64,
@@ -351,7 +346,7 @@ fn worker(port: u16, seed: u64, budget: u64, sh: Arc<Shared>, gen: Gen) {
             }
         }
         sh.calls.fetch_add(got, SeqCst);
-        recent = batch.iter().rev().take(6).map(|v| summary(v)).collect();
+        recent = batch.iter().rev().take(6).map(|v| show_args(v)).collect();
         if let Some(e) = failed {
             if !blocking {
                 *sh.failure.lock().unwrap() = Some(format!(
@@ -390,8 +385,10 @@ fn replica_worker(port: u16, seed: u64, sh: Arc<Shared>, gen: Gen) {
         match c.call(&v) {
             Ok(_) => {}
             Err(e) => {
-                *sh.failure.lock().unwrap() =
-                    Some(format!("replica connection failed: {e} on {}", summary(&v)));
+                *sh.failure.lock().unwrap() = Some(format!(
+                    "replica connection failed: {e} on {}",
+                    show_args(&v)
+                ));
                 sh.stop.store(true, SeqCst);
                 return;
             }

@@ -41,12 +41,6 @@ fn blocked_clients(c: &mut redis::Connection) -> i64 {
         .unwrap_or(-1)
 }
 
-fn flock_stat(c: &mut redis::Connection, name: &str) -> i64 {
-    info_field(c, "flock", &format!("flock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO flock has no flock_{name}"))
-}
-
 /// Wait until exactly `n` clients are blocked (so that arrival order is known).
 #[track_caller]
 fn wait_blocked(c: &mut redis::Connection, n: i64) {

@@ -2,7 +2,7 @@
 //! 1, a FLOCK.INFO map) so that each test asserts only what it is about; and the server chores
 //! tests need around them (wait for a replica, rewrite the AOF).
 
-use crate::info::info_field;
+use crate::info::{info_field, info_i64, Call};
 use crate::reply::{call, Reply};
 use crate::wait::wait_until;
 
@@ -160,4 +160,10 @@ pub fn rewrite_aof(con: &mut redis::Connection) {
     });
     let st = info_field(con, "persistence", "aof_last_bgrewrite_status");
     assert_eq!(st.as_deref(), Some("ok"), "aof_last_bgrewrite_status");
+}
+
+/// A counter of `INFO flock` by its name without the prefix (`flock_stat(c, "timeouts")`).
+#[track_caller]
+pub fn flock_stat<C: Call + ?Sized>(c: &mut C, name: &str) -> i64 {
+    info_i64(c, "flock", &format!("flock_{name}"))
 }

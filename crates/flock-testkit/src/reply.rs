@@ -136,6 +136,18 @@ pub fn show(b: &[u8]) -> String {
     }
 }
 
+/// The printable form of a whole command (each argument as `show` prints it).
+pub fn show_args(v: &[Vec<u8>]) -> String {
+    let parts: Vec<String> = v.iter().map(|a| show(a)).collect();
+    format!("{parts:?}")
+}
+
+/// Assert that `r` is not an error.
+#[track_caller]
+pub fn assert_ok(r: &Reply, what: &str) {
+    assert!(!r.is_err(), "{what}: {r:?}");
+}
+
 /// Assert that `r` is an error whose text starts with `prefix`.
 #[track_caller]
 pub fn assert_err_prefix(r: &Reply, prefix: &str, what: &str) {

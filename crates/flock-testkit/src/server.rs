@@ -97,6 +97,15 @@ impl Server {
         c
     }
 
+    /// A new RESP2 connection authenticated as ACL user `user` with `password`.
+    #[track_caller]
+    pub fn conn_as(&self, user: &str, password: &str) -> redis::Connection {
+        let mut c = self.conn();
+        let r = crate::reply::call(&mut c, &["AUTH", user, password]);
+        assert_eq!(r, Reply::Status("OK".into()), "AUTH {user}");
+        c
+    }
+
     /// A new raw RESP2 connection (see [`RawConn`]).
     pub fn raw(&self) -> RawConn {
         RawConn::connect(self.port)
