@@ -228,6 +228,15 @@ impl Client {
         }
     }
 
+    /// The holder extended its lease (RENEW, or ACQUIRE repeated): a proof, and the lease now
+    /// runs at least until `send` + ttl and at most until `ack` + ttl.
+    pub(crate) fn extended(&self, g: usize, send: u64, ack: u64, what: &str) {
+        self.proof(g, send, ack, what);
+        let mut h = self.sh.hist();
+        h.grants[g].lower = send;
+        h.grants[g].upper = ack;
+    }
+
     pub(crate) fn ended(&self, g: usize, send: u64, ack: u64) {
         let epoch = self.sh.epoch();
         let mut h = self.sh.hist();
@@ -320,10 +329,7 @@ impl Client {
                     sh.hist().op("renew");
                     match r {
                         Call::Reply(Reply::Int(t)) if t == token => {
-                            self.proof(g, send, ack, "RENEW");
-                            let mut h = sh.hist();
-                            h.grants[g].lower = send;
-                            h.grants[g].upper = ack;
+                            self.extended(g, send, ack, "RENEW");
                         }
                         Call::Reply(Reply::Nil) => {
                             self.ended(g, send, ack);
@@ -362,10 +368,7 @@ impl Client {
                     sh.hist().op("repeat acquire");
                     match r {
                         Call::Reply(Reply::Int(t)) if t == token => {
-                            self.proof(g, send, ack, "repeated ACQUIRE");
-                            let mut h = sh.hist();
-                            h.grants[g].lower = send;
-                            h.grants[g].upper = ack;
+                            self.extended(g, send, ack, "repeated ACQUIRE");
                         }
                         Call::Reply(Reply::Int(t)) => {
                             // The old lease had ended: a new grant, for the same owner.
