@@ -5,7 +5,7 @@ MODULE := $(CURDIR)/target/release/libredis_flock.so
 RUN_DIR := $(CURDIR)/.run
 export REDIS_SERVER
 
-.PHONY: help deps build run test unit-test integration-test compat bench clean distclean chaos fuzz leakcheck
+.PHONY: help deps build run test unit-test integration-test client-test compat bench clean distclean chaos fuzz leakcheck
 
 help:
 	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
@@ -37,11 +37,18 @@ unit-test: deps
 integration-test: build
 	FLOCK_MODULE=$(MODULE) cargo test --release --test '*' -- --test-threads=4
 
-test: unit-test integration-test
+# The clients (clients/*), each in its own test runner, against servers with the module.
+client-test: build
+	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
+	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
+
+test: unit-test integration-test client-test
 
 # QUICK=1: smaller counts, shorter runs, report in target/bench-quick/ instead of docs/.
 bench: build
 	FLOCK_MODULE=$(MODULE) cargo bench --bench flock $(if $(filter 1 yes true,$(QUICK)),-- --quick)
+	$(if $(filter 1 yes true,$(QUICK)),BENCH_CLIENT_ITERS=2000) bash scripts/bench-clients.sh \
+	  $(if $(filter 1 yes true,$(QUICK)),target/bench-quick/clients.md,docs/BENCHMARKS-clients.md)
 
 # Runs the integration tests once per server; each server comes from a package registry
 # (scripts/servers.sh). Prints one summary line per server and fails if any failed.

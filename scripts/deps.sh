@@ -46,6 +46,10 @@ have_cmd cc || apt_need+=(build-essential)
 have_faketime_lib || apt_need+=(faketime)
 have_cmd patchelf || apt_need+=(patchelf)
 have_cmd python3 || apt_need+=(python3)
+# The Node.js client's tests (clients/node) need node 20+ and npm; machines of this kind
+# ship them, Debian's packages are the fallback.
+have_cmd node || apt_need+=(nodejs)
+have_cmd npm || apt_need+=(npm)
 if have_cmd python3 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   apt_need+=(python3-venv)
 fi

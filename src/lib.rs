@@ -14,6 +14,7 @@
 pub mod args;
 pub mod core;
 pub mod deadlines;
+pub mod lock_stats;
 pub mod settings;
 pub mod slots;
 
@@ -34,7 +35,7 @@ mod ffi;
 #[cfg(not(test))]
 mod handoff;
 #[cfg(not(test))]
-mod key_specs;
+mod command_info;
 #[cfg(not(test))]
 mod lock_type;
 #[cfg(not(test))]

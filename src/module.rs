@@ -20,7 +20,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     let lock_type = *LOCK_TYPE.raw_type.borrow();
     server::init(raw_ctx, lock_type);
     ctx.set_module_options(raw::ModuleOptions::HANDLE_IO_ERRORS);
-    if let Err(e) = commands::register(raw_ctx).and_then(|()| crate::key_specs::describe(raw_ctx)) {
+    if let Err(e) = commands::register(raw_ctx).and_then(|()| crate::command_info::describe(raw_ctx)) {
         ctx.log_warning(&format!("refusing to load: {e}"));
         return Status::Err;
     }

@@ -767,3 +767,68 @@ fn token_qualified_release_renew_and_revoke_by_owner() {
     );
     assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me"]), Reply::Int(1));
 }
+
+/// COMMAND DOCS describes every command but the internal FLOCK.APPLY (summary, since,
+/// arguments with types and optional flags), COMMAND INFO has the real arity, and redis-cli
+/// turns the docs into its `HELP` text and argument hints.
+#[test]
+fn command_docs_and_arity() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    // (command, arity, argument names in order, the optional ones)
+    let table: &[(&str, i64, &[&str], &[&str])] = &[
+        ("flock.acquire", -4, &["key", "owner", "ttl", "block"], &["block"]),
+        ("flock.release", -3, &["key", "owner", "token"], &["token"]),
+        ("flock.renew", -4, &["key", "owner", "ttl", "token"], &["token"]),
+        ("flock.check", 3, &["key", "token"], &[]),
+        ("flock.info", 2, &["key"], &[]),
+        ("flock.revoke", -2, &["key", "owner"], &["owner"]),
+        ("flock.fenced", -4, &["key", "token", "command", "arg"], &["arg"]),
+    ];
+    fn field<'a>(pairs: &'a [(Reply, Reply)], name: &str) -> Option<&'a Reply> {
+        pairs.iter().find(|(k, _)| k.string().as_deref() == Some(name)).map(|(_, v)| v)
+    }
+    for (cmd, arity, names, optional) in table {
+        let r = call(&mut c, &["COMMAND", "DOCS", cmd]);
+        let outer = r.pairs().unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
+        let doc = outer[0].1.pairs().unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
+        let summary = field(&doc, "summary").and_then(|s| s.string()).unwrap_or_default();
+        assert!(summary.len() > 20, "{cmd}: summary {summary:?}");
+        assert_eq!(field(&doc, "since").and_then(|s| s.string()).as_deref(), Some("1.0.0"));
+        let args = field(&doc, "arguments").and_then(|a| a.array()).unwrap_or_default();
+        let mut got_names = Vec::new();
+        let mut got_optional = Vec::new();
+        for a in args {
+            let p = a.pairs().unwrap_or_default();
+            let name = field(&p, "name").and_then(|n| n.string()).unwrap_or_default();
+            let flags = format!("{:?}", field(&p, "flags"));
+            if flags.contains("optional") {
+                got_optional.push(name.clone());
+            }
+            got_names.push(name);
+        }
+        assert_eq!(got_names, *names, "{cmd} arguments");
+        assert_eq!(got_optional, *optional, "{cmd} optional arguments");
+        let info = call(&mut c, &["COMMAND", "INFO", cmd]);
+        let row = info.array().and_then(|a| a.first()).and_then(|r| r.array()).unwrap_or_default();
+        assert_eq!(row.get(1).and_then(|a| a.int()), Some(*arity), "{cmd} arity: {info:?}");
+    }
+    // The internal effect command has an arity and a key spec but no docs.
+    let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
+    assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");
+    // redis-cli's HELP comes from these docs.
+    let cli = std::process::Command::new("redis-cli")
+        .args(["-p", &srv.port().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(b"HELP FLOCK.ACQUIRE\n")?;
+            child.wait_with_output()
+        })
+        .expect("redis-cli");
+    let help = String::from_utf8_lossy(&cli.stdout);
+    assert!(help.contains("key owner ttl [BLOCK timeout]"), "HELP FLOCK.ACQUIRE: {help}");
+    assert!(help.contains("fencing token"), "HELP FLOCK.ACQUIRE: {help}");
+}

@@ -99,10 +99,11 @@ impl ServerBuilder {
         self.dir = Some(dir);
         self
     }
-    /// Start from a redis.conf in the server's dir that holds the defaults, the `loadmodule`
-    /// line and then `lines`; the `arg`/`args` options go on the command line after it (where
-    /// the server treats them as config-file lines too). Written once: a restart reads what
-    /// CONFIG REWRITE made of it.
+    /// Start from a redis.conf in the server's dir, as an operator starts a server (CONFIG
+    /// REWRITE needs a file to write): the `loadmodule` line, `lines`, and the port, dir and
+    /// log file the harness sets; none of the other defaults. The `arg`/`args` options go on
+    /// the command line after it (where the server treats them as config-file lines too).
+    /// Written once: a restart reads what CONFIG REWRITE made of it.
     pub fn config_file(mut self, lines: &[&str]) -> Self {
         self.config_file = Some(lines.iter().map(|s| s.to_string()).collect());
         self

@@ -116,17 +116,14 @@ impl Server {
         self.dir.join("redis.conf")
     }
 
-    /// Write the redis.conf of a `config_file` server: the defaults as config lines.
+    /// Write the redis.conf of a `config_file` server, as an operator would: the module's
+    /// `loadmodule` line, the test's lines, then what the harness must decide (port, bind, dir,
+    /// log file, replica of) last so that it wins.
     pub(crate) fn write_config_file(&self) {
         let Some(lines) = &self.cfg.config_file else {
             return;
         };
         let mut text = String::new();
-        let defaults = self.default_options();
-        for pair in defaults.chunks(2) {
-            let value = if pair[1].is_empty() { "\"\"" } else { &pair[1] };
-            text += &format!("{} {value}\n", pair[0].trim_start_matches("--"));
-        }
         if let Some(m) = &self.module {
             text += &format!(
                 "loadmodule {} {}\n",
@@ -134,12 +131,17 @@ impl Server {
                 self.cfg.module_args.join(" ")
             );
         }
-        if let Some(p) = self.cfg.replica_of {
-            text += &format!("replicaof 127.0.0.1 {p}\n");
-        }
         for l in lines {
             text += l;
             text.push('\n');
+        }
+        text += &format!(
+            "port {}\nbind 127.0.0.1\ndir {}\nlogfile server.log\ndaemonize no\n",
+            self.port,
+            self.dir.display()
+        );
+        if let Some(p) = self.cfg.replica_of {
+            text += &format!("replicaof 127.0.0.1 {p}\n");
         }
         fs::write(self.config_file_path(), text).expect("write redis.conf");
     }
@@ -179,7 +181,7 @@ impl Server {
             self.default_options()
         };
         if self.cfg.config_file.is_some() {
-            // defaults, module and replicaof are in the file
+            // module, port, dir and replica are in the file
         } else if let Some(m) = &self.module {
             a.push("--loadmodule".into());
             a.push(m.display().to_string());

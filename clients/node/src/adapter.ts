@@ -1,0 +1,278 @@
+/*
+ * One adapter per client library, chosen at run time by the shape of the client object, so that
+ * neither ioredis nor redis (node-redis) is a hard dependency. Every flock command has its key as
+ * the first argument after the command name; cluster adapters route on it.
+ */
+
+export type Arg = string | number;
+
+/** A connection (or a cluster client) that flock commands can be sent on. */
+export interface Conn {
+  /** Sends `args` (command name first, key second) and resolves with the reply. */
+  call(args: Arg[]): Promise<unknown>;
+  /** Closes a connection this client opened (a duplicate). */
+  close(): Promise<void>;
+  /** Calls `cb` once when the connection fails or closes (BOUND leases); returns an unsubscribe. */
+  onDown(cb: (err?: unknown) => void): () => void;
+}
+
+export interface Adapter {
+  readonly library: "ioredis" | "ioredis-cluster" | "node-redis" | "node-redis-cluster";
+  /** The caller's client. */
+  readonly main: Conn;
+  /** A new connection of its own (rule 8): a duplicate() of the client, connected. */
+  dedicated(opts: { bound: boolean }): Promise<Conn>;
+}
+
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+type AnyClient = Record<string, any>;
+
+/** True for an error that the server answered (as opposed to a connection or client failure). */
+export function isReplyError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  for (let p: any = err; p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const n = p.constructor?.name;
+    if (n === "ReplyError" || n === "ErrorReply" || n === "SimpleError" || n === "BlobError") return true;
+  }
+  return false;
+}
+
+/** The reply-error prefix (`FENCED`, `TRYAGAIN`, `ERR` ...), or "" for non-reply errors. */
+export function replyCode(err: unknown): string {
+  if (!isReplyError(err)) return "";
+  const m = /^([A-Z]+)\b/.exec((err as Error).message);
+  return m ? m[1] : "";
+}
+
+/** True when the client was closed by its owner: retrying cannot help. */
+export function isClosedClientError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const n = err.constructor?.name;
+  return n === "ClientClosedError" || /The client is closed/.test(err.message);
+}
+
+// ---- CRC16 (XMODEM) hash slots, for routing ioredis Cluster module commands ----
+const CRC_TABLE = (() => {
+  const t = new Uint16Array(256);
+  for (let i = 0; i < 256; i++) {
+    let c = i << 8;
+    for (let j = 0; j < 8; j++) c = c & 0x8000 ? ((c << 1) ^ 0x1021) & 0xffff : (c << 1) & 0xffff;
+    t[i] = c;
+  }
+  return t;
+})();
+
+export function keySlot(key: string): number {
+  let buf = Buffer.from(key);
+  const open = buf.indexOf(0x7b); // {
+  if (open >= 0) {
+    const close = buf.indexOf(0x7d, open + 1); // }
+    if (close > open + 1) buf = buf.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const b of buf) crc = ((crc << 8) & 0xffff) ^ CRC_TABLE[((crc >> 8) ^ b) & 0xff];
+  return crc & 0x3fff;
+}
+
+// ---------------------------------------------------------------- ioredis
+function isIoredis(c: AnyClient): boolean {
+  return typeof c.call === "function" && typeof c.sendCommand === "function" && typeof c.duplicate === "function";
+}
+
+function ioredisDown(emitter: AnyClient, events: string[]): Conn["onDown"] {
+  return (cb) => {
+    let fired = false;
+    const h = (err?: unknown) => {
+      if (fired) return;
+      fired = true;
+      cb(err);
+    };
+    for (const e of events) emitter.on(e, h);
+    return () => {
+      for (const e of events) emitter.off(e, h);
+    };
+  };
+}
+
+function ioredisConn(c: AnyClient, owned: boolean): Conn {
+  return {
+    call: (args) => c.call(...(args as [string, ...Arg[]])),
+    close: async () => {
+      if (owned) c.disconnect();
+    },
+    onDown: ioredisDown(c, ["close", "end"]),
+  };
+}
+
+/**
+ * ioredis' Command class, from the copy of ioredis that made this Cluster (found from the
+ * application's entry point or working directory, and only used when the cluster is an
+ * instance of that copy's Cluster), or null.
+ */
+const ioCommands = new WeakMap<object, any>();
+function ioredisCommandClass(c: AnyClient): any {
+  if (ioCommands.has(c)) return ioCommands.get(c);
+  let found: any = null;
+  const bases = [require.main?.filename, join(process.cwd(), "index.js"), __filename];
+  for (const base of bases) {
+    if (!base) continue;
+    try {
+      const io = createRequire(base)("ioredis");
+      const ClusterClass = io.Cluster ?? io.default?.Cluster;
+      const CommandClass = io.Command ?? io.default?.Command;
+      if (ClusterClass && CommandClass && c instanceof ClusterClass) {
+        found = CommandClass;
+        break;
+      }
+    } catch {
+      /* not resolvable from there */
+    }
+  }
+  ioCommands.set(c, found);
+  return found;
+}
+
+function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
+  return {
+    call: (args) => {
+      // ioredis does not know the key position of module commands and would send them to a
+      // random node (then follow MOVED). Give the command its slot so it goes to the right master.
+      const Command = ioredisCommandClass(c);
+      if (!Command) return c.call(...(args as [string, ...Arg[]]));
+      const [name, ...rest] = args;
+      const cmd = new Command(String(name), rest, { replyEncoding: "utf8" });
+      cmd.slot = keySlot(String(rest[0]));
+      return c.sendCommand(cmd);
+    },
+    close: async () => {
+      if (owned) c.disconnect();
+    },
+    onDown: ioredisDown(c, ["-node", "node error", "close", "end"]),
+  };
+}
+
+// ---------------------------------------------------------------- node-redis (v4, v5)
+function isNodeRedis(c: AnyClient): boolean {
+  return typeof c.sendCommand === "function" && typeof c.connect === "function" && typeof c.duplicate === "function";
+}
+
+function isNodeRedisCluster(c: AnyClient): boolean {
+  return isNodeRedis(c) && typeof c.getSlotMaster === "function";
+}
+
+const str = (args: Arg[]) => args.map((a) => (typeof a === "string" ? a : String(a)));
+
+async function nodeRedisClose(c: AnyClient): Promise<void> {
+  try {
+    if (typeof c.destroy === "function") c.destroy(); // v5
+    else await c.disconnect(); // v4
+  } catch {
+    /* already closed */
+  }
+}
+
+function nodeRedisDown(c: AnyClient, events: string[]): Conn["onDown"] {
+  return (cb) => {
+    let fired = false;
+    const h = (err?: unknown) => {
+      if (fired) return;
+      fired = true;
+      cb(err);
+    };
+    for (const e of events) c.on(e, h);
+    return () => {
+      for (const e of events) c.off(e, h);
+    };
+  };
+}
+
+function nodeRedisConn(c: AnyClient, owned: boolean): Conn {
+  return {
+    call: (args) => c.sendCommand(str(args)),
+    close: async () => {
+      if (owned) await nodeRedisClose(c);
+    },
+    onDown: nodeRedisDown(c, ["end", "error"]),
+  };
+}
+
+function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
+  return {
+    call: (args) => c.sendCommand(String(args[1]), false, str(args)),
+    close: async () => {
+      if (owned) await nodeRedisClose(c);
+    },
+    onDown: nodeRedisDown(c, ["node-error", "node-disconnect", "error", "end"]),
+  };
+}
+
+export function adapt(client: unknown): Adapter {
+  if (client === null || typeof client !== "object") throw new TypeError("Flock needs an ioredis or node-redis client");
+  const c = client as AnyClient;
+
+  if (isIoredis(c) && c.isCluster === true) {
+    return {
+      library: "ioredis-cluster",
+      main: ioredisClusterConn(c, false),
+      async dedicated({ bound }) {
+        const d = bound
+          ? c.duplicate([], {
+              clusterRetryStrategy: () => null,
+              redisOptions: { ...(c.options?.redisOptions ?? {}), retryStrategy: () => null, autoResendUnfulfilledCommands: false },
+            })
+          : c.duplicate();
+        d.on("error", () => {});
+        return ioredisClusterConn(d, true);
+      },
+    };
+  }
+  if (isIoredis(c)) {
+    return {
+      library: "ioredis",
+      main: ioredisConn(c, false),
+      async dedicated({ bound }) {
+        const d = bound
+          ? c.duplicate({ retryStrategy: () => null, autoResendUnfulfilledCommands: false, lazyConnect: false })
+          : c.duplicate({ lazyConnect: false });
+        d.on("error", () => {});
+        return ioredisConn(d, true);
+      },
+    };
+  }
+  if (isNodeRedisCluster(c)) {
+    return {
+      library: "node-redis-cluster",
+      main: nodeRedisClusterConn(c, false),
+      async dedicated({ bound }) {
+        let d: AnyClient;
+        if (bound) {
+          const o = c.options ?? c._options ?? {};
+          const defaults = o.defaults ?? {};
+          d = c.duplicate({ defaults: { ...defaults, socket: { ...(defaults.socket ?? {}), reconnectStrategy: false } } });
+        } else d = c.duplicate();
+        d.on("error", () => {});
+        await d.connect();
+        return nodeRedisClusterConn(d, true);
+      },
+    };
+  }
+  if (isNodeRedis(c)) {
+    return {
+      library: "node-redis",
+      main: nodeRedisConn(c, false),
+      async dedicated({ bound }) {
+        let d: AnyClient;
+        if (bound) {
+          const o = c.options ?? {};
+          d = c.duplicate({ socket: { ...(o.socket ?? {}), reconnectStrategy: false } });
+        } else d = c.duplicate();
+        d.on("error", () => {});
+        await d.connect();
+        return nodeRedisConn(d, true);
+      },
+    };
+  }
+  throw new TypeError("Flock needs an ioredis (Redis, Cluster) or node-redis (createClient, createCluster) client");
+}

@@ -1,0 +1,13 @@
+import "./polyfill.js";
+
+export { Flock, randomOwner, type AcquireOptions } from "./flock.js";
+export { Lease, type LeaseKind } from "./lease.js";
+export {
+  FlockError,
+  LockBusyError,
+  LockLostError,
+  LeaseTooShortError,
+  FencedError,
+  type LossReason,
+} from "./errors.js";
+export { keySlot } from "./adapter.js";

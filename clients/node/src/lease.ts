@@ -1,0 +1,346 @@
+import "./polyfill.js";
+import { performance } from "node:perf_hooks";
+import type { Conn } from "./adapter.js";
+import { isClosedClientError, isReplyError, replyCode } from "./adapter.js";
+import { FencedError, LeaseTooShortError, LockLostError, type LossReason } from "./errors.js";
+
+const now = () => performance.now();
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
+
+/** The kind of a grant (SPEC "Lock kinds"). */
+export type LeaseKind = "exclusive" | "shared" | "permit";
+
+/** @internal what a Flock hands to a new Lease. */
+export interface LeaseInit {
+  key: string;
+  owner: string;
+  token: number;
+  ttlMs: number;
+  /** performance.now() when the request that granted (or last renewed) it was sent. */
+  sentAt: number;
+  conn: Conn;
+  /** A connection of the lease's own (BOUND), closed when the lease ends. */
+  ownConn: boolean;
+  bound: boolean;
+  renew: boolean;
+  kind: LeaseKind;
+}
+
+/**
+ * One grant of a lock: its key, owner and fencing token, a local lease clock that always ends
+ * before the server's (rule 1), and a watchdog that renews it at a third of the ttl (rule 2).
+ * Loss is loud (rule 3): `lost`, `signal` (an AbortSignal aborted with a LockLostError) and
+ * `waitLost()`.
+ */
+export class Lease implements AsyncDisposable {
+  readonly key: string;
+  readonly owner: string;
+  readonly token: number;
+  readonly kind: LeaseKind;
+  readonly bound: boolean;
+  /** Aborted (reason: a LockLostError) the moment the lease is known to be lost. */
+  readonly signal: AbortSignal;
+
+  #conn: Conn;
+  #ownConn: boolean;
+  #ttl: number;
+  #deadline: number;
+  #watchdog: boolean;
+  #ctl = new AbortController();
+  #lostReason: LossReason | null = null;
+  /** The server told us the grant is gone (nothing left to release). */
+  #gone = false;
+  #released = false;
+  #releasing: Promise<boolean> | null = null;
+  #renewTimer: NodeJS.Timeout | null = null;
+  #expiryTimer: NodeJS.Timeout | null = null;
+  #renewSeq = 0;
+  #appliedSeq = 0;
+  #unDown: (() => void) | null = null;
+
+  /** @internal use Flock.acquire() */
+  constructor(init: LeaseInit) {
+    this.key = init.key;
+    this.owner = init.owner;
+    this.token = init.token;
+    this.kind = init.kind;
+    this.bound = init.bound;
+    this.signal = this.#ctl.signal;
+    this.#conn = init.conn;
+    this.#ownConn = init.ownConn;
+    this.#ttl = init.ttlMs;
+    this.#deadline = init.sentAt + init.ttlMs;
+    this.#watchdog = init.renew;
+    if (init.bound) {
+      this.#unDown = init.conn.onDown(() => {
+        if (!this.#released && !this.#releasing) this.#lose("connection-closed", true);
+      });
+    }
+    this.#armExpiry();
+    this.#scheduleRenew();
+  }
+
+  /** The ttl that renewals ask for (the last one given). */
+  get ttlMs(): number {
+    return this.#ttl;
+  }
+
+  /** True once the lease is lost: renewal refused, local deadline passed, token fenced off... */
+  get lost(): boolean {
+    if (this.#lostReason === null && !this.#released && !this.#releasing && now() >= this.#deadline) {
+      this.#lose("expired", false);
+    }
+    return this.#lostReason !== null;
+  }
+
+  /** True once release() was called. */
+  get released(): boolean {
+    return this.#released || this.#releasing !== null;
+  }
+
+  /**
+   * Milliseconds left by the local clock, counted from the send time of the request that
+   * granted or last renewed the lease, so never more than the server's CHECK; 0 once lost or
+   * released.
+   */
+  remainingMs(): number {
+    if (this.lost || this.released) return 0;
+    return Math.max(0, Math.floor(this.#deadline - now()));
+  }
+
+  /**
+   * "Is there enough lease left for the critical step?" From the local clock, no round trip.
+   * Throws LockLostError when lost (or released), LeaseTooShortError when live with less than
+   * `minMs` left. Changes nothing.
+   */
+  ensure(minMs = 0): void {
+    if (this.lost) throw this.#lostError();
+    if (this.released) throw new LockLostError(this.key, this.token, "released");
+    const left = Math.max(0, Math.floor(this.#deadline - now()));
+    if (left < minMs || left <= 0) throw new LeaseTooShortError(this.key, this.token, left, minMs);
+  }
+
+  /** Resolves true when the lease is lost within `timeoutMs` (Infinity: no limit), false else. */
+  waitLost(timeoutMs = Infinity): Promise<boolean> {
+    if (this.lost) return Promise.resolve(true);
+    if (this.released) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      let timer: NodeJS.Timeout | undefined;
+      const onAbort = () => {
+        if (timer) clearTimeout(timer);
+        resolve(true);
+      };
+      this.signal.addEventListener("abort", onAbort, { once: true });
+      if (Number.isFinite(timeoutMs)) {
+        timer = setTimeout(() => {
+          this.signal.removeEventListener("abort", onAbort);
+          resolve(this.lost);
+        }, Math.max(0, timeoutMs));
+      }
+    });
+  }
+
+  /** FLOCK.CHECK key token: the server's remaining lease in ms, 0 when the grant is gone (then lost). */
+  async check(): Promise<number> {
+    const sent = now();
+    const r = Number(await this.#conn.call(["FLOCK.CHECK", this.key, this.token]));
+    if (r > 0) {
+      // The server counted r from a moment after `sent`: sent + r never overshoots its deadline.
+      if (sent + r < this.#deadline) {
+        this.#deadline = sent + r;
+        this.#armExpiry();
+      }
+    } else if (!this.#released && !this.#releasing) {
+      this.#lose("check-refused", true);
+    }
+    return r;
+  }
+
+  /**
+   * Renews now with a token-qualified RENEW (`ttlMs` becomes the ttl of later renewals too).
+   * Throws LockLostError when the lease is lost or the server refuses.
+   */
+  async renew(ttlMs?: number): Promise<void> {
+    if (ttlMs !== undefined) checkTtl(ttlMs);
+    if (this.lost) throw this.#lostError();
+    if (this.released) throw new LockLostError(this.key, this.token, "released");
+    if (ttlMs !== undefined) this.#ttl = ttlMs;
+    const ok = await this.#renewOnce(this.#ttl);
+    if (!ok) throw this.#lostError();
+    this.#scheduleRenew();
+  }
+
+  /**
+   * Runs `command` through FLOCK.FENCED with this lease's token (rule 6). The server refuses it
+   * when the token is not live; then this throws FencedError and the lease is lost. Sent even
+   * when the local clock already says lost: the server is the judge of the write.
+   */
+  async fenced(...command: Array<string | number>): Promise<unknown> {
+    if (command.length === 0) throw new TypeError("fenced() needs a command");
+    if (this.released) throw new LockLostError(this.key, this.token, "released");
+    try {
+      return await this.#conn.call(["FLOCK.FENCED", this.key, this.token, ...command]);
+    } catch (err) {
+      if (replyCode(err) === "FENCED") {
+        this.#lose("fenced-refused", true);
+        throw new FencedError(this.key, this.token, err);
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * Ends the lease: stops the watchdog, then FLOCK.RELEASE key owner token (rule 4), retried on
+   * connection errors (a retry answered 0 counts as released). Resolves true when released,
+   * false when the grant had already ended before (the lease was lost). Idempotent.
+   */
+  release(): Promise<boolean> {
+    if (this.#releasing) return this.#releasing;
+    this.#stopTimers();
+    this.#releasing = this.#doRelease().finally(() => {
+      this.#released = true;
+      this.#unDown?.();
+      if (this.#ownConn) void this.#conn.close();
+    });
+    return this.#releasing;
+  }
+
+  /** `await using lease = await flock.acquire(...)`: releases; throws LockLostError if it was lost. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    const wasLost = this.lost;
+    const ok = await this.release();
+    if (wasLost || !ok) throw this.#lostError();
+  }
+
+  // ------------------------------------------------------------------ internals
+
+  async #doRelease(): Promise<boolean> {
+    if (this.#gone) return false;
+    const args = ["FLOCK.RELEASE", this.key, this.owner, this.token];
+    let retried = false;
+    let delay = 10;
+    for (;;) {
+      try {
+        const r = Number(await this.#conn.call(args));
+        if (r === 1) return true;
+        if (retried) return true; // rule 4: a retry answered 0 counts as released
+        if (this.#lostReason === null) this.#lose("release-refused", true);
+        return false;
+      } catch (err) {
+        if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
+        // A connection error: the RELEASE may or may not have run. Retry while the grant can
+        // still be live; past the deadline (no RENEW is sent any more) it has ended by itself.
+        if (isClosedClientError(err) || now() >= this.#deadline) {
+          if (now() >= this.#deadline) return true;
+          throw err;
+        }
+        retried = true;
+        await sleep(Math.min(delay, this.#deadline - now()));
+        delay = Math.min(delay * 2, 200);
+      }
+    }
+  }
+
+  #lostError(): LockLostError {
+    return new LockLostError(this.key, this.token, this.#lostReason ?? "expired");
+  }
+
+  #lose(reason: LossReason, confirmed: boolean): void {
+    if (confirmed) this.#gone = true;
+    if (this.#lostReason !== null) return;
+    this.#lostReason = reason;
+    this.#stopTimers();
+    this.#ctl.abort(new LockLostError(this.key, this.token, reason));
+  }
+
+  #stopTimers(): void {
+    if (this.#renewTimer) clearTimeout(this.#renewTimer);
+    if (this.#expiryTimer) clearTimeout(this.#expiryTimer);
+    this.#renewTimer = this.#expiryTimer = null;
+  }
+
+  #armExpiry(): void {
+    if (this.#expiryTimer) clearTimeout(this.#expiryTimer);
+    this.#expiryTimer = null;
+    if (this.#lostReason !== null || this.released) return;
+    this.#expiryTimer = setTimeout(() => {
+      this.#expiryTimer = null;
+      if (now() >= this.#deadline) {
+        if (!this.released) this.#lose("expired", false);
+      } else this.#armExpiry();
+    }, Math.max(0, Math.ceil(this.#deadline - now())));
+    this.#expiryTimer.unref();
+  }
+
+  #scheduleRenew(): void {
+    if (!this.#watchdog || this.#lostReason !== null || this.released) return;
+    if (this.#renewTimer) clearTimeout(this.#renewTimer);
+    this.#renewTimer = setTimeout(() => {
+      this.#renewTimer = null;
+      void this.#watchdogTick();
+    }, Math.max(1, Math.floor(this.#ttl / 3)));
+    this.#renewTimer.unref();
+  }
+
+  async #watchdogTick(): Promise<void> {
+    if (await this.#renewOnce(this.#ttl)) this.#scheduleRenew();
+  }
+
+  /**
+   * One token-qualified RENEW, retried on connection errors but never sent at or past the local
+   * deadline. Resolves true when renewed, false when the lease is (now) lost.
+   */
+  async #renewOnce(ttl: number): Promise<boolean> {
+    let delay = Math.max(5, Math.min(50, Math.floor(ttl / 10)));
+    for (;;) {
+      if (this.#lostReason !== null || this.released) return false;
+      const sent = now();
+      if (sent >= this.#deadline) {
+        this.#lose("expired", false);
+        return false;
+      }
+      const seq = ++this.#renewSeq;
+      try {
+        const r = await this.#conn.call(["FLOCK.RENEW", this.key, this.owner, ttl, this.token]);
+        if (this.released) return false;
+        if (r === null || r === undefined) {
+          this.#lose("renew-refused", true);
+          return false;
+        }
+        if (this.#lostReason !== null) {
+          // Renewed on the server after the local clock had given the lease up: hand it back
+          // rather than hold a lock nobody uses (the lease stays lost: loss is final).
+          void this.#conn.call(["FLOCK.RELEASE", this.key, this.owner, this.token]).catch(() => {});
+          return false;
+        }
+        if (seq > this.#appliedSeq) {
+          this.#appliedSeq = seq;
+          this.#deadline = sent + ttl;
+          this.#armExpiry();
+        }
+        return true;
+      } catch (err) {
+        if (this.bound && !isReplyError(err)) {
+          // A bound grant dies with its connection: no retry can save it.
+          this.#lose("connection-closed", true);
+          return false;
+        }
+        // A connection error (or a transient server error: LOADING, TRYAGAIN...): retry, but
+        // never past the local deadline (rule 2).
+        const left = this.#deadline - now();
+        if (left <= 0) {
+          this.#lose("expired", false);
+          return false;
+        }
+        await sleep(Math.min(delay, left));
+        delay = Math.min(delay * 2, 250);
+      }
+    }
+  }
+}
+
+export function checkTtl(ttlMs: unknown): asserts ttlMs is number {
+  if (typeof ttlMs !== "number" || !Number.isInteger(ttlMs) || ttlMs < 1) {
+    throw new TypeError(`ttlMs must be a positive integer of milliseconds, got ${String(ttlMs)}`);
+  }
+}

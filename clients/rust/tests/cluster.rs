@@ -1,0 +1,93 @@
+//! A 3-master Redis Cluster (made by `redis-cli --cluster create`): a client waits for a
+//! lock while its slot moves to another master; the wait completes on the new node.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use flock_client::{Flock, LockOptions, Wait};
+use redis::cluster::ClusterClient;
+use tokio::time::Instant;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
+    let cluster = Cluster::start().await;
+    let flock = Flock::new(ClusterClient::new(cluster.urls()).expect("cluster client"));
+    let key = "{order:42}:lock";
+    let mut any = cluster.nodes[0].raw().await;
+    let slot: u16 = q::<i64>(&mut any, &["CLUSTER", "KEYSLOT", key]).await as u16;
+    let from = cluster.master_of(slot).await;
+    let to = (from + 1) % 3;
+
+    // Routing through the cluster: a scoped lock with a fenced write in the same slot.
+    let out: Result<i64, flock_client::Error> = flock
+        .with_lock(key, MS(5000), |lease| async move {
+            lease.fenced(redis::cmd("INCR").arg("{order:42}:n")).await
+        })
+        .await;
+    assert_eq!(out.expect("with_lock"), 1);
+
+    let holder = flock.lock(key, MS(10_000)).await.expect("holder");
+    let f = flock.clone();
+    let waiter = tokio::spawn(async move {
+        f.lock(
+            key,
+            LockOptions::new(MS(5000))
+                .owner("waiter")
+                .wait(Wait::For(MS(30_000))),
+        )
+        .await
+    });
+    let mut src = cluster.nodes[from].raw().await;
+    wait_until("the waiter blocks on the old master", MS(10_000), || {
+        let mut c = src.clone();
+        async move { info_num(&mut c, "clients", "blocked_clients").await == 1 }
+    })
+    .await;
+
+    let moved = Instant::now();
+    cluster.move_slot(slot, from, to).await;
+    println!(
+        "slot {slot} moved from node {from} to node {to} in {:?}",
+        moved.elapsed()
+    );
+    let mut dst = cluster.nodes[to].raw().await;
+    // The waiter got TRYAGAIN at the old master and waits again at the new one.
+    wait_until("the waiter blocks on the new master", MS(15_000), || {
+        let mut c = dst.clone();
+        async move { info_num(&mut c, "clients", "blocked_clients").await == 1 }
+    })
+    .await;
+    assert_eq!(info_num(&mut src, "clients", "blocked_clients").await, 0);
+    assert!(
+        !waiter.is_finished(),
+        "still waiting: the holder holds the lock"
+    );
+    let keys: i64 = q(&mut src, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).await;
+    assert_eq!(keys, 0, "the lock left the old master");
+
+    // The holder's lease moved with the slot; its release (MOVED, followed) frees the waiter.
+    assert!(!holder.is_lost());
+    let held_token = holder.token();
+    holder.release().await.expect("release on the new node");
+    let lease = waiter
+        .await
+        .expect("join")
+        .expect("granted on the new node");
+    assert!(lease.token() > held_token);
+    let check: i64 = q(&mut dst, &["FLOCK.CHECK", key, &lease.token().to_string()]).await;
+    assert!(check > 0, "the grant lives on the new master");
+    let info: Vec<redis::Value> = q(&mut dst, &["FLOCK.INFO", key]).await;
+    assert!(format!("{info:?}").contains("waiter"));
+    assert!(lease.remaining() <= MS(check as u64));
+    let n: i64 = lease
+        .fenced(redis::cmd("INCR").arg("{order:42}:n"))
+        .await
+        .expect("fenced on the new node");
+    assert_eq!(n, 2);
+    lease.release().await.expect("release");
+    let exists: i64 = q(&mut dst, &["EXISTS", key]).await;
+    assert_eq!(exists, 0);
+}

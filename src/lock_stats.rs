@@ -1,0 +1,376 @@
+//! Per-class lock statistics for TTL sizing (FLOCK.STATS), pure: no server needed.
+//!
+//! The rule practitioners give for lease locks is "measure the p99 of the critical section
+//! under load and set the TTL to 5-10 times it". The server sees every grant start and end, so
+//! it can measure: per lock *class* (the key name with its identifiers folded to `#`), how
+//! grants ended, how long released grants were held, the ttls asked for and how long granted
+//! waiters waited. Memory is bounded: fixed-size histograms, at most `max_classes` classes.
+
+use std::collections::HashMap;
+
+/// The longest class name kept (bytes); longer names are cut.
+pub const MAX_CLASS_LEN: usize = 128;
+
+/// The class of a key: every maximal run of ASCII letters and digits that consists only of hex
+/// digits and holds at least one decimal digit becomes `#`, and `#`s separated only by `-`
+/// merge into one. Unprintable bytes become `?`; the class is cut to [`MAX_CLASS_LEN`] bytes.
+/// Writes into `out` (no allocation) and returns the class's length.
+pub fn fold_class(key: &[u8], out: &mut [u8; MAX_CLASS_LEN]) -> usize {
+    let mut n = 0;
+    let push = |out: &mut [u8; MAX_CLASS_LEN], n: &mut usize, b: u8| {
+        if *n < MAX_CLASS_LEN {
+            out[*n] = b;
+            *n += 1;
+        }
+    };
+    let mut i = 0;
+    while i < key.len() {
+        let b = key[i];
+        if b.is_ascii_alphanumeric() {
+            let start = i;
+            while i < key.len() && key[i].is_ascii_alphanumeric() {
+                i += 1;
+            }
+            let run = &key[start..i];
+            let identifier =
+                run.iter().all(u8::is_ascii_hexdigit) && run.iter().any(u8::is_ascii_digit);
+            if identifier {
+                // Merge with a `#` that only dashes separate from this one.
+                let mut back = n;
+                while back > 0 && out[back - 1] == b'-' {
+                    back -= 1;
+                }
+                if back > 0 && back < n && out[back - 1] == b'#' {
+                    n = back;
+                } else if !(n > 0 && out[n - 1] == b'#') {
+                    push(out, &mut n, b'#');
+                }
+            } else {
+                for &c in run {
+                    push(out, &mut n, c);
+                }
+            }
+            continue;
+        }
+        let shown = if (0x20..0x7f).contains(&b) { b } else { b'?' };
+        push(out, &mut n, shown);
+        i += 1;
+    }
+    n
+}
+
+/// Growth factor between histogram buckets: a bucket's geometric middle is within 3% of every
+/// value in it (sqrt(1.06) - 1 = 2.96%).
+const RATIO: f64 = 1.06;
+/// Bucket 0 holds 0; bucket b >= 1 holds [RATIO^(b-1), RATIO^b). 460 buckets reach past
+/// 4e11 ms (12 years), beyond the largest ttl.
+pub const BUCKETS: usize = 460;
+
+/// A fixed-size log-bucket histogram of milliseconds.
+#[derive(Clone)]
+pub struct LogHistogram {
+    counts: [u32; BUCKETS],
+    total: u64,
+    max: u64,
+}
+
+impl Default for LogHistogram {
+    fn default() -> Self {
+        LogHistogram {
+            counts: [0; BUCKETS],
+            total: 0,
+            max: 0,
+        }
+    }
+}
+
+impl LogHistogram {
+    fn bucket(v: u64) -> usize {
+        if v == 0 {
+            return 0;
+        }
+        let b = 1 + ((v as f64).ln() / RATIO.ln()) as usize;
+        b.min(BUCKETS - 1)
+    }
+
+    pub fn record(&mut self, v: u64) {
+        let b = Self::bucket(v);
+        if let Some(c) = self.counts.get_mut(b) {
+            *c = c.saturating_add(1);
+        }
+        self.total += 1;
+        self.max = self.max.max(v);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The `p`-quantile (0 < p <= 1): the geometric middle of the bucket holding the value of
+    /// rank ceil(p * count), never above the largest value seen. None when empty.
+    pub fn quantile(&self, p: f64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = ((p * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0u64;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= rank {
+                if b == 0 {
+                    return Some(0);
+                }
+                let lo = RATIO.powi(b as i32 - 1);
+                let mid = (lo * RATIO.sqrt()).round() as u64;
+                return Some(mid.clamp(lo.ceil() as u64, self.max));
+            }
+        }
+        Some(self.max)
+    }
+}
+
+/// One class's figures.
+#[derive(Clone, Default)]
+pub struct ClassStats {
+    pub grants: u64,
+    pub released: u64,
+    pub expired: u64,
+    pub revoked: u64,
+    pub closed: u64,
+    pub renewals: u64,
+    /// How long grants ended by RELEASE were held.
+    pub hold: LogHistogram,
+    /// The ttls asked for by grants.
+    pub ttl: LogHistogram,
+    /// How long BLOCK waits that were granted took.
+    pub wait: LogHistogram,
+}
+
+/// Releases needed before a TTL advice is given.
+pub const ADVICE_MIN_RELEASES: u64 = 100;
+
+impl ClassStats {
+    /// Grants that ended, however they ended.
+    pub fn ended(&self) -> u64 {
+        self.released + self.expired + self.revoked + self.closed
+    }
+
+    /// `[5x, 10x]` the hold p99, once at least 100 releases were seen and while at most 1% of
+    /// the ended grants expired (the releases alone then hide the sections that ran out).
+    pub fn ttl_advice_ms(&self) -> Option<[u64; 2]> {
+        if self.released < ADVICE_MIN_RELEASES || self.expired * 100 > self.ended() {
+            return None;
+        }
+        let p99 = self.hold.quantile(0.99)?.max(1);
+        Some([p99.saturating_mul(5), p99.saturating_mul(10)])
+    }
+}
+
+/// What can happen to a grant, as the statistics count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A grant with this ttl (ms).
+    Granted { ttl_ms: u64 },
+    /// A grant after a BLOCK wait of this long (ms); counted besides `Granted`.
+    Waited { wait_ms: u64 },
+    /// Ended by RELEASE after being held this long (ms).
+    Released { held_ms: u64 },
+    Expired,
+    Revoked,
+    Closed,
+    Renewed,
+}
+
+/// Every class seen since the start or the last reset, first come, up to `max_classes`.
+#[derive(Default)]
+pub struct Stats {
+    classes: HashMap<Box<[u8]>, Box<ClassStats>>,
+    /// Grants of classes beyond `max_classes`.
+    pub overflow: u64,
+    /// Hold times of every release, all classes together (INFO flock).
+    pub all_holds: LogHistogram,
+}
+
+impl Stats {
+    /// Count `event` for `key`'s class. A class beyond `max_classes` is not created: its grants
+    /// count in `overflow`.
+    pub fn record(&mut self, key: &[u8], event: Event, max_classes: usize) {
+        if let Event::Released { held_ms } = event {
+            self.all_holds.record(held_ms);
+        }
+        let mut buf = [0u8; MAX_CLASS_LEN];
+        let n = fold_class(key, &mut buf);
+        let class = &buf[..n];
+        let entry = match self.classes.get_mut(class) {
+            Some(e) => e,
+            None => {
+                if self.classes.len() >= max_classes {
+                    if matches!(event, Event::Granted { .. }) {
+                        self.overflow += 1;
+                    }
+                    return;
+                }
+                self.classes.entry(class.into()).or_default()
+            }
+        };
+        match event {
+            Event::Granted { ttl_ms } => {
+                entry.grants += 1;
+                entry.ttl.record(ttl_ms);
+            }
+            Event::Waited { wait_ms } => entry.wait.record(wait_ms),
+            Event::Released { held_ms } => {
+                entry.released += 1;
+                entry.hold.record(held_ms);
+            }
+            Event::Expired => entry.expired += 1,
+            Event::Revoked => entry.revoked += 1,
+            Event::Closed => entry.closed += 1,
+            Event::Renewed => entry.renewals += 1,
+        }
+    }
+
+    /// The classes, sorted by name; only `names` (class names, not keys) when given.
+    pub fn classes(&self, names: Option<&[&[u8]]>) -> Vec<(&[u8], &ClassStats)> {
+        let mut v: Vec<(&[u8], &ClassStats)> = match names {
+            None => self.classes.iter().map(|(k, v)| (&**k, &**v)).collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|n| self.classes.get_key_value(*n).map(|(k, v)| (&**k, &**v)))
+                .collect(),
+        };
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v.dedup_by(|a, b| a.0 == b.0);
+        v
+    }
+
+    pub fn reset(&mut self) {
+        *self = Stats::default();
+    }
+
+    /// Bytes this table holds (fixed per class), for MEMORY-style reporting and tests.
+    pub fn class_bytes() -> usize {
+        std::mem::size_of::<ClassStats>() + MAX_CLASS_LEN
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(key: &str) -> String {
+        let mut buf = [0u8; MAX_CLASS_LEN];
+        let n = fold_class(key.as_bytes(), &mut buf);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[test]
+    fn classes_fold_identifiers() {
+        let table = [
+            ("lock:orders:42", "lock:orders:#"),
+            ("lock:orders:7", "lock:orders:#"),
+            ("{order:42}:lock", "{order:#}:lock"),
+            ("job:550e8400-e29b-41d4-a716-446655440000", "job:#"),
+            ("shard-1:lock", "shard-#:lock"),
+            ("item_123", "item_#"),
+            ("v2:lock", "v2:lock"),
+            ("deadbeef:lock", "deadbeef:lock"),
+            ("cafe42:lock", "#:lock"),
+            ("a:1-2-3:b", "a:#:b"),
+            ("a:1--2:b", "a:#:b"),
+            ("1-x-2", "#-x-#"),
+            ("lock\n\x01", "lock??"),
+            ("", ""),
+            ("-1", "-#"),
+            ("1-", "#-"),
+        ];
+        for (key, want) in table {
+            assert_eq!(class(key), want, "{key:?}");
+        }
+        let long = "x".repeat(500);
+        assert_eq!(class(&long).len(), MAX_CLASS_LEN);
+    }
+
+    #[test]
+    fn quantiles_are_within_three_percent() {
+        for &v in &[1u64, 2, 3, 10, 17, 99, 1000, 12_345, 999_999, 86_400_000, 315_360_000_000] {
+            let mut h = LogHistogram::default();
+            h.record(v);
+            let q = h.quantile(0.5).expect("one value");
+            let err = (q as f64 - v as f64).abs() / v as f64;
+            assert!(err <= 0.03, "{v}: quantile {q} off by {err}");
+        }
+        // 1..=1000: p50 near 500, p99 near 990, max exact.
+        let mut h = LogHistogram::default();
+        for v in 1..=1000 {
+            h.record(v);
+        }
+        let p50 = h.quantile(0.5).expect("p50") as f64;
+        let p99 = h.quantile(0.99).expect("p99") as f64;
+        assert!((p50 - 500.0).abs() / 500.0 <= 0.03, "p50 {p50}");
+        assert!((p99 - 990.0).abs() / 990.0 <= 0.03, "p99 {p99}");
+        assert_eq!(h.max(), 1000);
+        assert_eq!(LogHistogram::default().quantile(0.5), None);
+        let mut z = LogHistogram::default();
+        z.record(0);
+        assert_eq!(z.quantile(0.99), Some(0));
+    }
+
+    #[test]
+    fn a_class_stays_within_eight_kilobytes() {
+        assert!(Stats::class_bytes() <= 8 * 1024, "{}", Stats::class_bytes());
+    }
+
+    #[test]
+    fn counters_advice_bound_and_reset() {
+        let mut s = Stats::default();
+        for i in 0..150u64 {
+            s.record(format!("job:{i}").as_bytes(), Event::Granted { ttl_ms: 30_000 }, 4);
+            s.record(format!("job:{i}").as_bytes(), Event::Released { held_ms: 10 + i % 10 }, 4);
+        }
+        s.record(b"job:1", Event::Renewed, 4);
+        s.record(b"job:2", Event::Granted { ttl_ms: 100 }, 4);
+        s.record(b"job:2", Event::Expired, 4);
+        s.record(b"job:3", Event::Waited { wait_ms: 40 }, 4);
+        let all = s.classes(None);
+        assert_eq!(all.len(), 1);
+        let (name, c) = all[0];
+        assert_eq!(name, b"job:#");
+        assert_eq!((c.grants, c.released, c.expired, c.renewals), (151, 150, 1, 1));
+        assert_eq!(c.wait.count(), 1);
+        // 1 expiry in 151 ended grants is under 1%: the advice is [5x, 10x] the p99 (~19 ms).
+        let [lo, hi] = c.ttl_advice_ms().expect("advice");
+        assert!((90..=100).contains(&lo) && hi == lo * 2, "{lo} {hi}");
+        // Two more expiries push it over 1%: no advice.
+        s.record(b"job:4", Event::Expired, 4);
+        s.record(b"job:5", Event::Expired, 4);
+        assert_eq!(s.classes(None)[0].1.ttl_advice_ms(), None);
+        // The bound: 4 classes, further grants count in overflow.
+        for k in ["a:1", "b:1", "c:1", "d:1", "e:1"] {
+            s.record(k.as_bytes(), Event::Granted { ttl_ms: 1 }, 4);
+        }
+        assert_eq!(s.classes(None).len(), 4);
+        assert_eq!(s.overflow, 2);
+        assert_eq!(s.classes(Some(&[b"a:#", b"zz", b"a:#"])).len(), 1);
+        assert_eq!(s.all_holds.count(), 150);
+        s.reset();
+        assert!(s.classes(None).is_empty());
+        assert_eq!(s.overflow, 0);
+    }
+
+    #[test]
+    fn fewer_than_a_hundred_releases_give_no_advice() {
+        let mut s = Stats::default();
+        for _ in 0..99 {
+            s.record(b"k", Event::Granted { ttl_ms: 1000 }, 10);
+            s.record(b"k", Event::Released { held_ms: 5 }, 10);
+        }
+        assert_eq!(s.classes(None)[0].1.ttl_advice_ms(), None);
+        s.record(b"k", Event::Released { held_ms: 5 }, 10);
+        assert!(s.classes(None)[0].1.ttl_advice_ms().is_some());
+    }
+}
