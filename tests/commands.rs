@@ -1,5 +1,4 @@
 //! The commands' contract (SPEC.md "Commands", "Details", G1-G4, G6): one server per test.
-
 use flock_testkit::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -706,65 +705,29 @@ fn token_qualified_release_renew_and_revoke_by_owner() {
     let srv = Server::start();
     let mut c = srv.conn();
     let t1 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(
-        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
-        Reply::Int(1)
-    );
+    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(1));
     let t2 = grant(&mut c, "tq", "me", 60_000);
     assert!(t2 > t1);
     // The retried release of the first grant, and a renew with its token: nothing changes.
-    assert_eq!(
-        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
-        Reply::Int(0)
-    );
-    assert_eq!(
-        call(
-            &mut c,
-            &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]
-        ),
-        Reply::Nil
-    );
+    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(0));
+    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]), Reply::Nil);
     let (owner, token, ttl) = held(&mut c, "tq");
     assert_eq!((owner.as_str(), token), ("me", t2));
-    assert!(
-        ttl > 50_000,
-        "the stale RENEW must not shorten the lease: {ttl}"
-    );
+    assert!(ttl > 50_000, "the stale RENEW must not shorten the lease: {ttl}");
     // The right token renews; another owner with the right token does not.
-    assert_eq!(
-        call(
-            &mut c,
-            &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]
-        ),
-        Reply::Nil
-    );
-    assert_eq!(
-        call(
-            &mut c,
-            &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]
-        ),
-        Reply::Int(t2)
-    );
+    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]), Reply::Nil);
+    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]), Reply::Int(t2));
     assert!(held(&mut c, "tq").2 <= 5000);
     // REVOKE by owner: another owner's name ends nothing, the holder's ends the grant.
-    assert_eq!(
-        call(&mut c, &["FLOCK.REVOKE", "tq", "other"]),
-        Reply::Int(0)
-    );
+    assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "other"]), Reply::Int(0));
     assert!(check(&mut c, "tq", t2) > 0);
     assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "me"]), Reply::Int(1));
     assert_eq!(check(&mut c, "tq", t2), 0);
     assert_eq!(exists(&mut c, "tq"), 0, "nothing left after the revoke");
-    assert_eq!(
-        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]),
-        Reply::Int(0)
-    );
+    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]), Reply::Int(0));
     // The plain forms still act on the owner's live grant.
     let t3 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(
-        call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]),
-        Reply::Int(t3)
-    );
+    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]), Reply::Int(t3));
     assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me"]), Reply::Int(1));
 }
 
