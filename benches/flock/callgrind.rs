@@ -146,31 +146,12 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
         (
             "FLOCK.FENCED + SET",
             "flock",
-            Box::new(|i, c: &mut Conn| {
-                c.push(&[
-                    "FLOCK.FENCED",
-                    "wlk",
-                    &tok,
-                    "SET",
-                    &format!("data:{i:07}"),
-                    "v",
-                ])
-            }),
+            Box::new(|i, c: &mut Conn| push_fenced_write(c, None, i, &tok)),
         ),
         (
             "Lua token check + SET",
             "lua",
-            Box::new(|i, c: &mut Conn| {
-                c.push(&[
-                    "EVALSHA",
-                    &fw,
-                    "2",
-                    "wlk:tok",
-                    &format!("data:{i:07}"),
-                    &tok,
-                    "v",
-                ])
-            }),
+            Box::new(|i, c: &mut Conn| push_fenced_write(c, Some(&fw), i, &tok)),
         ),
     ];
     let mut files = vec![];

@@ -39,3 +39,13 @@ pub(crate) fn push_release(c: &mut Conn, kind: Kind, key: &str, owner: &str, cad
         _ => c.push(&["EVALSHA", cad, "1", key, owner]),
     }
 }
+
+/// A fenced write (`SET data:NNNNNNN v`) under the lock `wlk` held with token `tok`: through
+/// FLOCK.FENCED, or, given the Lua fenced-write script's sha, with the token kept in `wlk:tok`.
+pub(crate) fn push_fenced_write(c: &mut Conn, lua_sha: Option<&str>, i: usize, tok: &str) {
+    let data = format!("data:{i:07}");
+    match lua_sha {
+        None => c.push(&["FLOCK.FENCED", "wlk", tok, "SET", &data, "v"]),
+        Some(sha) => c.push(&["EVALSHA", sha, "2", "wlk:tok", &data, tok, "v"]),
+    }
+}

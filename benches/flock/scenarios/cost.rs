@@ -105,29 +105,14 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
                 }
                 2 => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&[
-                            "FLOCK.FENCED",
-                            "wlk",
-                            &tok,
-                            "SET",
-                            &format!("data:{i:07}"),
-                            "v",
-                        ])
+                        push_fenced_write(c, None, i, &tok)
                     });
                     expect("FLOCK.FENCED SET", &t, n, |t| t.ok);
                     s.add("fenced", c.cmdstats().cost("flock.fenced"));
                 }
                 3 => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
-                        c.push(&[
-                            "EVALSHA",
-                            &fw,
-                            "2",
-                            "wlk:tok",
-                            &format!("data:{i:07}"),
-                            &tok,
-                            "v",
-                        ])
+                        push_fenced_write(c, Some(&fw), i, &tok)
                     });
                     expect("Lua token check + SET", &t, n, |t| t.ok);
                     s.add("luaw", c.cmdstats().cost("evalsha"));
