@@ -780,7 +780,7 @@ fn command_docs_and_arity() {
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
     assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");
     // redis-cli's HELP comes from these docs.
-    let cli = std::process::Command::new("redis-cli")
+    let cli = std::process::Command::new(redis_cli())
         .args(["-p", &srv.port().to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -157,17 +157,6 @@ fn is_timing(l: &str) -> bool {
     l.starts_with('(') && l.ends_with("s)") && l[1..l.len() - 2].parse::<f64>().is_ok()
 }
 
-fn redis_cli() -> String {
-    // redis-cli from the same place as the server binary, if there is one there.
-    let server = server_binary();
-    let beside = Path::new(&server).with_file_name("redis-cli");
-    if beside.is_file() {
-        beside.display().to_string()
-    } else {
-        "redis-cli".to_string()
-    }
-}
-
 /// One redis-cli session: a fresh redis-cli fed one line at a time. After each command a
 /// line with a lone `"` makes redis-cli print `Invalid argument(s)` without sending anything:
 /// that marks the end of the command's output.

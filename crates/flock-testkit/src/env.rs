@@ -27,6 +27,20 @@ pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
 }
 
+/// redis-cli: `REDIS_CLI`, else the one beside the server binary (a server from
+/// scripts/servers.sh comes with its own), else `redis-cli` on the PATH.
+pub fn redis_cli() -> String {
+    if let Ok(cli) = std::env::var("REDIS_CLI") {
+        return cli;
+    }
+    let beside = Path::new(&server_binary()).with_file_name("redis-cli");
+    if beside.is_file() {
+        beside.display().to_string()
+    } else {
+        "redis-cli".to_string()
+    }
+}
+
 /// `FLOCK_MODULE`, else the release build in the workspace's `target/`. Panics (with the
 /// command to run) when there is no module: every test needs it.
 pub fn module_path() -> PathBuf {

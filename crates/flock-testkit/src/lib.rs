@@ -13,6 +13,7 @@
 //! Tests do `use flock_testkit::*;`: every module's items are re-exported here.
 
 pub mod builder;
+pub mod cluster;
 pub mod env;
 pub mod files;
 pub mod flock;
@@ -24,6 +25,7 @@ pub mod server;
 pub mod wait;
 
 pub use builder::*;
+pub use cluster::*;
 pub use env::*;
 pub use flock::*;
 pub use info::*;
