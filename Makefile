@@ -41,6 +41,7 @@ integration-test: build
 client-test: build
 	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
 	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
+	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash clients/python/test.sh
 
 test: unit-test integration-test client-test
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The GC-pause story, with two real clients and a real pause.
 
-Client A (a child process) takes the lock {order:42}:lock with a 500 ms lease and is about to
-write {order:42}:data. Then it freezes (we send it SIGSTOP, as a long GC pause, a swapped-out
-VM or a stalled disk would) until its lease is over. Client B takes the lock (a larger token)
-and writes through FLOCK.FENCED. A wakes up (SIGCONT), does not know it was gone, and writes
-with its old token: FLOCK.FENCED refuses, nothing runs, and the data keeps B's value.
+Client A (a child process) takes the lock {order:42}:lock with a 500 ms lease (the flock client,
+clients/python, renews it in the background) and is about to write {order:42}:data. Then it
+freezes (we send it SIGSTOP, as a long GC pause, a swapped-out VM or a stalled disk would), its
+watchdog with it, until its lease is over. Client B, waiting for the lock with BLOCK, gets it (a
+larger token) and writes through FLOCK.FENCED. A wakes up (SIGCONT): its own clock tells it at
+once that the lease is gone (lease.lost, lease.ensure()), but say it writes anyway with its old
+token: FLOCK.FENCED refuses, nothing runs, and the data keeps B's value.
 
-Needs a Redis with the flock module (`make run`) and redis-py (`pip install redis`):
+Needs a Redis with the flock module (`make run`) and redis-py (`pip install redis`); the flock
+client comes from clients/python (`pip install ./clients/python`, or found next to this file):
     python3 examples/gc_pause.py [--host 127.0.0.1] [--port 6379]
 Exits 0 when everything happened as told, 1 otherwise.
 """
@@ -22,6 +25,12 @@ try:
     import redis
 except ImportError:
     sys.exit("this example needs redis-py: python3 -m pip install redis")
+try:
+    from redis_flock import FencedError, Flock, LockLostError
+except ImportError:  # not installed: the client in this repository
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "clients", "python", "src"))
+    from redis_flock import FencedError, Flock, LockLostError
 
 LOCK = "{order:42}:lock"  # the hash tag keeps lock and data in one slot (Redis Cluster)
 DATA = "{order:42}:data"
@@ -76,28 +85,38 @@ def client_a(host, port, to_parent, from_parent):
     """Runs in the child. Reports to the parent over a pipe; returns the exit code."""
     buf = [b""]
     try:
-        r = connect(host, port)
-        token = r.execute_command("FLOCK.ACQUIRE", LOCK, "client-A", LEASE_MS)
-        expect(isinstance(token, int), f"A: FLOCK.ACQUIRE should grant the free lock, got {token!r}")
-        say("A", f"FLOCK.ACQUIRE {LOCK} client-A {LEASE_MS} -> {token}   (A holds the lock)")
+        flock = Flock(connect(host, port))
+        lease = flock.acquire(LOCK, LEASE_MS, owner="client-A")
+        expect(lease is not None, "A: flock.acquire should grant the free lock")
+        token = lease.token
+        say("A", f"flock.acquire({LOCK!r}, {LEASE_MS}) -> token {token}   (A holds the lock; "
+                 f"its watchdog renews it every {LEASE_MS // 3} ms)")
         say("A", f"computing the new order state; about to write {DATA} with token {token} ...")
         send(to_parent, f"token {token}")
         # A is now "between the check and the write": here it gets frozen. The line it reads
         # next only makes the demo deterministic (A writes after it is woken, not before).
         go = recv(from_parent, buf, "the parent's go")
         expect(go == "go", f"A: unexpected message {go!r}")
-        say("A", "... back. (From A's point of view no time has passed.) Writing now:")
+        say("A", "... back. (From A's point of view no time has passed.)")
         try:
-            reply = r.execute_command("FLOCK.FENCED", LOCK, token,
-                                      "SET", DATA, "written by A (stale)")
-            say("A", f"FLOCK.FENCED {LOCK} {token} SET {DATA} \"written by A (stale)\" -> {reply!r}")
+            lease.ensure(min_ms=50)
+            say("A", "lease.ensure(min_ms=50) -> passed")
+            send(to_parent, "ensure passed")
+        except LockLostError as e:
+            say("A", f"lease.ensure(min_ms=50) -> LockLostError: {e}   (by A's own clock, no "
+                     f"round trip; lease.lost = {lease.lost})")
+            send(to_parent, "ensure failed")
+        say("A", "A writes anyway, with its old token:")
+        try:
+            reply = lease.fenced("SET", DATA, "written by A (stale)")
+            say("A", f"lease.fenced(SET {DATA} \"written by A (stale)\") -> {reply!r}")
             send(to_parent, f"accepted {reply}")
-        except redis.ResponseError as e:
-            say("A", f"FLOCK.FENCED {LOCK} {token} SET {DATA} \"written by A (stale)\" -> (error) {e}")
+        except FencedError as e:
+            say("A", f"lease.fenced(SET {DATA} \"written by A (stale)\") -> FencedError: {e}")
             send(to_parent, f"refused {e}")
-        released = r.execute_command("FLOCK.RELEASE", LOCK, "client-A")
-        say("A", f"FLOCK.RELEASE {LOCK} client-A -> {released}   (A no longer holds anything)")
-        send(to_parent, f"released {released}")
+        released = lease.release()
+        say("A", f"lease.release() -> {released}   (A no longer held anything)")
+        send(to_parent, f"released {int(released)}")
         return 0
     except Exception as e:  # report everything: the parent decides
         print(f"[A] FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -147,7 +166,8 @@ def wait_stopped(pid):
 
 def story(host, port, pid, from_a, to_a):
     buf = [b""]
-    b = connect(host, port)
+    r = connect(host, port)
+    flock = Flock(r)
 
     msg = recv(from_a, buf, "A's token")
     expect(msg.startswith("token "), f"A did not get the lock: {msg}")
@@ -157,49 +177,50 @@ def story(host, port, pid, from_a, to_a):
     stopped_at = time.monotonic()
     wait_stopped(pid)
     state = process_state(pid)
-    say("-", f"SIGSTOP -> A (pid {pid}) is frozen" + (f" (state {state})" if state else ""))
+    say("-", f"SIGSTOP -> A (pid {pid}) is frozen, its watchdog too"
+             + (f" (state {state})" if state else ""))
 
-    left = b.execute_command("FLOCK.CHECK", LOCK, t_a)
+    left = r.execute_command("FLOCK.CHECK", LOCK, t_a)
     say("-", f"FLOCK.CHECK {LOCK} {t_a} -> {left}   "
              + ("(A's lease still runs)" if left else "(already over: a slow machine)"))
-    end = time.monotonic() + DEADLINE_S
-    while left != 0:
-        expect(isinstance(left, int) and left > 0, f"FLOCK.CHECK: unexpected reply {left!r}")
-        expect(time.monotonic() < end, f"A's {LEASE_MS} ms lease did not end within {DEADLINE_S} s")
-        time.sleep(0.02)
-        left = b.execute_command("FLOCK.CHECK", LOCK, t_a)
-    say("-", f"FLOCK.CHECK {LOCK} {t_a} -> 0   (A's lease is over; A is still frozen)")
 
-    t_b = b.execute_command("FLOCK.ACQUIRE", LOCK, "client-B", 30000)
-    expect(isinstance(t_b, int), f"B: FLOCK.ACQUIRE should grant the expired lock, got {t_b!r}")
-    say("B", f"FLOCK.ACQUIRE {LOCK} client-B 30000 -> {t_b}")
-    expect(t_b > t_a, f"B's token {t_b} should be greater than A's {t_a}")
-    say("B", f"token {t_b} > {t_a}: B's grant is newer than A's")
-    reply = b.execute_command("FLOCK.FENCED", LOCK, t_b, "SET", DATA, "written by B")
-    say("B", f"FLOCK.FENCED {LOCK} {t_b} SET {DATA} \"written by B\" -> {reply!r}")
-    expect(reply == "OK", f"B's fenced write should be accepted, got {reply!r}")
+    say("B", f"flock.lock({LOCK!r}, 30000, wait_ms={int(DEADLINE_S * 1000)}): waits with BLOCK ...")
+    with flock.lock(LOCK, 30000, wait_ms=DEADLINE_S * 1000, owner="client-B") as lease_b:
+        t_b = lease_b.token
+        say("B", f"... granted when A's lease ran out: token {t_b}")
+        left = r.execute_command("FLOCK.CHECK", LOCK, t_a)
+        say("-", f"FLOCK.CHECK {LOCK} {t_a} -> {left}   (A's grant is over; A is still frozen)")
+        expect(left == 0, f"A's grant should be over, CHECK says {left!r}")
+        expect(t_b > t_a, f"B's token {t_b} should be greater than A's {t_a}")
+        say("B", f"token {t_b} > {t_a}: B's grant is newer than A's")
+        reply = lease_b.fenced("SET", DATA, "written by B")
+        say("B", f"lease.fenced(SET {DATA} \"written by B\") -> {reply!r}")
+        expect(reply == "OK", f"B's fenced write should be accepted, got {reply!r}")
 
-    send(to_a, "go")  # A reads it once it runs again
-    say("-", f"SIGCONT -> A wakes up after {(time.monotonic() - stopped_at) * 1000:.0f} ms frozen")
-    os.kill(pid, signal.SIGCONT)
+        send(to_a, "go")  # A reads it once it runs again
+        say("-", f"SIGCONT -> A wakes up after {(time.monotonic() - stopped_at) * 1000:.0f} ms frozen")
+        os.kill(pid, signal.SIGCONT)
 
-    msg = recv(from_a, buf, "A's write result")
-    expect(not msg.startswith("error"), f"A failed: {msg}")
-    expect(msg.startswith("refused "), f"A's stale write should be refused, but: {msg}")
-    err = msg[len("refused "):]
-    expect(err.startswith("FENCED"), f"A's stale write should get a FENCED error, got: {err}")
-    expect(str(t_a) in err, f"the FENCED error should name A's token {t_a}: {err}")
-    msg = recv(from_a, buf, "A's release result")
-    expect(msg == "released 0", f"A's FLOCK.RELEASE should be 0 (A holds nothing), got: {msg}")
+        msg = recv(from_a, buf, "A's ensure() result")
+        expect(not msg.startswith("error"), f"A failed: {msg}")
+        expect(msg == "ensure failed", f"A's ensure() should fail at once from its clock: {msg}")
+        msg = recv(from_a, buf, "A's write result")
+        expect(not msg.startswith("error"), f"A failed: {msg}")
+        expect(msg.startswith("refused "), f"A's stale write should be refused, but: {msg}")
+        err = msg[len("refused "):]
+        expect(err.startswith("FENCED"), f"A's stale write should get a FENCED error, got: {err}")
+        expect(str(t_a) in err, f"the FENCED error should name A's token {t_a}: {err}")
+        msg = recv(from_a, buf, "A's release result")
+        expect(msg == "released 0", f"A's release should find nothing to release, got: {msg}")
 
-    value = b.get(DATA)
-    say("B", f"GET {DATA} -> {value!r}")
-    expect(value == "written by B", f"{DATA} should hold B's value, holds {value!r}")
-    left = b.execute_command("FLOCK.CHECK", LOCK, t_b)
-    expect(isinstance(left, int) and left > 0, f"B's grant should still be live, CHECK says {left!r}")
-    released = b.execute_command("FLOCK.RELEASE", LOCK, "client-B")
-    say("B", f"FLOCK.RELEASE {LOCK} client-B -> {released}")
-    expect(released == 1, f"B's FLOCK.RELEASE should be 1, got {released!r}")
+        value = r.get(DATA)
+        say("B", f"GET {DATA} -> {value!r}")
+        expect(value == "written by B", f"{DATA} should hold B's value, holds {value!r}")
+        expect(lease_b.check() > 0, "B's grant should still be live")
+        expect(not lease_b.lost, f"B's lease should not be lost: {lease_b.lost_reason}")
+    say("B", f"left the with block: released (FLOCK.INFO {LOCK} -> "
+             f"{r.execute_command('FLOCK.INFO', LOCK)})")
+    expect(r.execute_command("FLOCK.INFO", LOCK) is None, "B's lock should be released")
 
 
 def main():

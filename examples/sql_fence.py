@@ -7,25 +7,34 @@ per row and refuses a write whose token is not larger:
 
     UPDATE accounts SET balance = ?, fence = ? WHERE id = ? AND fence < ?
 
-Client A takes the lock on account 1, checks that its grant is live, reads the balance and
-then stalls (a GC pause, here a sleep) past its 1 s lease. Client B takes the lock (a
-larger token) and writes through the database. A wakes up and writes late: Redis is not
-involved in that write at all, yet the DATABASE refuses it (0 rows updated), and the balance
-keeps B's value.
+Client A takes the lock on account 1 with the flock client (clients/python), checks that its
+grant is live, reads the balance and then stalls (a GC pause) past its 1 s lease. Client B,
+waiting for the lock, takes it (a larger token) and writes through the database. A wakes up
+and writes late with lease.token: Redis is not involved in that write at all, yet the DATABASE
+refuses it (0 rows updated), and the balance keeps B's value.
 
-Needs a Redis with the flock module (`make run`) and redis-py (`pip install redis`):
+Needs a Redis with the flock module (`make run`) and redis-py (`pip install redis`); the flock
+client comes from clients/python (`pip install ./clients/python`, or found next to this file):
     python3 examples/sql_fence.py [--host 127.0.0.1] [--port 6379]
 Exits 0 when everything happened as told, 1 otherwise.
 """
 import argparse
+import os
 import sqlite3
 import sys
+import threading
 import time
 
 try:
     import redis
 except ImportError:
     sys.exit("this example needs redis-py: python3 -m pip install redis")
+try:
+    from redis_flock import Flock
+except ImportError:  # not installed: the client in this repository
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "clients", "python", "src"))
+    from redis_flock import Flock
 
 LOCK = "account:1:lock"
 ACCOUNT = 1
@@ -54,7 +63,8 @@ def connect(host, port):
 # --- the outside resource ---------------------------------------------------------------------
 
 def open_db():
-    db = sqlite3.connect(":memory:", isolation_level=None)  # autocommit: one statement each
+    # autocommit: one statement each; B writes from its own thread (never at the same time as A)
+    db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
     db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER,"
                " fence INTEGER NOT NULL DEFAULT 0)")
     db.execute("INSERT INTO accounts (id, balance) VALUES (?, ?)", (ACCOUNT, 100))
@@ -89,57 +99,68 @@ def row(db):
 
 def story(r, db):
     say("db", f"accounts: (id, balance, fence) = {row(db)}")
+    flock = Flock(r)
 
-    # Client A: lock, check, read ... and stall.
-    t_a = r.execute_command("FLOCK.ACQUIRE", LOCK, "client-A", LEASE_MS)
-    expect(isinstance(t_a, int), f"A: FLOCK.ACQUIRE should grant the free lock, got {t_a!r}")
-    say("A", f"FLOCK.ACQUIRE {LOCK} client-A {LEASE_MS} -> {t_a}")
-    left = r.execute_command("FLOCK.CHECK", LOCK, t_a)
-    expect(isinstance(left, int) and left > 0, f"A's fresh grant should be live, CHECK says {left!r}")
-    say("A", f"FLOCK.CHECK {LOCK} {t_a} -> {left} ms left: all good, go on")
+    # Client A: lock, check, read ... and stall. (renew=False: a real pause would stop A's
+    # watchdog too; in this one-process demo, A's pause is a sleep, which would not.)
+    lease_a = flock.acquire(LOCK, LEASE_MS, owner="client-A", renew=False)
+    expect(lease_a is not None, "A: flock.acquire should grant the free lock")
+    t_a = lease_a.token
+    say("A", f"flock.acquire({LOCK!r}, {LEASE_MS}) -> token {t_a}")
+    left = lease_a.check()
+    expect(left > 0, f"A's fresh grant should be live, CHECK says {left!r}")
+    say("A", f"lease.check() (FLOCK.CHECK {LOCK} {t_a}) -> {left} ms left: all good, go on")
     a_seen = read_balance(db)
     a_new = a_seen + 50
     say("A", f"reads balance {a_seen}, will deposit 50 -> {a_new} ... and stalls (GC pause)")
-
-    # A's pause: wait (polling) until its lease is over. A does nothing meanwhile.
     paused_at = time.monotonic()
-    end = paused_at + DEADLINE_S
-    while left != 0:
-        expect(isinstance(left, int) and left > 0, f"FLOCK.CHECK: unexpected reply {left!r}")
-        expect(time.monotonic() < end, f"A's {LEASE_MS} ms lease did not end within {DEADLINE_S} s")
-        time.sleep(0.02)
-        left = r.execute_command("FLOCK.CHECK", LOCK, t_a)
-    say("-", f"FLOCK.CHECK {LOCK} {t_a} -> 0   (A's lease is over; A is still paused)")
 
-    # Client B: lock, read, write through the database.
-    t_b = r.execute_command("FLOCK.ACQUIRE", LOCK, "client-B", 30000)
-    expect(isinstance(t_b, int), f"B: FLOCK.ACQUIRE should grant the expired lock, got {t_b!r}")
-    say("B", f"FLOCK.ACQUIRE {LOCK} client-B 30000 -> {t_b}   ({t_b} > {t_a})")
-    expect(t_b > t_a, f"B's token {t_b} should be greater than A's {t_a}")
-    b_seen = read_balance(db)
-    expect(b_seen == 100, f"B should read the untouched balance 100, read {b_seen}")
-    b_new = b_seen - 30
-    say("B", f"reads balance {b_seen}, withdraws 30 -> {b_new}")
-    expect(write_balance(db, "B", b_new, t_b), "B's write with the live token should be taken")
+    # Client B (another thread, as it would be another process): waits for the lock with
+    # BLOCK, reads, writes through the database.
+    b = {}
+
+    def client_b():
+        try:
+            with flock.lock(LOCK, 30000, wait_ms=DEADLINE_S * 1000, owner="client-B") as lease:
+                b["token"] = lease.token
+                say("B", f"flock.lock({LOCK!r}, 30000, wait_ms=...) -> granted when A's lease "
+                         f"ran out: token {lease.token}   ({lease.token} > {t_a})")
+                b["seen"] = read_balance(db)
+                b["new"] = b["seen"] - 30
+                say("B", f"reads balance {b['seen']}, withdraws 30 -> {b['new']}")
+                b["took"] = write_balance(db, "B", b["new"], lease.token)
+            say("B", "left the with block: lock released")
+        except Exception as e:  # checked below
+            b["error"] = e
+
+    tb = threading.Thread(target=client_b)
+    tb.start()
+    tb.join(DEADLINE_S)
+    expect(not tb.is_alive(), f"B did not get the lock within {DEADLINE_S} s")
+    expect("error" not in b, f"B failed: {b.get('error')!r}")
+    expect(b["token"] > t_a, f"B's token {b['token']} should be greater than A's {t_a}")
+    expect(b["seen"] == 100, f"B should read the untouched balance 100, read {b['seen']}")
+    expect(b["took"], "B's write with the live token should be taken")
     say("db", f"accounts: (id, balance, fence) = {row(db)}")
 
-    # A wakes up and writes what it computed before the pause.
+    # A wakes up and writes what it computed before the pause, with its token.
     say("A", f"... wakes up after {(time.monotonic() - paused_at) * 1000:.0f} ms "
-             f"and writes the balance it computed: {a_new}")
-    took = write_balance(db, "A", a_new, t_a)
+             f"and writes the balance it computed: {a_new}  (lease.lost = {lease_a.lost}, but "
+             f"say A does not look)")
+    took = write_balance(db, "A", a_new, lease_a.token)
     expect(not took, "the database should refuse A's write with the stale token")
 
     balance = read_balance(db)
     say("db", f"accounts: (id, balance, fence) = {row(db)}")
-    expect(balance == b_new, f"the balance should be B's {b_new}, is {balance}")
-    expect(row(db)[2] == t_b, f"the row's fence should be B's token {t_b}, is {row(db)[2]}")
+    expect(balance == b["new"], f"the balance should be B's {b['new']}, is {balance}")
+    expect(row(db)[2] == b["token"], f"the row's fence should be B's token {b['token']}, "
+                                     f"is {row(db)[2]}")
 
-    released = r.execute_command("FLOCK.RELEASE", LOCK, "client-A")
-    say("A", f"FLOCK.RELEASE {LOCK} client-A -> {released}   (A held nothing any more)")
-    expect(released == 0, f"A's FLOCK.RELEASE should be 0, got {released!r}")
-    released = r.execute_command("FLOCK.RELEASE", LOCK, "client-B")
-    say("B", f"FLOCK.RELEASE {LOCK} client-B -> {released}")
-    expect(released == 1, f"B's FLOCK.RELEASE should be 1, got {released!r}")
+    released = lease_a.release()
+    say("A", f"lease.release() (FLOCK.RELEASE {LOCK} client-A {t_a}) -> {released}   "
+             "(A held nothing any more)")
+    expect(released is False, f"A's release should find nothing to release, got {released!r}")
+    expect(r.execute_command("FLOCK.INFO", LOCK) is None, "B's lock should be released")
 
 
 def main():

@@ -14,7 +14,7 @@ for name in "$@"; do
   log="target/compat/$name.log"
   echo "== $name ($version): $bin"
   start=$(date +%s)
-  REDIS_SERVER="$bin" FLOCK_MODULE="$module" cargo test --release --test '*' -- --test-threads=4 >"$log" 2>&1
+  REDIS_SERVER="$bin" FLOCK_MODULE="$module" cargo test --release --no-fail-fast --test '*' -- --test-threads=4 >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
   passed=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^passed/) n+=$i} END{print n+0}' "$log")

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""What the client adds to a lock: ``with flock.lock(...)`` + release against the raw commands
+(FLOCK.ACQUIRE + FLOCK.RELEASE key owner token through redis-py) on the same connection pool.
+
+    python clients/python/bench.py --port 6379 [--host 127.0.0.1] [--iterations 5000]
+
+Needs a server with the flock module. Rounds of each variant alternate (raw, renew=False,
+watchdog), so that drift of a loaded machine hits them alike; prints per-lock median and p99
+of each and the client's added latency (variant minus raw). Target: under 150 us per lock.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+
+import redis
+
+import redis.asyncio
+import redis_flock.aio
+from redis_flock import Flock
+
+ROUND = 10
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=6379)
+    p.add_argument("--iterations", type=int, default=5000, help="locks per variant (>= 2000)")
+    p.add_argument("--ttl", type=int, default=30_000)
+    args = p.parse_args()
+    if args.iterations < 2000:
+        p.error("--iterations must be at least 2000")
+    r = redis.Redis(host=args.host, port=args.port)
+    r.ping()
+    flock = Flock(r)
+    key, ttl = "bench:flock-client", args.ttl
+    owner = "bench-raw-owner-0123456789abcdef"
+    pc = time.perf_counter
+
+    def raw():
+        t = pc()
+        token = r.execute_command("FLOCK.ACQUIRE", key, owner, ttl)
+        r.execute_command("FLOCK.RELEASE", key, owner, token)
+        return pc() - t
+
+    def lock_no_renew():
+        t = pc()
+        with flock.lock(key, ttl, renew=False):
+            pass
+        return pc() - t
+
+    def lock_watchdog():
+        t = pc()
+        with flock.lock(key, ttl):
+            pass
+        return pc() - t
+
+    variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
+                "lock() with watchdog": lock_watchdog}
+    times = {name: [] for name in variants}
+    for fn in variants.values():  # warm-up
+        for _ in range(200):
+            fn()
+    done = 0
+    while done < args.iterations:
+        n = min(ROUND, args.iterations - done)
+        for name, fn in variants.items():
+            out = times[name]
+            for _ in range(n):
+                out.append(fn())
+        done += n
+    if r.exists(key):
+        print("FAILED: the lock key is still there after the last release", file=sys.stderr)
+        return 1
+
+    atimes = asyncio.run(bench_aio(args.host, args.port, key, ttl, owner, args.iterations))
+    print(f"flock Python client overhead on {args.host}:{args.port}, {args.iterations} locks "
+          f"per variant (redis-py {redis.__version__}, Python {sys.version.split()[0]})")
+    worst = max(table("sync: redis_flock.Flock over redis.Redis", times),
+                table("asyncio: redis_flock.aio.Flock over redis.asyncio.Redis", atimes))
+    verdict = "within" if worst < 150 else "ABOVE"
+    print(f"added latency per lock (median, worst variant): {worst:.1f} us: {verdict} the 150 us target")
+    return 0
+
+
+def table(title, times):
+    """Prints one table; returns the worst added median (us)."""
+    us = 1e6
+    raw = next(xs for name, xs in times.items() if name.startswith("raw"))
+    base_med, base_p99 = statistics.median(raw), pct(raw, 0.99)
+    print(title)
+    print(f"  {'variant':<24}{'median us':>11}{'p99 us':>10}{'added median':>15}{'added p99':>12}")
+    worst = 0.0
+    for name, xs in times.items():
+        med, p99 = statistics.median(xs), pct(xs, 0.99)
+        added = "" if name.startswith("raw") else f"{(med - base_med) * us:+.1f}"
+        added99 = "" if name.startswith("raw") else f"{(p99 - base_p99) * us:+.1f}"
+        if not name.startswith("raw"):
+            worst = max(worst, (med - base_med) * us)
+        print(f"  {name:<24}{med * us:>11.1f}{p99 * us:>10.1f}{added:>15}{added99:>12}")
+    return worst
+
+
+async def bench_aio(host, port, key, ttl, owner, iterations):
+    r = redis.asyncio.Redis(host=host, port=port)
+    flock = redis_flock.aio.Flock(r)
+    pc = time.perf_counter
+
+    async def raw():
+        t = pc()
+        token = await r.execute_command("FLOCK.ACQUIRE", key, owner, ttl)
+        await r.execute_command("FLOCK.RELEASE", key, owner, token)
+        return pc() - t
+
+    async def lock_no_renew():
+        t = pc()
+        async with flock.lock(key, ttl, renew=False):
+            pass
+        return pc() - t
+
+    async def lock_watchdog():
+        t = pc()
+        async with flock.lock(key, ttl):
+            pass
+        return pc() - t
+
+    variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
+                "lock() with watchdog": lock_watchdog}
+    times = {name: [] for name in variants}
+    for fn in variants.values():
+        for _ in range(200):
+            await fn()
+    done = 0
+    while done < iterations:
+        n = min(ROUND, iterations - done)
+        for name, fn in variants.items():
+            for _ in range(n):
+                times[name].append(await fn())
+        done += n
+    await r.aclose()
+    return times
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""redis-flock: the client half of flock's fenced locks for Redis.
+
+    from redis import Redis
+    from redis_flock import Flock
+
+    flock = Flock(Redis())
+    with flock.lock("orders:42:lock", ttl_ms=10_000) as lease:
+        lease.fenced("SET", "orders:42:state", "paid")
+
+The asyncio client is ``redis_flock.aio.Flock``.
+"""
+from ._common import FencedError, FlockError, LeaseTooShortError, LockBusyError, LockLostError
+from ._sync import Flock, Lease
+
+__all__ = [
+    "Flock",
+    "Lease",
+    "FlockError",
+    "LockBusyError",
+    "LockLostError",
+    "LeaseTooShortError",
+    "FencedError",
+]
+__version__ = "0.1.0"

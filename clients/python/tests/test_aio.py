@@ -1,0 +1,262 @@
+"""The asyncio client (redis_flock.aio) against a real redis-server with the flock module."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+import pytest
+import redis.asyncio
+
+from redis_flock import FencedError, LeaseTooShortError, LockBusyError, LockLostError
+from redis_flock.aio import Flock
+
+from conftest import SOON_S, Monitor, wait_until
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def aclient(server, **kw):
+    kw.setdefault("socket_timeout", SOON_S)
+    return redis.asyncio.Redis(host="127.0.0.1", port=server.port, **kw)
+
+
+async def until(cond, what, timeout=SOON_S):
+    """An observer's poll (never the client under test)."""
+    end = time.monotonic() + timeout
+    while True:
+        v = await cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def blocked(r):
+    return int((await r.info("clients"))["blocked_clients"])
+
+
+async def renewals(r):
+    return int((await r.info("flock"))["flock_renewals"])
+
+
+def test_aio_scoped_lock_and_release(server):
+    async def main():
+        r = aclient(server, decode_responses=True)
+        flock = Flock(r)
+        async with flock.lock("a:lock", 10_000) as lease:
+            assert lease.token > 0 and len(lease.owner) == 32
+            assert await lease.fenced("SET", "a:data", "v") == "OK"
+            server_left = await lease.check()
+            assert 0 < lease.remaining_ms() <= server_left  # local measured after the server
+            lease.ensure(1000)
+            with pytest.raises(LeaseTooShortError):
+                lease.ensure(60_000)
+            assert await flock.acquire("a:lock", 1000) is None
+            with pytest.raises(LockBusyError):
+                async with flock.lock("a:lock", 1000, wait_ms=100):
+                    pass
+        assert await r.exists("a:lock") == 0
+        assert not lease.lost and lease.remaining_ms() == 0
+        assert await r.get("a:data") == "v"
+        await r.aclose()
+    run(main())
+
+
+def test_aio_watchdog_keeps_a_300ms_lease_alive_for_3s(server):
+    async def main():
+        r = aclient(server)
+        flock = Flock(r)
+        async with flock.lock("a:wd", 300) as lease:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                assert await r.execute_command("FLOCK.CHECK", "a:wd", lease.token) > 0
+                assert not lease.lost, lease.lost_reason
+                await asyncio.sleep(0.05)
+        assert await renewals(r) >= 9
+        await r.aclose()
+    run(main())
+
+
+def test_aio_watchdog_stops_on_release(server):
+    async def main():
+        r = aclient(server)
+        flock = Flock(r)
+        lease = await flock.acquire("a:wd-stop", 150)
+        await until(lambda: _now(mon.count("FLOCK.RENEW a:wd-stop") >= 2), "two renewals")
+        assert await lease.release() is True
+        await until(lambda: _now(mon.count("FLOCK.RELEASE a:wd-stop") == 1), "the release")
+        marker = await flock.acquire("a:marker", 150)
+        await until(lambda: _now(mon.count("FLOCK.RENEW a:marker") >= 5),
+                    "five renewals of another lease")
+        await marker.release()
+        await r.aclose()
+        return lease
+
+    mon = Monitor(server)
+    try:
+        lease = run(main())
+    finally:
+        mon.close()
+    after = mon.commands[mon.index("FLOCK.RELEASE a:wd-stop"):]
+    assert not [c for c in after if c.startswith("FLOCK.RENEW a:wd-stop")], after
+    assert not lease.lost
+
+
+async def _now(value):
+    return value
+
+
+def test_aio_revoke_is_noticed_and_raised_on_leaving(server):
+    async def main():
+        ttl = 1500
+        r = aclient(server)
+        flock = Flock(r)
+        with pytest.raises(LockLostError):
+            async with flock.lock("a:rv", ttl) as lease:
+                assert await r.execute_command("FLOCK.REVOKE", "a:rv") == 1
+                t0 = time.monotonic()
+                assert await lease.wait_lost(ttl / 3 + 400)
+                assert (time.monotonic() - t0) * 1000 <= ttl / 3 + 400
+                assert lease.lost and lease.remaining_ms() == 0
+                with pytest.raises(LockLostError):
+                    lease.ensure()
+        # the block's own error goes on unchanged
+        with pytest.raises(ZeroDivisionError):
+            async with flock.lock("a:rv", 600) as lease2:
+                await r.execute_command("FLOCK.REVOKE", "a:rv")
+                assert await lease2.wait_lost(SOON_S * 1000)
+                1 / 0
+        assert lease2.lost
+        await r.aclose()
+    run(main())
+
+
+def test_aio_stale_fenced_write_and_remaining_vs_check(server):
+    async def main():
+        r = aclient(server)
+        flock = Flock(r)
+        a = await flock.acquire("{af}:lock", 2000, renew=False)
+        for _ in range(100):
+            server_left = await r.execute_command("FLOCK.CHECK", "{af}:lock", a.token)
+            assert 0 < a.remaining_ms() <= server_left
+        await flock.revoke("{af}:lock")
+        b = await flock.acquire("{af}:lock", 10_000)
+        with pytest.raises(FencedError):
+            await a.fenced("SET", "{af}:data", "stale")
+        assert a.lost and await a.release() is False
+        assert await b.release() is True
+        await r.aclose()
+    run(main())
+
+
+def test_aio_block_waiting_fifo_and_rule_1(server):
+    async def main():
+        r = aclient(server)
+        flock = Flock(r)
+        holder = await flock.acquire("a:fifo", 20_000)
+        order = []
+
+        async def waiter(i):
+            lease = await flock.acquire("a:fifo", 300, wait_ms=SOON_S * 1000, renew=(i != 0))
+            order.append(i)
+            return lease
+
+        tasks = []
+        t0 = time.monotonic()
+        for i in range(3):
+            tasks.append(asyncio.ensure_future(waiter(i)))
+            await until(lambda: _eq(blocked(r), i + 1), f"waiter {i} blocks on the server")
+        while time.monotonic() - t0 < 0.9:  # the first waiter waits three of its ttls
+            await asyncio.sleep(0.05)
+        before = await renewals(r)
+        await holder.release()
+        first = await asyncio.wait_for(tasks[0], SOON_S)
+        # rule 1: the grant after a wait longer than the ttl is renewed at once
+        assert await renewals(r) >= before + 1
+        assert 0 < first.remaining_ms() <= 300 and not first.lost
+        assert order == [0]
+        await first.release()
+        second = await asyncio.wait_for(tasks[1], SOON_S)
+        await second.release()
+        third = await asyncio.wait_for(tasks[2], SOON_S)
+        await third.release()
+        assert order == [0, 1, 2]
+        assert holder.token < first.token < second.token < third.token
+        await r.aclose()
+    run(main())
+
+
+async def _eq(coro, value):
+    return (await coro) == value
+
+
+def test_aio_client_kill_of_the_watchdog_connection_is_recovered(server):
+    async def main():
+        admin = aclient(server, decode_responses=True)
+        r = aclient(server, client_name="aio-holder")
+        flock = Flock(r)
+        kills = 0
+        async with flock.lock("a:ck", 600) as lease:
+            base = await renewals(admin)
+            for round_ in range(4):
+                for c in await admin.client_list():
+                    if c.get("name") == "aio-holder":
+                        kills += await admin.execute_command("CLIENT", "KILL", "ID", c["id"])
+                want = base + 2 * (round_ + 1)
+                await until(lambda: _ge_or(renewals(admin), want, lease),
+                            "renewals after a kill")
+                assert not lease.lost, lease.lost_reason
+            assert await lease.check() > 0
+        assert kills >= 4
+        await admin.aclose()
+        await r.aclose()
+    run(main())
+
+
+async def _ge_or(coro, want, lease):
+    return (await coro) >= want or lease.lost
+
+
+def test_aio_dropped_lease_is_released_in_the_background(server):
+    async def main():
+        r = aclient(server)
+        lease = await Flock(r).acquire("a:dropped", 30_000)
+        del lease
+        gc.collect()
+        await until(lambda: _eq(r.exists("a:dropped"), 0), "the background release")
+        await r.aclose()
+    run(main())
+
+
+def test_aio_a_connection_killed_in_the_middle_of_a_renewal_is_recovered(server):
+    admin = server.client(decode_responses=True)
+
+    def held_renewal():
+        return [c for c in admin.client_list() if c.get("name") == "aio-holder2"
+                and c.get("cmd") == "flock.renew" and "b" in c.get("flags", "")]
+
+    async def main():
+        r = aclient(server, client_name="aio-holder2")
+        flock = Flock(r)
+        loop = asyncio.get_running_loop()
+        async with flock.lock("a:ck2", 900) as lease:
+            for _ in range(3):
+                base = await renewals(r)
+                admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+                try:
+                    held = await loop.run_in_executor(None, lambda: wait_until(
+                        held_renewal, "a renewal held by the pause"))
+                    for c in held:
+                        assert admin.execute_command("CLIENT", "KILL", "ID", c["id"]) == 1
+                finally:
+                    admin.execute_command("CLIENT", "UNPAUSE")
+                await until(lambda: _ge_or(renewals(r), base + 1, lease), "the renewal retried")
+                assert not lease.lost, lease.lost_reason
+            assert await lease.check() > 0
+        assert not lease.lost
+        await r.aclose()
+    run(main())

@@ -1,0 +1,109 @@
+"""The sync and asyncio clients on a 3-master Redis Cluster: routing, and a slot moved while a
+client waits (TRYAGAIN, then the wait goes on at the slot's new owner)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+import redis_flock.aio as aio
+from redis_flock import Flock
+
+from conftest import SOON_S, wait_until
+
+
+def lock_info(node, key):
+    with node.client(decode_responses=True) as c:
+        info = c.execute_command("FLOCK.INFO", key)
+    if isinstance(info, list):
+        info = dict(zip(info[::2], info[1::2]))
+    return info
+
+
+def other_master(cluster, node):
+    return next(n for n in cluster.nodes if n is not node)
+
+
+def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True,
+                      socket_timeout=SOON_S)
+    flock = Flock(rc)
+    for i in range(6):  # keys on every master
+        key, data = f"{{c{i}}}:lock", f"{{c{i}}}:data"
+        with flock.lock(key, 300 if i == 0 else 10_000) as lease:
+            assert lease.fenced("SET", data, f"v{i}") == "OK"
+            if i == 0:
+                assert not lease.wait_lost(1200)  # four ttls, renewed on the key's node
+            assert lease.check() > 0
+        assert rc.get(data) == f"v{i}"
+        assert rc.exists(key) == 0
+    rc.close()
+
+
+def test_cluster_wait_survives_a_slot_move(cluster):
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
+    flock = Flock(rc)
+    key = "{mig}:lock"
+    slot = rc.keyslot(key)
+    src = cluster.node_of_slot(slot)
+    dst = other_master(cluster, src)
+    holder = flock.acquire(key, 30_000)
+    got = {}
+
+    def waiter():
+        try:
+            got["lease"] = flock.acquire(key, 10_000, wait_ms=60_000)
+        except BaseException as e:  # reported below
+            got["error"] = e
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    wait_until(lambda: src.blocked_clients() == 1, "the waiter blocks at the slot's master")
+    cluster.migrate_slot(slot, src, dst)
+    # TRYAGAIN at the source; the client follows the slot and waits again at its new master
+    wait_until(lambda: dst.blocked_clients() == 1 or not t.is_alive(),
+               "the waiter waits at the new master")
+    assert t.is_alive(), got
+    assert lock_info(dst, key)["waiters"] == 1
+    assert src.blocked_clients() == 0
+    assert holder.release() is True  # routed to the new master too
+    t.join(SOON_S)
+    assert "error" not in got, got
+    lease = got["lease"]
+    assert lease is not None and lease.token > holder.token
+    info = lock_info(dst, key)
+    assert info["owner"] == lease.owner and info["token"] == lease.token
+    assert lease.fenced("SET", "{mig}:data", "after the move") in (b"OK", "OK")
+    assert lease.release() is True
+    rc.close()
+
+
+def test_cluster_async_wait_survives_a_slot_move(cluster):
+    async def main():
+        rc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
+                               socket_timeout=SOON_S)
+        flock = aio.Flock(rc)
+        key = "{amig}:lock"
+        slot = rc.keyslot(key)
+        src = cluster.node_of_slot(slot)
+        dst = other_master(cluster, src)
+        holder = await flock.acquire(key, 30_000)
+        wait = asyncio.ensure_future(flock.acquire(key, 10_000, wait_ms=60_000))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: wait_until(
+            lambda: src.blocked_clients() == 1, "the waiter blocks at the slot's master"))
+        await loop.run_in_executor(None, cluster.migrate_slot, slot, src, dst)
+        await loop.run_in_executor(None, lambda: wait_until(
+            lambda: dst.blocked_clients() == 1 or wait.done(), "the waiter waits at the new master"))
+        assert not wait.done(), wait
+        assert await holder.release() is True
+        lease = await asyncio.wait_for(wait, SOON_S)
+        assert lease is not None and lease.token > holder.token
+        info = lock_info(dst, key)
+        assert info["owner"] == lease.owner and info["token"] == lease.token
+        assert await lease.release() is True
+        await rc.aclose()
+
+    asyncio.run(main())
