@@ -6,6 +6,7 @@ use crate::waiters::{self, Job};
 use crate::{expiry, rm, server};
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
 /// move a lock or take it away. A lock value overwritten by another type is noticed in the
@@ -15,19 +16,51 @@ pub const SUBSCRIBED: c_int = raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EXPIRED
     | raw::REDISMODULE_NOTIFY_EVICTED;
 
+/// The database MOVE moved a key from ("move_from" comes just before "move_to"), -1 when none.
+static MOVE_SOURCE_DB: AtomicI32 = AtomicI32::new(-1);
+
 /// A lock put under a new name, database or value (RESTORE, COPY, RENAME, MOVE) gets its
 /// timer there. A key with waiters that was deleted, flushed, renamed away or overwritten is
 /// looked at again right after the command: its waiters get the lock or an error.
+///
+/// Valkey 8.1 runs this callback on the client whose command caused the event, with the
+/// event's database selected, and leaves that client in it: after `MOVE key 1` the client
+/// (or, on a replica, the link to its master, whose next writes would land in the wrong
+/// database) would be left in database 1. So after "move_to" the source database is selected
+/// again; on servers that give the callback a client of its own this changes nothing.
 pub unsafe extern "C" fn on_keyspace_event(
     ctx: Ctx,
     _type: c_int,
     event: *const c_char,
     key: RStr,
 ) -> c_int {
-    if event.is_null() || !server::is_master() {
+    if event.is_null() {
         return raw::REDISMODULE_OK as c_int;
     }
     let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
+    match event {
+        b"move_from" => {
+            MOVE_SOURCE_DB.store(rm!(RedisModule_GetSelectedDb, -1; ctx), Ordering::Relaxed);
+        }
+        b"move_to" => {
+            if server::is_master() {
+                look_at(ctx, event, key);
+            }
+            let source = MOVE_SOURCE_DB.swap(-1, Ordering::Relaxed);
+            if source >= 0 {
+                rm!(RedisModule_SelectDb, 0; ctx, source);
+            }
+            return raw::REDISMODULE_OK as c_int;
+        }
+        _ => {}
+    }
+    if server::is_master() {
+        look_at(ctx, event, key);
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
     if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
         let k = Key::open(ctx, key, false);
         if matches!(k.kind(server::lock_type()), KeyKind::Ours) {
@@ -43,7 +76,6 @@ pub unsafe extern "C" fn on_keyspace_event(
             waiters::schedule(Job::Revisit((db, name.to_vec())));
         }
     }
-    raw::REDISMODULE_OK as c_int
 }
 
 /// Role changes, the end of loading, flushes and SWAPDB.

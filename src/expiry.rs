@@ -212,6 +212,9 @@ pub fn arm_all(ctx: Ctx) {
     if !server::is_master() {
         return;
     }
+    // The context may be the client that ran SWAPDB (Valkey 8.1 fires the event on it):
+    // leave it in the database it had selected.
+    let selected = rm!(RedisModule_GetSelectedDb, 0; ctx);
     let mut db: c_int = 0;
     while rm!(RedisModule_SelectDb, raw::REDISMODULE_ERR as c_int; ctx, db)
         == raw::REDISMODULE_OK as c_int
@@ -224,7 +227,7 @@ pub fn arm_all(ctx: Ctx) {
         rm!(RedisModule_ScanCursorDestroy, (); cursor);
         db += 1;
     }
-    rm!(RedisModule_SelectDb, 0; ctx, 0);
+    rm!(RedisModule_SelectDb, 0; ctx, selected);
 }
 
 unsafe extern "C" fn arm_scanned(

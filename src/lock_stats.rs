@@ -71,6 +71,7 @@ pub const BUCKETS: usize = 460;
 pub struct LogHistogram {
     counts: [u32; BUCKETS],
     total: u64,
+    min: u64,
     max: u64,
 }
 
@@ -79,6 +80,7 @@ impl Default for LogHistogram {
         LogHistogram {
             counts: [0; BUCKETS],
             total: 0,
+            min: u64::MAX,
             max: 0,
         }
     }
@@ -99,6 +101,7 @@ impl LogHistogram {
             *c = c.saturating_add(1);
         }
         self.total += 1;
+        self.min = self.min.min(v);
         self.max = self.max.max(v);
     }
 
@@ -111,7 +114,8 @@ impl LogHistogram {
     }
 
     /// The `p`-quantile (0 < p <= 1): the geometric middle of the bucket holding the value of
-    /// rank ceil(p * count), never above the largest value seen. None when empty.
+    /// rank ceil(p * count), kept within the smallest and largest values seen (so a single
+    /// value, or a constant one, comes back exactly). None when empty.
     pub fn quantile(&self, p: f64) -> Option<u64> {
         if self.total == 0 {
             return None;
@@ -126,7 +130,8 @@ impl LogHistogram {
                 }
                 let lo = RATIO.powi(b as i32 - 1);
                 let mid = (lo * RATIO.sqrt()).round() as u64;
-                return Some(mid.clamp(lo.ceil() as u64, self.max));
+                // max/min, not clamp: float rounding can put `lo` a hair above `max`.
+                return Some(mid.max(lo.ceil() as u64).min(self.max).max(self.min));
             }
         }
         Some(self.max)
@@ -258,6 +263,69 @@ impl Stats {
     }
 }
 
+/// A reply, as FLOCK.STATS GET gives it: maps (flat arrays in RESP2), integers, nil.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Out {
+    Int(u64),
+    Nil,
+    Arr(Vec<Out>),
+    Map(Vec<(Vec<u8>, Out)>),
+}
+
+fn field(name: &str, v: Out) -> (Vec<u8>, Out) {
+    (name.as_bytes().to_vec(), v)
+}
+
+fn quantiles(h: &LogHistogram, with_max: bool, with_p99: bool) -> Out {
+    let q = |p: f64| h.quantile(p).map_or(Out::Nil, Out::Int);
+    let mut m = vec![field("p50", q(0.5))];
+    if with_p99 {
+        m.push(field("p99", q(0.99)));
+    }
+    if with_max {
+        m.push(field("max", if h.count() == 0 { Out::Nil } else { Out::Int(h.max()) }));
+    }
+    Out::Map(m)
+}
+
+impl ClassStats {
+    /// This class's figures as FLOCK.STATS GET shows them.
+    pub fn report(&self) -> Out {
+        Out::Map(vec![
+            field("grants", Out::Int(self.grants)),
+            field("released", Out::Int(self.released)),
+            field("expired", Out::Int(self.expired)),
+            field("revoked", Out::Int(self.revoked)),
+            field("closed", Out::Int(self.closed)),
+            field("renewals", Out::Int(self.renewals)),
+            field("hold_ms", quantiles(&self.hold, true, true)),
+            field("ttl_ms", quantiles(&self.ttl, false, false)),
+            field("wait_ms", quantiles(&self.wait, false, true)),
+            field(
+                "ttl_advice_ms",
+                self.ttl_advice_ms()
+                    .map_or(Out::Nil, |[lo, hi]| Out::Arr(vec![Out::Int(lo), Out::Int(hi)])),
+            ),
+        ])
+    }
+}
+
+impl Stats {
+    /// FLOCK.STATS GET [class ...]: `classes` (a map of class name to its figures; classes
+    /// named but never seen are left out) and `overflow`.
+    pub fn report(&self, names: Option<&[&[u8]]>) -> Out {
+        let classes = self
+            .classes(names)
+            .into_iter()
+            .map(|(name, c)| (name.to_vec(), c.report()))
+            .collect();
+        Out::Map(vec![
+            field("classes", Out::Map(classes)),
+            field("overflow", Out::Int(self.overflow)),
+        ])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,6 +428,35 @@ mod tests {
         s.reset();
         assert!(s.classes(None).is_empty());
         assert_eq!(s.overflow, 0);
+    }
+
+    #[test]
+    fn the_report_has_every_field() {
+        let mut s = Stats::default();
+        s.record(b"job:1", Event::Granted { ttl_ms: 1000 }, 8);
+        let Out::Map(top) = s.report(None) else { panic!("not a map") };
+        assert_eq!(top[0].0, b"classes");
+        assert_eq!(top[1], (b"overflow".to_vec(), Out::Int(0)));
+        let Out::Map(classes) = &top[0].1 else { panic!("classes") };
+        let (name, Out::Map(fields)) = &classes[0] else { panic!("class") };
+        assert_eq!(name, b"job:#");
+        let names: Vec<&[u8]> = fields.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(
+            names,
+            [
+                &b"grants"[..], b"released", b"expired", b"revoked", b"closed", b"renewals",
+                b"hold_ms", b"ttl_ms", b"wait_ms", b"ttl_advice_ms"
+            ]
+        );
+        assert_eq!(fields[0].1, Out::Int(1));
+        assert_eq!(
+            fields[6].1,
+            Out::Map(vec![field("p50", Out::Nil), field("p99", Out::Nil), field("max", Out::Nil)])
+        );
+        assert_eq!(fields[7].1, Out::Map(vec![field("p50", Out::Int(1000))]));
+        assert_eq!(fields[9].1, Out::Nil);
+        let Out::Map(none) = &s.report(Some(&[b"nope"])) else { panic!() };
+        assert_eq!(none[0].1, Out::Map(vec![]));
     }
 
     #[test]

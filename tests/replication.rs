@@ -394,3 +394,32 @@ fn consumers_that_arrive_later_get_every_effect() {
         "a release after AOF was enabled survives"
     );
 }
+
+/// MOVE of any key leaves the client, and on the replica the link to its master, in the
+/// database they had selected. Valkey 8.1 runs module keyspace callbacks on the client whose
+/// command caused the event and leaves it in the event's database; without flock's
+/// workaround a replica then applied every later write of the master to the wrong database.
+#[test]
+fn move_leaves_the_client_and_the_replica_link_in_their_database() {
+    let master = Server::start();
+    let replica = master.start_replica();
+    let mut c = master.conn();
+    let mut r = replica.conn();
+    for (key, setup) in [("plain", vec!["SET", "plain", "v"]), ("lk", vec!["FLOCK.ACQUIRE", "lk", "o", "60000"])] {
+        assert!(!call(&mut c, &setup).is_err());
+        assert_eq!(call(&mut c, &["MOVE", key, "1"]), Reply::Int(1), "MOVE {key}");
+        let info = call(&mut c, &["CLIENT", "INFO"]).string().unwrap_or_default();
+        assert!(info.contains(" db=0 "), "after MOVE {key} the client is not in db 0: {info}");
+        assert_eq!(call(&mut c, &["SET", &format!("after:{key}"), "x"]), Reply::Status("OK".into()));
+    }
+    wait_replica(&mut c);
+    for key in ["after:plain", "after:lk"] {
+        assert_eq!(
+            call(&mut r, &["GET", key]),
+            Reply::Bulk(b"x".to_vec()),
+            "{key}: a write after MOVE must land in db 0 on the replica too"
+        );
+    }
+    assert_eq!(call(&mut r, &["SELECT", "1"]), Reply::Status("OK".into()));
+    assert_eq!(call(&mut r, &["EXISTS", "plain", "lk"]), Reply::Int(2));
+}
