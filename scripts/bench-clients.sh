@@ -27,17 +27,20 @@ mkdir -p "$(dirname "$out")"
   cargo run -q -p flock-client --release --example bench -- --port "$port" --iters "$iters"
   echo '```'
   if [ -f clients/python/bench.py ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e clients/python >&2
     echo
     echo "## Python (redis-flock)"
     echo '```'
-    .venv/bin/python clients/python/bench.py --port "$port" --iters "$iters"
+    .venv/bin/python clients/python/bench.py --port "$port" --iterations "$iters"
     echo '```'
   fi
   if [ -f clients/node/bench.mjs ]; then
     echo
     echo "## Node.js (redis-flock)"
     echo '```'
-    (cd clients/node && node bench.mjs --port "$port" --iters "$iters")
+    # The package's build (dist/) and its dev dependencies (ioredis, node-redis) come from npm ci.
+    (cd clients/node && { [ -d node_modules ] && [ -d dist ] || npm ci --no-audit --no-fund >&2; } \
+      && node bench.mjs --port "$port" --iterations "$iters")
     echo '```'
   fi
 } | tee "$out.tmp"
