@@ -2,13 +2,7 @@
 //! access to it (`%R~`) may call them and nothing that changes a lock; a user with write-only
 //! access (`%W~`) may not read a lock; FENCED asks for read access to its lock key and for what
 //! the inner command declares on the inner keys. And FENCED refuses to touch its own lock key.
-mod common;
-
-use common::*;
-
-fn ok(r: &Reply, what: &str) {
-    assert!(!r.is_err(), "{what}: {r:?}");
-}
+use flock_testkit::*;
 
 fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
     let r = call(
@@ -19,7 +13,7 @@ fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
             "+get", "+set",
         ],
     );
-    ok(&r, "ACL SETUSER");
+    assert_ok(&r, "ACL SETUSER");
 }
 
 fn is_noperm(r: &Reply) -> bool {
@@ -34,7 +28,7 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
     setuser(&mut admin, "writer", "%W~orders:*");
     setuser(&mut admin, "both", "~orders:*");
     let t = grant(&mut admin, "orders:lock", "w1", 60_000);
-    ok(&call(&mut admin, &["SET", "orders:data", "v"]), "SET");
+    assert_ok(&call(&mut admin, &["SET", "orders:data", "v"]), "SET");
     let tok = t.to_string();
 
     // (user, command, allowed)
@@ -59,7 +53,7 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
     ];
     let mut bad = Vec::new();
     for (user, cmd, allowed) in table {
-        let mut c = user_conn(&srv, user);
+        let mut c = srv.conn_as(user, "pw");
         let r = call(&mut c, cmd);
         // ACL DRYRUN (7.0+) must agree with what the call did.
         let mut dry = vec!["ACL", "DRYRUN", user];
@@ -129,7 +123,7 @@ fn fenced_cannot_touch_its_own_lock_key_nor_flush_the_keyspace() {
     let mut c = srv.conn();
     let t = grant(&mut c, "rf", "me", 60_000);
     let tok = t.to_string();
-    ok(&call(&mut c, &["SET", "other", "v"]), "SET other");
+    assert_ok(&call(&mut c, &["SET", "other", "v"]), "SET other");
     for inner in [
         vec!["SET", "rf", "x"],
         vec!["DEL", "rf"],

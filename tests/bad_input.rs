@@ -1,8 +1,7 @@
 //! SPEC "Errors" and G8: every malformed call gets an error and changes nothing; WRONGTYPE;
 //! FLOCK.APPLY is refused to clients; a seeded fuzz run must leave the server alive.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::time::Duration;
 
 /// What a malformed call must answer.
@@ -140,7 +139,10 @@ fn wrong_arity() {
         (v(&["FLOCK.REVOKE", "held", ""]), OWNER),
         // too many arguments: must not act
         (v(&["FLOCK.RELEASE", "held", "alice", &t, "x"]), EXTRA),
-        (v(&["FLOCK.RENEW", "held", "alice", "20000", &t, "x"]), EXTRA),
+        (
+            v(&["FLOCK.RENEW", "held", "alice", "20000", &t, "x"]),
+            EXTRA,
+        ),
         (v(&["FLOCK.REVOKE", "held", "alice", "x"]), EXTRA),
         (v(&["FLOCK.CHECK", "held", &t, "x"]), EXTRA),
         (v(&["FLOCK.INFO", "held", "x"]), EXTRA),
@@ -456,29 +458,6 @@ fn apply_is_refused_in_multi_and_lua() {
 // fuzz
 // ---------------------------------------------------------------------------------------------
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 const FUZZ_COMMANDS: &[&str] = &[
     "FLOCK.ACQUIRE",
     "FLOCK.RELEASE",
@@ -541,18 +520,18 @@ const WORDS: &[&str] = &[
     "FLOCK.CHECK",
 ];
 
-fn fuzz_arg(rng: &mut XorShift, tokens: &[i64]) -> Vec<u8> {
+fn fuzz_arg(rng: &mut Rng, tokens: &[i64]) -> Vec<u8> {
     match rng.below(100) {
-        0..=19 => rng.pick(KEYS).as_bytes().to_vec(),
-        20..=34 => rng.pick(OWNERS).as_bytes().to_vec(),
-        35..=54 => rng.pick(NUMBERS).as_bytes().to_vec(),
-        55..=59 => (rng.next() as i64).to_string().into_bytes(),
-        60..=64 => rng.next().to_string().into_bytes(),
+        0..=19 => rng.pick_ref(KEYS).as_bytes().to_vec(),
+        20..=34 => rng.pick_ref(OWNERS).as_bytes().to_vec(),
+        35..=54 => rng.pick_ref(NUMBERS).as_bytes().to_vec(),
+        55..=59 => (rng.next_u64() as i64).to_string().into_bytes(),
+        60..=64 => rng.next_u64().to_string().into_bytes(),
         65..=71 => {
             if tokens.is_empty() {
                 b"1".to_vec()
             } else {
-                let t = *rng.pick(tokens) + rng.below(3) as i64 - 1;
+                let t = *rng.pick_ref(tokens) + rng.below(3) as i64 - 1;
                 t.to_string().into_bytes()
             }
         }
@@ -568,22 +547,22 @@ fn fuzz_arg(rng: &mut XorShift, tokens: &[i64]) -> Vec<u8> {
         }
         80..=89 => {
             let n = rng.below(64) as usize;
-            (0..n).map(|_| rng.next() as u8).collect()
+            (0..n).map(|_| rng.next_u64() as u8).collect()
         }
-        _ => rng.pick(WORDS).as_bytes().to_vec(),
+        _ => rng.pick_ref(WORDS).as_bytes().to_vec(),
     }
 }
 
-fn shaped_vector(rng: &mut XorShift, tokens: &[i64]) -> Vec<Vec<u8>> {
-    let key = rng.pick(KEYS).to_string();
-    let owner = rng.pick(OWNERS).to_string();
+fn shaped_vector(rng: &mut Rng, tokens: &[i64]) -> Vec<Vec<u8>> {
+    let key = rng.pick_ref(KEYS).to_string();
+    let owner = rng.pick_ref(OWNERS).to_string();
     let ttl = rng
         .pick(&["10", "50", "100", "1000", "5000", "30000"])
         .to_string();
     let tok = if tokens.is_empty() {
         "1".to_string()
     } else {
-        (*rng.pick(tokens)).to_string()
+        (*rng.pick_ref(tokens)).to_string()
     };
     let mut v: Vec<String> = match rng.below(7) {
         0 | 1 => vec!["FLOCK.ACQUIRE".into(), key, owner, ttl],
@@ -602,7 +581,7 @@ fn shaped_vector(rng: &mut XorShift, tokens: &[i64]) -> Vec<Vec<u8>> {
     };
     if v[0] == "FLOCK.ACQUIRE" && rng.chance(10) {
         v.push("BLOCK".into());
-        v.push(rng.pick(&["0", "1", "10", "50", "100000"]).to_string());
+        v.push(rng.pick_ref(&["0", "1", "10", "50", "100000"]).to_string());
     }
     let mut v: Vec<Vec<u8>> = v.into_iter().map(String::into_bytes).collect();
     // mutate one argument now and then
@@ -613,17 +592,17 @@ fn shaped_vector(rng: &mut XorShift, tokens: &[i64]) -> Vec<Vec<u8>> {
     v
 }
 
-fn fuzz_vector(rng: &mut XorShift, tokens: &[i64]) -> Vec<Vec<u8>> {
+fn fuzz_vector(rng: &mut Rng, tokens: &[i64]) -> Vec<Vec<u8>> {
     if rng.chance(50) {
         return shaped_vector(rng, tokens);
     }
-    let mut v = vec![rng.pick(FUZZ_COMMANDS).as_bytes().to_vec()];
+    let mut v = vec![rng.pick_ref(FUZZ_COMMANDS).as_bytes().to_vec()];
     let argc = rng.below(9) as usize;
     for i in 0..argc {
         // mostly well-shaped: key first, owner second, number third
         let a = match i {
-            0 if rng.chance(75) => rng.pick(KEYS).as_bytes().to_vec(),
-            1 if rng.chance(50) => rng.pick(OWNERS).as_bytes().to_vec(),
+            0 if rng.chance(75) => rng.pick_ref(KEYS).as_bytes().to_vec(),
+            1 if rng.chance(50) => rng.pick_ref(OWNERS).as_bytes().to_vec(),
             2 if rng.chance(50) => rng
                 .pick(&["10", "100", "1000", "5000", "0", "-5"])
                 .as_bytes()
@@ -633,11 +612,6 @@ fn fuzz_vector(rng: &mut XorShift, tokens: &[i64]) -> Vec<Vec<u8>> {
         v.push(a);
     }
     v
-}
-
-fn summary(v: &[Vec<u8>]) -> String {
-    let parts: Vec<String> = v.iter().map(|a| show(a)).collect();
-    format!("{parts:?}")
 }
 
 #[test]
@@ -651,7 +625,7 @@ fn fuzz_random_arguments_never_crash() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5000);
     eprintln!("fuzz seed {seed} (set FLOCK_FUZZ_SEED to replay), {iterations} vectors");
-    let mut rng = XorShift(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut srv = Server::start();
     let mut c = RawConn::connect(srv.port()).expect("connect");
     c.call(&["SET", "str", "v"]).expect("SET");
@@ -669,7 +643,7 @@ fn fuzz_random_arguments_never_crash() {
             Duration::from_secs(20)
         };
         c.set_read_timeout(timeout).expect("timeout");
-        recent.push(summary(&vec));
+        recent.push(show_args(&vec));
         if recent.len() > 8 {
             recent.remove(0);
         }

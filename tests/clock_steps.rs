@@ -11,20 +11,17 @@
 //! libfaketime as a needed library (patchelf): servers open modules with RTLD_DEEPBIND, which
 //! makes the module's own clock calls skip a preloaded library. Both clocks then step together,
 //! as they do when NTP steps the real clock.
-mod common;
-mod support;
 
-use common::*;
+use flock_testkit::*;
 use std::path::PathBuf;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use support::*;
 
 
 /// A valkey-server whose wall clock reads `clock` ("+0", "+1h", "-1d"), changeable at run
 /// time with [`set_clock`].
 struct Faked {
-    p: Proc,
+    p: Server,
     clock: PathBuf,
 }
 
@@ -35,26 +32,26 @@ fn faked(test: &str, extra: &[(&str, &[&str])]) -> Faked {
     let Some(lib) = faketime_lib() else {
         missing(test, "libfaketime (apt-get install faketime)");
     };
-    let mut p = Proc::new(&valkey, "clock");
-    let Some(module) = module_with_faketime(&p.dir, &lib) else {
+    let dir = temp_dir("clock");
+    let Some(module) = module_with_faketime(&dir, &lib) else {
         missing(test, "patchelf (apt-get install patchelf)");
     };
-    p.module = module;
-    let clock = p.dir.join("faketime.rc");
+    let clock = dir.join("faketime.rc");
     std::fs::write(&clock, "+0\n").expect("clock file");
-    p.env = vec![
-        ("LD_PRELOAD".into(), lib.display().to_string()),
-        (
-            "FAKETIME_TIMESTAMP_FILE".into(),
-            clock.display().to_string(),
-        ),
-        ("FAKETIME_NO_CACHE".into(), "1".into()),
-        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
-    ];
+    let mut b = Server::builder()
+        .bin(&valkey)
+        .module(&module)
+        .dir(dir)
+        .env("LD_PRELOAD", &lib.display().to_string())
+        .env("FAKETIME_TIMESTAMP_FILE", &clock.display().to_string())
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("DONT_FAKE_MONOTONIC", "1")
+        .start_timeout(Duration::from_secs(15))
+        .io_timeout(Duration::from_secs(60));
     for (name, values) in extra {
-        p.arg(name, values);
+        b = b.args(name, values);
     }
-    p.start(&[]);
+    let p = b.start();
     Faked { p, clock }
 }
 
@@ -227,7 +224,7 @@ fn timers_hand_off_and_time_out_on_time_across_wall_clock_steps() {
         &[],
     );
     let mut c = f.p.raw();
-    let port = f.p.port;
+    let port = f.p.port();
     let block =
         move |key: &'static str, owner: &'static str, timeout: &'static str, from: Instant| {
             std::thread::spawn(move || {
@@ -382,9 +379,9 @@ fn restart_from_rdb_with_the_clock_a_day_behind() {
     let mut c = f.p.raw();
     let b = grants_before_restart(&mut c);
     assert_eq!(c.call(&["SAVE"]).ok(), Some(Reply::Status("OK".into())));
-    f.p.kill9();
+    f.p.stop();
     set_clock(&f, "-1d");
-    f.p.start(&[]);
+    f.p.start_again();
     check_after_restart(&f, &b, "RDB");
 }
 
@@ -395,9 +392,9 @@ fn restart_from_aof_with_the_clock_a_day_behind() {
     let mut f = faked("restart_from_aof_with_the_clock_a_day_behind", aof);
     let mut c = f.p.raw();
     let b = grants_before_restart(&mut c);
-    f.p.kill9();
+    f.p.stop();
     set_clock(&f, "-1d");
-    f.p.start(&[]);
+    f.p.start_again();
     check_after_restart(&f, &b, "AOF");
 
     // After a rewrite (RDB preamble with the high-water mark): nothing held but the long
@@ -407,13 +404,13 @@ fn restart_from_aof_with_the_clock_a_day_behind() {
     let b = grants_before_restart(&mut c);
     c.call(&["BGREWRITEAOF"]).expect("BGREWRITEAOF");
     wait_until("AOF rewrite", || {
-        info_value(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
-            && info_value(&mut c, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
-            && info_value(&mut c, "persistence", "aof_last_bgrewrite_status").as_deref()
+        info_field(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_field(&mut c, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+            && info_field(&mut c, "persistence", "aof_last_bgrewrite_status").as_deref()
                 == Some("ok")
     });
-    f.p.kill9();
+    f.p.stop();
     set_clock(&f, "-1d");
-    f.p.start(&[]);
+    f.p.start_again();
     check_after_restart(&f, &b, "rewritten AOF");
 }

@@ -1,7 +1,5 @@
 //! The commands' contract (SPEC.md "Commands", "Details", G1-G4, G6): one server per test.
-mod common;
-
-use common::*;
+use flock_testkit::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -617,16 +615,6 @@ fn tokens_below_2_pow_53_and_increasing() {
     }
 }
 
-/// Pipeline `cmds` on a raw connection and return the replies.
-fn pipeline(c: &mut RawConn, cmds: &[Vec<String>]) -> Vec<Reply> {
-    for cmd in cmds {
-        c.send(cmd).expect("send");
-    }
-    cmds.iter()
-        .map(|_| c.read_reply().expect("reply"))
-        .collect()
-}
-
 #[test]
 fn no_residue_after_many_locks() {
     // G10: locks that ended leave no key and no memory behind
@@ -653,7 +641,7 @@ fn no_residue_after_many_locks() {
             cmds.push(vec!["FLOCK.RELEASE".into(), key, "owner".into()]);
         }
         for chunk in cmds.chunks(2000) {
-            for (k, r) in pipeline(&mut raw, chunk).iter().enumerate() {
+            for (k, r) in raw.pipeline(chunk).expect("pipeline").iter().enumerate() {
                 if k % 2 == 0 {
                     assert!(r.int().is_some(), "acquire: {r:?}");
                 } else {
@@ -686,7 +674,7 @@ fn no_residue_after_many_locks() {
         ]);
     }
     for chunk in cmds.chunks(2000) {
-        for r in pipeline(&mut raw, chunk) {
+        for r in raw.pipeline(chunk).expect("pipeline") {
             assert!(!r.is_err(), "{r:?}");
         }
     }
@@ -792,7 +780,7 @@ fn command_docs_and_arity() {
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
     assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");
     // redis-cli's HELP comes from these docs.
-    let cli = std::process::Command::new("redis-cli")
+    let cli = std::process::Command::new(redis_cli())
         .args(["-p", &srv.port().to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

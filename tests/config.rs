@@ -2,32 +2,21 @@
 //! `--flock.*` on the command line, CONFIG SET, and CONFIG REWRITE followed by a restart. Each
 //! bad form refuses to load (or is refused) with a message that names the argument and the
 //! range; each good form is in effect, and CONFIG GET shows what the module applies.
-mod common;
-
-use common::*;
+use flock_testkit::*;
 use std::fs;
-use std::path::PathBuf;
 
-/// Start a server whose redis.conf loads the module with `module_args` and holds `conf_lines`;
-/// `cli` are extra command-line options (`--flock.max-ttl-ms 8000`).
-fn start_in(dir: PathBuf, module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<ConfServer, String> {
-    let mut conf = format!(
-        "loadmodule {} {}\n",
-        module_path().display(),
-        module_args.join(" ")
-    );
-    for line in conf_lines {
-        conf.push_str(line);
-        conf.push('\n');
+/// Start a server whose redis.conf loads the module with `module_args` and holds `conf_lines`
+/// (`ServerBuilder::config_file`); `cli` are extra command-line options
+/// (`--flock.max-ttl-ms 8000`). Its whole log when it exits at start.
+fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<Server, String> {
+    let mut b = Server::builder().module_args(module_args).config_file(conf_lines);
+    for pair in cli.chunks(2) {
+        b = b.args(pair[0], &pair[1..]);
     }
-    ConfServer::start(dir, &conf, cli)
+    b.try_start()
 }
 
-fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<ConfServer, String> {
-    start_in(unique_temp_dir(), module_args, conf_lines, cli)
-}
-
-fn up(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> ConfServer {
+fn up(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Server {
     match start(module_args, conf_lines, cli) {
         Ok(s) => s,
         Err(log) => panic!(
@@ -184,22 +173,15 @@ fn config_set_checks_the_same_ranges_and_config_get_shows_the_value_in_effect() 
 
 #[test]
 fn config_rewrite_survives_a_restart_and_overrides_the_load_argument() {
-    let dir = unique_temp_dir();
-    let srv = match start_in(dir.clone(), &["max-ttl-ms", "60000"], &[], &[]) {
-        Ok(s) => s,
-        Err(log) => panic!("did not start:\n{log}"),
-    };
+    let mut srv = up(&["max-ttl-ms", "60000"], &[], &[]);
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 60_000);
     assert!(!call(&mut c, &["CONFIG", "SET", "flock.max-ttl-ms", "9000"]).is_err());
     assert!(!call(&mut c, &["CONFIG", "REWRITE"]).is_err());
-    let conf = fs::read_to_string(srv.conf_path()).expect("redis.conf");
+    let conf = fs::read_to_string(srv.dir().join("redis.conf")).expect("redis.conf");
     assert!(conf.contains("flock.max-ttl-ms 9000"), "CONFIG REWRITE wrote:\n{conf}");
     // Restart from the rewritten file: the rewritten line wins over the loadmodule argument.
-    let mut srv = srv;
-    if let Err(log) = srv.restart() {
-        panic!("restart from the rewritten redis.conf:\n{log}");
-    }
+    srv.restart();
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 9_000);
     assert_max_ttl_applied(&mut c, 9_000);

@@ -1,9 +1,8 @@
 //! The runnable examples in examples/ (Python 3 + redis-py): each runs against a throw-away
 //! server and must exit 0. A missing redis-py fails the test (never a silent skip): `make test`
 //! installs it (scripts/deps.sh).
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;

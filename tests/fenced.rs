@@ -1,8 +1,7 @@
 //! FLOCK.FENCED: writes run only under the live grant (G5), with the caller's ACL rights,
 //! inner keys reported for ACL and cluster routing, the inner write replicated as itself.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 
 fn fenced(c: &mut redis::Connection, key: &str, token: i64, cmd: &[&str]) -> Reply {
     let mut args = vec![
@@ -16,12 +15,6 @@ fn fenced(c: &mut redis::Connection, key: &str, token: i64, cmd: &[&str]) -> Rep
 
 fn get(c: &mut redis::Connection, key: &str) -> Reply {
     call(c, &["GET", key])
-}
-
-fn flock_stat(c: &mut redis::Connection, name: &str) -> i64 {
-    info_field(c, "flock", &format!("flock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO flock has no flock_{name}"))
 }
 
 #[test]
@@ -290,7 +283,11 @@ fn getkeys_reports_the_lock_and_the_inner_keys() {
 
 #[test]
 fn the_inner_write_is_replicated_and_logged_as_itself() {
-    let master = Server::builder().arg("appendonly", "yes").start();
+    // fsync every write: the AOF file is read below, right after the writes.
+    let master = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
     let replica = Server::start_replica_of(&master);
     let mut m = master.conn();
     let mut r = replica.conn();

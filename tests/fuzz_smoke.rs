@@ -6,23 +6,7 @@
 //! FLOCK_FUZZ_SMOKE_ITERS sets the number of inputs per driver (default 20000).
 
 use flock_fuzz as drivers;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = (self.next() as usize) % (max + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use flock_testkit::rng::Rng;
 
 fn iterations() -> usize {
     std::env::var("FLOCK_FUZZ_SMOKE_ITERS")
@@ -41,7 +25,7 @@ fn seed() -> u64 {
 /// Run `f` on random inputs; a failing input is saved to a file that the cargo-fuzz target of
 /// the same name replays: `cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run NAME FILE`.
 fn run(name: &str, max_len: usize, f: fn(&[u8])) {
-    let mut rng = Rng(seed() | 1);
+    let mut rng = Rng::new(seed());
     let n = iterations();
     for i in 0..n {
         let input = rng.bytes(max_len);

@@ -1,8 +1,7 @@
-//! Self-test of the harness in tests/common on a plain server (no module): start, restart
+//! Self-test of the shared harness (crates/flock-testkit) on a plain server (no module): start, restart
 //! from RDB and AOF, replicas. When these fail, the other test files' failures mean nothing.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 
 #[test]
 fn plain_server_starts_restarts_and_replicates() {

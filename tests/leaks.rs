@@ -15,29 +15,16 @@
 //!
 //! FLOCK_G10_LOCKS sets the number of locks (default 1,000,000).
 #![cfg_attr(not(feature = "leakcheck"), allow(dead_code, unused_imports))]
-mod common;
-mod support;
 
-use common::*;
+use flock_testkit::*;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use support::*;
 
 fn used_memory(c: &mut RawConn) -> i64 {
     info_i64(c, "memory", "used_memory")
-}
-
-/// Pipeline `cmds` and return the replies.
-fn pipeline(c: &mut RawConn, cmds: &[Vec<String>]) -> Vec<Reply> {
-    for cmd in cmds {
-        c.send(cmd).expect("send");
-    }
-    cmds.iter()
-        .map(|_| c.read_reply().expect("reply"))
-        .collect()
 }
 
 fn cmd(parts: &[&str]) -> Vec<String> {
@@ -67,7 +54,7 @@ fn churn(c: &mut RawConn, round: &str, n: usize, batch: usize) {
             let ttl = if i % 10 == 9 { "200" } else { "60000" };
             take.push(cmd(&["FLOCK.ACQUIRE", &key, "owner-of-a-lock", ttl]));
         }
-        for r in pipeline(c, &take) {
+        for r in c.pipeline(&take).expect("pipeline") {
             assert!(matches!(r, Reply::Int(t) if t > 0), "ACQUIRE: {r:?}");
         }
         let mut end = Vec::with_capacity(this);
@@ -79,7 +66,7 @@ fn churn(c: &mut RawConn, round: &str, n: usize, batch: usize) {
                 _ => end.push(cmd(&["FLOCK.RELEASE", &key, "owner-of-a-lock"])),
             }
         }
-        for r in pipeline(c, &end) {
+        for r in c.pipeline(&end).expect("pipeline") {
             assert_eq!(r, Reply::Int(1), "RELEASE/REVOKE");
         }
         done += this;
@@ -277,19 +264,24 @@ fn thousands_of_timed_out_and_disconnected_waiters_return_used_memory() {
 // valgrind
 // ---------------------------------------------------------------------------------------------
 
-fn valgrind_proc(valkey: &Path, tag: &str) -> Proc {
-    let mut p = Proc::new(valkey, tag);
-    p.wrapper = vec![
+/// A valkey-server under valgrind, its logs in its own dir (read by `module_findings`).
+fn valgrind_server(valkey: &Path, tag: &str) -> ServerBuilder {
+    let dir = temp_dir(tag);
+    let wrapper = vec![
         "valgrind".into(),
         "--leak-check=full".into(),
         "--show-leak-kinds=all".into(),
         "--errors-for-leak-kinds=definite".into(),
         "--num-callers=40".into(),
         "--child-silent-after-fork=yes".into(),
-        format!("--log-file={}/valgrind-%p.log", p.dir.display()),
+        format!("--log-file={}/valgrind-%p.log", dir.display()),
     ];
-    p.start_timeout = Duration::from_secs(120);
-    p
+    Server::builder()
+        .bin(valkey)
+        .wrapper(&wrapper)
+        .dir(dir)
+        .start_timeout(Duration::from_secs(120))
+        .io_timeout(Duration::from_secs(60))
 }
 
 /// What valgrind says about the module, from every valgrind log in a server's directory.
@@ -609,7 +601,7 @@ fn exercise(port: u16, rounds: usize) {
                 v
             })
             .collect();
-        for r in pipeline(&mut c, &batch) {
+        for r in c.pipeline(&batch).expect("pipeline") {
             let _ = r;
         }
     }
@@ -631,7 +623,7 @@ fn exercise(port: u16, rounds: usize) {
     ok(c.call(&["DEBUG", "RELOAD"]), "debug reload");
     ok(c.call(&["BGREWRITEAOF"]), "rewrite");
     let done = poll_until(Duration::from_secs(120), || {
-        info_value(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+        info_field(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
     });
     assert!(done, "AOF rewrite");
     ok(c.call(&["DEBUG", "LOADAOF"]), "debug loadaof");
@@ -662,66 +654,68 @@ fn valgrind_finds_no_leak_in_the_module() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let t0 = Instant::now();
-    let mut m = valgrind_proc(&valkey, "vg-master");
-    m.arg("appendonly", &["yes"]);
-    m.start(&[]);
-    let mut r = valgrind_proc(&valkey, "vg-replica");
-    r.start(&[]);
+    let mut m = valgrind_server(&valkey, "vg-master")
+        .arg("appendonly", "yes")
+        .start();
+    let mut r = valgrind_server(&valkey, "vg-replica").start();
     let mut rc = r.raw();
     rc.set_read_timeout(Duration::from_secs(120)).expect("t");
     ok(
-        rc.call(&["REPLICAOF", "127.0.0.1", &m.port.to_string()]),
+        rc.call(&["REPLICAOF", "127.0.0.1", &m.port().to_string()]),
         "replicaof",
     );
     let linked = poll_until(Duration::from_secs(120), || {
-        info_value(&mut rc, "replication", "master_link_status").as_deref() == Some("up")
+        info_field(&mut rc, "replication", "master_link_status").as_deref() == Some("up")
     });
     assert!(linked, "replica link");
-    exercise(m.port, rounds);
+    exercise(m.port(), rounds);
     let mut mc = m.raw();
     mc.set_read_timeout(Duration::from_secs(120)).expect("t");
     ok(mc.call(&["WAIT", "1", "60000"]), "wait");
     // Promotion and demotion, with a waiter on the old master.
     ok(mc.call(&["FLOCK.ACQUIRE", "fo", "h", "600000"]), "acq");
-    let w = waiter(m.port, "fo", "w", "0");
+    let w = waiter(m.port(), "fo", "w", "0");
     wait_blocked(&mut mc, 1);
     ok(rc.call(&["REPLICAOF", "NO", "ONE"]), "promote");
     ok(
-        mc.call(&["REPLICAOF", "127.0.0.1", &r.port.to_string()]),
+        mc.call(&["REPLICAOF", "127.0.0.1", &r.port().to_string()]),
         "demote",
     );
     let _ = w.join();
     let linked = poll_until(Duration::from_secs(120), || {
-        info_value(&mut mc, "replication", "master_link_status").as_deref() == Some("up")
+        info_field(&mut mc, "replication", "master_link_status").as_deref() == Some("up")
     });
     assert!(linked, "old master follows the new one");
-    exercise(r.port, 1);
+    exercise(r.port(), 1);
     ok(rc.call(&["WAIT", "1", "60000"]), "wait");
     // Restart the new master from its RDB, under valgrind too.
     let processed = |c: &mut RawConn| info_i64(c, "stats", "total_commands_processed");
     let mut commands = processed(&mut rc) + processed(&mut mc);
     assert!(
-        r.shutdown(true, Duration::from_secs(300)),
+        r.shutdown_within(true, Duration::from_secs(300)),
         "shutdown (new master)"
     );
     assert!(
-        m.shutdown(false, Duration::from_secs(300)),
+        m.shutdown_within(false, Duration::from_secs(300)),
         "shutdown (old master)"
     );
-    r.start(&[]);
+    r.start_again();
     let mut rc = r.raw();
     rc.set_read_timeout(Duration::from_secs(120)).expect("t");
     let i = ok(rc.call(&["FLOCK.INFO", "p:held"]), "info after restart");
     assert!(!i.is_nil(), "the lock did not survive the restart");
-    exercise(r.port, 1);
+    exercise(r.port(), 1);
     commands += processed(&mut rc);
-    assert!(r.shutdown(false, Duration::from_secs(300)), "shutdown");
+    assert!(
+        r.shutdown_within(false, Duration::from_secs(300)),
+        "shutdown"
+    );
     m.assert_log_clean();
     r.assert_log_clean();
 
     let mut all = Findings::default();
     for p in [&m, &r] {
-        let f = module_findings(&p.dir);
+        let f = module_findings(p.dir());
         all.logs += f.logs;
         all.lost_bytes += f.lost_bytes;
         all.lost_records += f.lost_records;

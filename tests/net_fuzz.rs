@@ -11,35 +11,12 @@
 //!
 //! FLOCK_NETFUZZ_CALLS sets the number of calls (default 200,000; `make fuzz` runs 1,000,000),
 //! FLOCK_FUZZ_SEED the seed. tests/bad_input.rs has a second, sequential fuzzer.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(1000) < pct * 10
-    }
-    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
 
 const KEYS: &[&str] = &["k0", "k1", "k2", "{k0}d", "str", "list", "\0k\r\n"];
 const OWNERS: &[&str] = &["o0", "o1", "o2", "\r\n\0"];
@@ -123,7 +100,7 @@ impl Gen {
             7 => self.token().into_bytes(),
             8 => {
                 let n = self.rng.below(40) as usize;
-                (0..n).map(|_| self.rng.next() as u8).collect()
+                (0..n).map(|_| self.rng.next_u64() as u8).collect()
             }
             _ => vec![b'x'; [255usize, 256, 257, 3000][self.rng.below(4) as usize]],
         }
@@ -289,11 +266,6 @@ impl Gen {
     }
 }
 
-fn summary(v: &[Vec<u8>]) -> String {
-    let parts: Vec<String> = v.iter().map(|a| show(a)).collect();
-    format!("{parts:?}")
-}
-
 struct Shared {
     stop: AtomicBool,
     calls: AtomicU64,
@@ -305,7 +277,7 @@ struct Shared {
 
 fn worker(port: u16, seed: u64, budget: u64, sh: Arc<Shared>, gen: Gen) {
     let mut gen = gen;
-    gen.rng = Rng(seed | 1);
+    gen.rng = Rng::new(seed);
     let mut c = RawConn::connect(port).expect("connect");
     let mut recent: Vec<String> = Vec::new();
     while !sh.stop.load(SeqCst) && sh.calls.load(SeqCst) < budget {
@@ -374,7 +346,7 @@ fn worker(port: u16, seed: u64, budget: u64, sh: Arc<Shared>, gen: Gen) {
             }
         }
         sh.calls.fetch_add(got, SeqCst);
-        recent = batch.iter().rev().take(6).map(|v| summary(v)).collect();
+        recent = batch.iter().rev().take(6).map(|v| show_args(v)).collect();
         if let Some(e) = failed {
             if !blocking {
                 *sh.failure.lock().unwrap() = Some(format!(
@@ -402,7 +374,7 @@ fn worker(port: u16, seed: u64, budget: u64, sh: Arc<Shared>, gen: Gen) {
 /// Reads and refused writes on the replica.
 fn replica_worker(port: u16, seed: u64, sh: Arc<Shared>, gen: Gen) {
     let mut gen = gen;
-    gen.rng = Rng(seed | 1);
+    gen.rng = Rng::new(seed);
     let mut c = RawConn::connect(port).expect("connect replica");
     c.set_read_timeout(Duration::from_secs(30)).expect("t");
     while !sh.stop.load(SeqCst) {
@@ -413,8 +385,10 @@ fn replica_worker(port: u16, seed: u64, sh: Arc<Shared>, gen: Gen) {
         match c.call(&v) {
             Ok(_) => {}
             Err(e) => {
-                *sh.failure.lock().unwrap() =
-                    Some(format!("replica connection failed: {e} on {}", summary(&v)));
+                *sh.failure.lock().unwrap() = Some(format!(
+                    "replica connection failed: {e} on {}",
+                    show_args(&v)
+                ));
                 sh.stop.store(true, SeqCst);
                 return;
             }
@@ -423,7 +397,7 @@ fn replica_worker(port: u16, seed: u64, sh: Arc<Shared>, gen: Gen) {
 }
 
 fn chaos(port: u16, seed: u64, sh: Arc<Shared>) -> u64 {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut c = RawConn::connect(port).expect("connect");
     c.set_read_timeout(Duration::from_secs(60)).expect("t");
     let mut n = 0;
@@ -506,7 +480,7 @@ fn random_calls_to_every_command_keep_the_server_answering() {
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let payloads = Arc::new(Mutex::new(Vec::new()));
     let gen = |s: u64| Gen {
-        rng: Rng(s | 1),
+        rng: Rng::new(s),
         tokens: tokens.clone(),
         payloads: payloads.clone(),
     };

@@ -1,8 +1,7 @@
 //! G3/G7/G9 through persistence: RDB, AOF (with rewrite), DEBUG RELOAD, DUMP/RESTORE, COPY,
 //! and leases that end while the server is down.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 

@@ -11,9 +11,7 @@
 //! ACL refusal (`(error) NOPERM ...`), whose wording is the server's own (the README shows
 //! Redis 7.0's; Valkey words them differently). A block marked `<!-- not replayed: why -->` on the line
 //! before it (two terminals, a cluster) is skipped and must say why.
-mod common;
-
-use common::*;
+use flock_testkit::*;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -165,17 +163,6 @@ fn is_timing(l: &str) -> bool {
     l.starts_with('(') && l.ends_with("s)") && l[1..l.len() - 2].parse::<f64>().is_ok()
 }
 
-fn redis_cli() -> String {
-    // redis-cli from the same place as the server binary, if there is one there.
-    let server = server_binary();
-    let beside = Path::new(&server).with_file_name("redis-cli");
-    if beside.is_file() {
-        beside.display().to_string()
-    } else {
-        "redis-cli".to_string()
-    }
-}
-
 /// One redis-cli session: a fresh redis-cli fed one line at a time. After each command a
 /// line with a lone `"` makes redis-cli print `Invalid argument(s)` without sending anything:
 /// that marks the end of the command's output.
@@ -279,26 +266,28 @@ fn every_readme_session_replays_verbatim() {
     assert!(sessions.len() >= 15, "only {} sessions found", sessions.len());
     // The server as `make run` starts it.
     let example = std::fs::read_to_string(root.join("redis.conf.example")).expect("conf");
-    let conf: String = example
-        .lines()
-        .map(|l| match l.strip_prefix("loadmodule ") {
-            Some(rest) => {
-                let args = rest.split_once(' ').map_or("", |(_, a)| a);
-                format!("loadmodule {} {args}", module_path().display())
-            }
-            None => l.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let srv = ConfServer::start(unique_temp_dir(), &conf, &[])
+    // Its loadmodule line with our module: the harness writes that line, with the example's
+    // arguments, and the rest of the file as it is.
+    let mut module_args: Vec<&str> = Vec::new();
+    let mut lines: Vec<&str> = Vec::new();
+    for l in example.lines() {
+        match l.strip_prefix("loadmodule ") {
+            Some(rest) => module_args = rest.split_whitespace().skip(1).collect(),
+            None => lines.push(l),
+        }
+    }
+    let srv = Server::builder()
+        .module_args(&module_args)
+        .config_file(&lines)
+        .try_start()
         .unwrap_or_else(|log| panic!("redis.conf.example did not start:\n{log}"));
     let mut tokens = Tokens::default();
     let mut failures = Vec::new();
     for s in &sessions {
         let f = if s.shell {
-            run_shell(srv.port, s, &mut tokens)
+            run_shell(srv.port(), s, &mut tokens)
         } else {
-            run_cli(srv.port, s, &mut tokens)
+            run_cli(srv.port(), s, &mut tokens)
         };
         failures.extend(f);
     }
@@ -310,7 +299,7 @@ fn every_readme_session_replays_verbatim() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Every session cleaned up after itself: nothing held, the settings as they started.
-    let mut c = RawConn::connect(srv.port).expect("connect");
+    let mut c = RawConn::connect(srv.port()).expect("connect");
     let keys = c.call(&["KEYS", "*lock*"]).expect("KEYS");
     assert_eq!(keys, Reply::Array(vec![]), "locks left after the README sessions");
     let delay = c.call(&["CONFIG", "GET", "flock.lock-delay-ms"]).expect("CONFIG GET");

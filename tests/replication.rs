@@ -1,8 +1,7 @@
 //! G3/G7 across replication: replicas mirror the master's grants (owner, token, absolute
 //! deadline), answer CHECK, refuse writes, and a promoted replica keeps fencing.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 

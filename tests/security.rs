@@ -2,17 +2,12 @@
 //! forged payloads, hostile bytes in owners, arguments at and past every limit, and
 //! `flock.max-waiters` as the bound on what a client can pin. The threat model these tests
 //! back is docs/THREAT-MODEL.md.
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::io::Write;
 use std::net::TcpStream;
 use std::thread::sleep;
 use std::time::Duration;
-
-fn ok(r: &Reply, what: &str) {
-    assert!(!r.is_err(), "{what}: {r:?}");
-}
 
 fn fenced(c: &mut redis::Connection, key: &str, token: i64, inner: &[&str]) -> Reply {
     let mut args = vec!["FLOCK.FENCED".to_string(), key.into(), token.to_string()];
@@ -39,15 +34,15 @@ fn fenced_never_escalates_commands_keys_or_channels() {
     let srv = Server::start();
     let mut admin = srv.conn();
     for (k, v) in [("secret", "s"), ("data:1", "v1")] {
-        ok(&call(&mut admin, &["SET", k, v]), "SET");
+        assert_ok(&call(&mut admin, &["SET", k, v]), "SET");
     }
-    ok(
+    assert_ok(
         &call(&mut admin, &["RPUSH", "data:list", "b", "a"]),
         "RPUSH",
     );
-    ok(&call(&mut admin, &["SADD", "data:set", "x"]), "SADD");
-    ok(&call(&mut admin, &["ZADD", "data:z", "1", "m"]), "ZADD");
-    ok(&call(&mut admin, &["HSET", "data:h", "f", "v"]), "HSET");
+    assert_ok(&call(&mut admin, &["SADD", "data:set", "x"]), "SADD");
+    assert_ok(&call(&mut admin, &["ZADD", "data:z", "1", "m"]), "ZADD");
+    assert_ok(&call(&mut admin, &["HSET", "data:h", "f", "v"]), "HSET");
     let app_rules = [
         "ACL",
         "SETUSER",
@@ -79,8 +74,8 @@ fn fenced_never_escalates_commands_keys_or_channels() {
         "+hset",
         "+object",
     ];
-    ok(&call(&mut admin, &app_rules), "ACL SETUSER app");
-    ok(
+    assert_ok(&call(&mut admin, &app_rules), "ACL SETUSER app");
+    assert_ok(
         &call(
             &mut admin,
             &[
@@ -99,7 +94,7 @@ fn fenced_never_escalates_commands_keys_or_channels() {
         ),
         "ACL SETUSER ro",
     );
-    ok(
+    assert_ok(
         &call(
             &mut admin,
             &[
@@ -116,7 +111,7 @@ fn fenced_never_escalates_commands_keys_or_channels() {
         ),
         "ACL SETUSER nolock",
     );
-    let mut app = user_conn(&srv, "app");
+    let mut app = srv.conn_as("app", "pw");
     let t = grant(&mut app, "lk", "app-1", 60_000);
 
     // Positive controls: what the user may do directly works through FENCED.
@@ -188,7 +183,7 @@ fn fenced_never_escalates_commands_keys_or_channels() {
     }
     // Read-only key patterns: reads pass (FENCED reports each inner key with the flags the
     // inner command declares), writes never do.
-    let mut ro = user_conn(&srv, "ro");
+    let mut ro = srv.conn_as("ro", "pw");
     assert_eq!(
         call(&mut ro, &["GET", "data:1"]),
         Reply::Bulk(b"v1".to_vec())
@@ -201,7 +196,7 @@ fn fenced_never_escalates_commands_keys_or_channels() {
     let r = fenced(&mut ro, "lk", t, &["SET", "data:1", "x"]);
     assert_err_prefix(&r, "NOPERM", "a write to a read-only key through FENCED");
     // A user who may not touch the lock key may not fence with it.
-    let mut nolock = user_conn(&srv, "nolock");
+    let mut nolock = srv.conn_as("nolock", "pw");
     let r = fenced(&mut nolock, "lk", t, &["SET", "data:3", "x"]);
     assert_err_prefix(
         &r,
@@ -484,7 +479,7 @@ fn arguments_at_and_past_every_limit() {
         "ERR invalid ttl",
         "ttl past max",
     );
-    ok(
+    assert_ok(
         &call(
             &mut c,
             &["CONFIG", "SET", "flock.max-ttl-ms", "315360000000"],
@@ -501,7 +496,7 @@ fn arguments_at_and_past_every_limit() {
     assert!(left > 315_359_000_000, "ten-year lease has {left} ms left");
     assert_eq!(release(&mut c, "t10y", "o"), 1);
     // lock-delay and max-waiters limits
-    ok(
+    assert_ok(
         &call(
             &mut c,
             &["CONFIG", "SET", "flock.lock-delay-ms", "86400000"],
@@ -514,7 +509,7 @@ fn arguments_at_and_past_every_limit() {
     )
     .is_err());
     assert!(call(&mut c, &["CONFIG", "SET", "flock.lock-delay-ms", "-1"]).is_err());
-    ok(
+    assert_ok(
         &call(&mut c, &["CONFIG", "SET", "flock.lock-delay-ms", "0"]),
         "delay",
     );

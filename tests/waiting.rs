@@ -1,9 +1,8 @@
 //! Waiting without polling (FLOCK.ACQUIRE ... BLOCK), REVOKE, lock-delay, INFO and keyspace
 //! events. Each waiter is a thread with its own connection; order and outcome are asserted
 //! with generous time bounds (CI machines are loaded 2-core boxes).
-mod common;
 
-use common::*;
+use flock_testkit::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::thread::{self, sleep, JoinHandle};
@@ -40,12 +39,6 @@ fn blocked_clients(c: &mut redis::Connection) -> i64 {
     info_field(c, "clients", "blocked_clients")
         .and_then(|v| v.parse().ok())
         .unwrap_or(-1)
-}
-
-fn flock_stat(c: &mut redis::Connection, name: &str) -> i64 {
-    info_field(c, "flock", &format!("flock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO flock has no flock_{name}"))
 }
 
 /// Wait until exactly `n` clients are blocked (so that arrival order is known).

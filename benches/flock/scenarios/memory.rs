@@ -1,0 +1,166 @@
+//! Scenario 3: memory per held lock and memory left by released locks.
+
+use crate::config::*;
+use crate::conn::*;
+use crate::format::*;
+use crate::measure::*;
+use crate::recipes::*;
+use crate::report::*;
+use flock_testkit::*;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::thread::sleep;
+use std::time::Duration;
+
+pub(crate) fn used_memory(c: &mut Conn) -> f64 {
+    sleep(Duration::from_millis(300));
+    c.info_num("memory", "used_memory")
+}
+
+pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
+    let n = cfg.s3_locks;
+    eprintln!("[3] memory: {} locks per kind", thousands(n));
+    let srv = Server::builder().start();
+    let port = srv.port();
+    let mut c = Conn::open(port);
+    let cad = c.script(CAD);
+    let facq = c.script(FENCE_ACQ);
+    let mut held = BTreeMap::new();
+    let mut left = BTreeMap::new();
+    let mut usage = BTreeMap::new();
+    for (kind, name) in [
+        (Kind::Flock, "flock"),
+        (Kind::SetNx, "set"),
+        (Kind::LuaFenced, "lua"),
+    ] {
+        c.call(&["FLUSHALL"]);
+        sleep(Duration::from_millis(300));
+        let before = used_memory(&mut c);
+        let mut t = Tally::default();
+        for i in 0..n {
+            push_acquire(&mut c, kind, &lock_key(i), &uuid(i), &facq);
+            if i % 1000 == 999 {
+                c.drain(&mut t);
+            }
+        }
+        c.drain(&mut t);
+        let want = if kind == Kind::SetNx { t.ok } else { t.int };
+        if want != n as u64 {
+            eprintln!("  warning: memory {name}: {t:?}");
+        }
+        wait_rehash(&mut c);
+        let after = used_memory(&mut c);
+        let mu = c
+            .call(&["MEMORY", "USAGE", &lock_key(n / 2)])
+            .int()
+            .unwrap_or(0);
+        usage.insert(name, mu);
+        let mut t = Tally::default();
+        for i in 0..n {
+            push_release(&mut c, kind, &lock_key(i), &uuid(i), &cad);
+            if i % 1000 == 999 {
+                c.drain(&mut t);
+            }
+        }
+        c.drain(&mut t);
+        if t.one != n as u64 {
+            eprintln!("  warning: memory {name} release: {t:?}");
+        }
+        // let serverCron shrink the emptied dicts
+        sleep(Duration::from_millis(1000));
+        wait_rehash(&mut c);
+        let end = used_memory(&mut c);
+        held.insert(name, (after - before) / n as f64);
+        left.insert(name, (end - before) / n as f64);
+    }
+    drop(srv);
+    let sec = "3. Memory per lock";
+    rep.fact("s3.flock", held["flock"]);
+    rep.fact("s3.set", held["set"]);
+    rep.fact("s3.mu.flock", usage["flock"] as f64);
+    rep.fact("s3.mu.set", usage["set"] as f64);
+    let r_set = held["flock"] / held["set"];
+    let r_lua = held["flock"] / held["lua"];
+    rep.check(
+        sec,
+        "bytes per held lock, flock / SET NX PX",
+        r_set,
+        Some(Goal::AtMost(1.0)),
+    );
+    rep.check(
+        sec,
+        "bytes per held lock, flock / SET NX PX + token key",
+        r_lua,
+        None,
+    );
+    // residue: an absolute number, compared with what Redis itself keeps after SET + DEL
+    let residue = left["flock"];
+    let allowed = left["set"].max(0.0) + 1.0;
+    rep.checks.push(Check {
+        section: sec,
+        what: "bytes left per released lock".into(),
+        value: residue,
+        goal: Some(Goal::AtMost(allowed)),
+        ratio: false,
+        higher: false,
+        shown: format!("{residue:.2} B"),
+        target_text: format!("≤ {allowed:.2} B (SET+DEL's {:.2} B + 1 B)", left["set"]),
+    });
+    let rows = vec![
+        vec![
+            "flock (`FLOCK.ACQUIRE`)".into(),
+            format!("{:.1}", held["flock"]),
+            x(r_set),
+            format!("{:.2}", left["flock"]),
+            usage["flock"].to_string(),
+        ],
+        vec![
+            "`SET key owner NX PX ttl`".into(),
+            format!("{:.1}", held["set"]),
+            "1.00x".into(),
+            format!("{:.2}", left["set"]),
+            usage["set"].to_string(),
+        ],
+        vec![
+            "`SET NX PX` + `INCR key:tok` (Lua)".into(),
+            format!("{:.1}", held["lua"]),
+            x(held["lua"] / held["set"]),
+            format!("{:.2}", left["lua"]),
+            format!("{} + token key", usage["lua"]),
+        ],
+    ];
+    let mut body = format!(
+        "`used_memory` after minus before taking {} locks (keys `lock:0000000` ..., a different \
+         36-byte UUID-like owner per lock, ttl {TTL} ms) on a `FLUSHALL`ed server, divided by \
+         the number of locks; then every lock is released (`FLOCK.RELEASE`, or the Lua \
+         compare-and-delete) and, after a 1.3 s pause for the server's cron to shrink its \
+         tables, what `used_memory` still holds above the start is divided by the same number. \
+         The token keys of the Lua recipe stay behind by design: that is the residue it is \
+         known for. `MEMORY USAGE` is what the server reports for one key (for flock, what the \
+         module's callback says); the used_memory delta is what the server really spent.\n\n",
+        thousands(n)
+    );
+    body += &table(
+        &[
+            "lock",
+            "bytes per held lock",
+            "vs SET NX PX",
+            "bytes left per released lock",
+            "`MEMORY USAGE` of one lock key",
+        ],
+        &rows,
+    );
+    let _ = write!(
+        body,
+        "\nflock / `SET NX PX`: {} (target ≤ 1.00x) {}; flock / `SET NX PX` + token key: {}; \
+         left per released flock lock: {:.2} B (target: no more than plain `SET` + `DEL` leaves, \
+         {:.2} B, + 1 B) {}.\n",
+        x(r_set),
+        rep.mark_of("bytes per held lock, flock / SET NX PX"),
+        x(r_lua),
+        residue,
+        left["set"],
+        rep.mark_of("bytes left per released lock"),
+    );
+    rep.section(sec, body);
+}

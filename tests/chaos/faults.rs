@@ -1,0 +1,401 @@
+//! The fault driver: stalls the server, rewrites the AOF, changes the lock-delay, kills the
+//! master and restarts it from its AOF, kills it and promotes the replica; and the snapshots
+//! of the lock keys it takes around a kill to check durability.
+
+use crate::history::*;
+use flock_testkit::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub(crate) fn aof_server() -> Server {
+    Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start()
+}
+
+pub(crate) fn raw_call(port: u16, args: &[&str]) -> Result<Reply, String> {
+    let mut c = RawConn::connect(port).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    c.call(args).map_err(|e| e.to_string())
+}
+
+pub(crate) fn info_of(port: u16, section: &str, field: &str) -> Option<String> {
+    info_field(&mut RawConn::connect(port).ok()?, section, field)
+}
+
+pub(crate) fn replica_linked(replica: &Server, master: &Server) -> bool {
+    info_of(replica.port(), "replication", "master_link_status").as_deref() == Some("up")
+        && info_of(master.port(), "replication", "connected_slaves")
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+            >= 1
+}
+
+pub(crate) struct Injector {
+    pub(crate) sh: Arc<Shared>,
+    pub(crate) servers: Vec<Server>,
+    pub(crate) master: usize,
+    pub(crate) rng: Rng,
+}
+
+impl Injector {
+    pub(crate) fn master_port(&self) -> u16 {
+        self.servers[self.master].port()
+    }
+
+    pub(crate) fn replica(&self) -> usize {
+        1 - self.master
+    }
+
+    pub(crate) fn fault(&self, name: &'static str) {
+        *self.sh.hist().faults.entry(name).or_default() += 1;
+        eprintln!(
+            "[{:>7.2}s] fault: {name}",
+            self.sh.t0.elapsed().as_secs_f64()
+        );
+    }
+
+    pub(crate) fn check(&self, name: &'static str, n: u64) {
+        *self.sh.hist().checks.entry(name).or_default() += n;
+    }
+
+    pub(crate) fn set_lock_delay(&self, ms: u64) {
+        for s in &self.servers {
+            let _ = raw_call(
+                s.port(),
+                &["CONFIG", "SET", "flock.lock-delay-ms", &ms.to_string()],
+            );
+        }
+    }
+
+    /// Pause clients and operator; wait until all of them have parked.
+    pub(crate) fn pause_all(&self) {
+        self.sh.gate.pause();
+        let ok = poll_until(Duration::from_secs(60), || {
+            self.sh.gate.parked.load(SeqCst) >= self.sh.workers
+        });
+        if !ok {
+            self.sh.hist().violation(format!(
+                "only {} of {} workers paused within 60 s (a client is stuck)",
+                self.sh.gate.parked.load(SeqCst),
+                self.sh.workers
+            ));
+        }
+    }
+
+    pub(crate) fn attach_replica(&mut self) {
+        let r = self.replica();
+        let mport = self.master_port().to_string();
+        let _ = raw_call(self.servers[r].port(), &["REPLICAOF", "127.0.0.1", &mport]);
+        let (m, rr) = (&self.servers[self.master], &self.servers[r]);
+        if !poll_until(Duration::from_secs(30), || replica_linked(rr, m)) {
+            self.sh
+                .hist()
+                .violation("the replica did not link up within 30 s".into());
+        }
+    }
+
+    /// G7: once the replica has caught up, master and replica hold the same data.
+    pub(crate) fn compare_digests(&self) {
+        let (m, r) = (self.master_port(), self.servers[self.replica()].port());
+        if !replica_linked(&self.servers[self.replica()], &self.servers[self.master]) {
+            return;
+        }
+        for _ in 0..40 {
+            let _ = raw_call(m, &["WAIT", "1", "1000"]);
+            let d1 = raw_call(m, &["DEBUG", "DIGEST"]);
+            let dr = raw_call(r, &["DEBUG", "DIGEST"]);
+            let d2 = raw_call(m, &["DEBUG", "DIGEST"]);
+            if d1.is_ok() && d1 == d2 && d1 == dr {
+                self.check("G7 master/replica digests equal", 1);
+                return;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        self.sh
+            .hist()
+            .violation("master and replica digests still differ after 40 tries (G7)".into());
+    }
+
+    /// Grants that must be live now: acknowledged before `cut`, not ended, released, revoked,
+    /// deleted or replaced since, and whose lease runs at least another 100 ms.
+    pub(crate) fn expected_live(&self, h: &History, cut: u64, now: u64) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (i, g) in h.grants.iter().enumerate() {
+            if g.ack >= cut
+                || g.touched >= cut
+                || g.released.is_some()
+                || g.unsure
+                || g.lost_in_failover
+                || !g.ends.is_empty()
+                || g.lower + g.ttl_us < now + 100_000
+            {
+                continue;
+            }
+            let touched = h.operator.iter().any(|o| o.key == g.key && o.done > g.send);
+            let replaced = h
+                .grants
+                .iter()
+                .any(|o| o.key == g.key && o.token != g.token && o.ack > g.send);
+            if !touched && !replaced {
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// What the server holds right after a restart or a promotion, before any client is let
+    /// back in: each lock key's holder and each key's log.
+    pub(crate) fn snapshot(&self) -> Option<Snapshot> {
+        let port = self.master_port();
+        let mut c = match RawConn::connect(port) {
+            Ok(c) => c,
+            Err(e) => {
+                self.sh
+                    .hist()
+                    .violation(format!("cannot connect after restart: {e}"));
+                return None;
+            }
+        };
+        let at = self.sh.now();
+        let mut holders = HashMap::new();
+        let mut logs = HashMap::new();
+        for k in 0..self.sh.keys {
+            let r = c.call(&["FLOCK.INFO", &self.sh.lock_key(k)]);
+            holders.insert(k, r.ok().and_then(|r| parse_info_opt(&r)));
+            let r = c.call(&["LRANGE", &self.sh.log_key(k), "0", "-1"]);
+            let set: std::collections::HashSet<String> = r
+                .ok()
+                .and_then(|r| {
+                    r.array()
+                        .map(|a| a.iter().filter_map(Reply::string).collect())
+                })
+                .unwrap_or_default();
+            logs.insert(k, set);
+        }
+        Some(Snapshot { at, holders, logs })
+    }
+
+    /// After a SIGKILL and restart (`lossless`) or a failover: every acknowledged grant still
+    /// live and every acknowledged write must be in the snapshot; after a failover missing
+    /// ones are counted as lost. Called once every client has paused, so that the history
+    /// is complete up to the snapshot.
+    pub(crate) fn verify_survivors(&self, snap: &Snapshot, cut: u64, lossless: bool) {
+        let mut h = self.sh.hist();
+        let live = self.expected_live(&h, cut, snap.at);
+        let (mut kept, mut lost) = (0u64, 0u64);
+        for i in live {
+            let g = h.grants[i].clone();
+            let info = &snap.holders[&g.key];
+            let same = info
+                .as_ref()
+                .is_some_and(|(o, t)| o.as_deref() == Some(g.owner.as_bytes()) && *t == g.token);
+            if same {
+                kept += 1;
+            } else if lossless {
+                h.violation(format!(
+                    "acknowledged grant {} of {} (owner {}) lost across kill -9 with \
+                     appendfsync always; the server shows {info:?}",
+                    g.token,
+                    self.sh.lock_key(g.key),
+                    g.owner
+                ));
+            } else {
+                lost += 1;
+                h.grants[i].lost_in_failover = true;
+            }
+        }
+        let (mut w_kept, mut w_lost) = (0u64, 0u64);
+        for w in h.writes.iter_mut() {
+            if w.outcome != Outcome::Accepted || w.ack >= cut || w.lost_in_failover {
+                continue;
+            }
+            if snap.logs[&w.key].contains(&w.tag) {
+                w_kept += 1;
+            } else {
+                w_lost += 1;
+                if !lossless {
+                    w.lost_in_failover = true;
+                }
+            }
+        }
+        let what = if lossless { "restart" } else { "failover" };
+        if lossless && w_lost > 0 {
+            h.violation(format!(
+                "{w_lost} acknowledged FENCED writes lost across kill -9 with appendfsync always"
+            ));
+        }
+        let entries: [(&'static str, u64); 3] = if lossless {
+            [
+                ("acknowledged live grants present after kill -9", kept),
+                ("acknowledged writes present after kill -9", w_kept),
+                ("", 0),
+            ]
+        } else {
+            [
+                ("acknowledged live grants present after failover", kept),
+                ("acknowledged writes present after failover", w_kept),
+                ("acknowledged grants lost in failover (allowed)", lost),
+            ]
+        };
+        for (name, n) in entries {
+            if !name.is_empty() {
+                *h.checks.entry(name).or_default() += n;
+            }
+        }
+        if !lossless {
+            *h.checks
+                .entry("acknowledged writes lost in failover (allowed)")
+                .or_default() += w_lost;
+        }
+        eprintln!(
+            "          {what}: {kept} live grants kept, {lost} lost; {w_kept} writes kept, {w_lost} lost"
+        );
+    }
+
+    pub(crate) fn kill_and_restart(&mut self) {
+        self.fault("kill -9 master, restart from AOF");
+        let cut = self.sh.now();
+        let m = self.master;
+        self.servers[m].stop();
+        self.sh.gate.pause();
+        self.servers[m].start_again();
+        let snap = self.snapshot();
+        self.pause_all();
+        if let Some(snap) = snap {
+            self.verify_survivors(&snap, cut, true);
+        }
+        self.sh.gate.resume();
+        let (mm, r) = (&self.servers[self.master], &self.servers[self.replica()]);
+        if !poll_until(Duration::from_secs(30), || replica_linked(r, mm)) {
+            self.sh
+                .hist()
+                .violation("replica did not re-link after the master restarted".into());
+        }
+    }
+
+    /// Kill the master and promote the replica. With `lagging`, the replica is first cut off
+    /// (SIGSTOP, then the master drops its link) while clients go on, so that it misses grants
+    /// and writes: those are lost, and what G3 promises for lost grants is put to the test.
+    pub(crate) fn failover(&mut self, lagging: bool) {
+        let r = self.replica();
+        if !replica_linked(&self.servers[r], &self.servers[self.master]) {
+            return;
+        }
+        self.compare_digests();
+        if lagging {
+            self.fault("kill -9 master, promote a replica that missed writes");
+            self.servers[r].signal("STOP");
+            let _ = raw_call(self.master_port(), &["CLIENT", "KILL", "TYPE", "replica"]);
+            sleep(Duration::from_millis(300 + self.rng.below(700)));
+        } else {
+            self.fault("kill -9 master, promote replica");
+        }
+        let cut = self.sh.now();
+        let old = self.master;
+        self.servers[old].stop();
+        self.sh.gate.pause();
+        if lagging {
+            self.servers[r].signal("CONT");
+        }
+        let rp = self.servers[r].port();
+        let _ = raw_call(rp, &["REPLICAOF", "NO", "ONE"]);
+        let promoted = poll_until(Duration::from_secs(10), || {
+            info_of(rp, "replication", "role").as_deref() == Some("master")
+        });
+        if !promoted {
+            self.sh
+                .hist()
+                .violation("replica did not become master".into());
+        }
+        self.master = r;
+        self.sh.port.store(rp, SeqCst);
+        self.sh.failover_epoch.fetch_add(1, SeqCst);
+        let snap = self.snapshot();
+        self.pause_all();
+        if let Some(snap) = snap {
+            self.verify_survivors(&snap, cut, false);
+        }
+        self.sh.gate.resume();
+        // The old master comes back from its own AOF and follows the new one.
+        self.servers[old].start_again();
+        self.attach_replica();
+    }
+
+    pub(crate) fn run(&mut self, until: Instant) {
+        let plan: &[&str] = &[
+            "sleep",
+            "rewrite",
+            "kill",
+            "digest",
+            "sleep",
+            "failover",
+            "delay",
+            "sleep",
+            "kill",
+            "lagging failover",
+            "digest",
+        ];
+        let mut i = self.rng.below(plan.len() as u64) as usize;
+        let start = Instant::now();
+        let half = (until - start) / 2;
+        let mut killed = false;
+        while Instant::now() < until {
+            sleep(Duration::from_millis(700 + self.rng.below(1300)));
+            if Instant::now() >= until {
+                break;
+            }
+            // Every run, even a short one, restarts the master at least once.
+            let mut fault = plan[i % plan.len()];
+            if !killed && start.elapsed() > half {
+                fault = "kill";
+            }
+            killed |= fault == "kill";
+            match fault {
+                "sleep" => {
+                    let secs = self.rng.pick(&["0.05", "0.2", "0.4", "0.8"]);
+                    self.fault("DEBUG SLEEP (server stalled)");
+                    let _ = raw_call(self.master_port(), &["DEBUG", "SLEEP", secs]);
+                }
+                "rewrite" => {
+                    self.fault("BGREWRITEAOF");
+                    let _ = raw_call(self.master_port(), &["BGREWRITEAOF"]);
+                }
+                "kill" => self.kill_and_restart(),
+                "failover" => self.failover(false),
+                "lagging failover" => self.failover(true),
+                "delay" => {
+                    let ms = self.rng.pick(&[0u64, 0, 50, 200]);
+                    self.fault("CONFIG SET flock.lock-delay-ms");
+                    self.set_lock_delay(ms);
+                }
+                _ => self.compare_digests(),
+            }
+            i += 1;
+        }
+        self.set_lock_delay(0);
+    }
+}
+
+/// (owner, token) of a lock's live grant, as FLOCK.INFO shows it.
+pub(crate) type Holder = (Option<Vec<u8>>, i64);
+
+pub(crate) struct Snapshot {
+    pub(crate) at: u64,
+    pub(crate) holders: HashMap<usize, Option<Holder>>,
+    pub(crate) logs: HashMap<usize, std::collections::HashSet<String>>,
+}
+
+/// (owner, token) of a FLOCK.INFO reply, None when nil.
+pub(crate) fn parse_info_opt(r: &Reply) -> Option<Holder> {
+    if r.is_nil() || r.is_err() {
+        return None;
+    }
+    let i = parse_info(r, "FLOCK.INFO");
+    i.map(|i| (i.owner, i.token))
+}
