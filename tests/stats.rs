@@ -1,8 +1,6 @@
 //! FLOCK.STATS: per lock class, how grants ended, how long they were held, the ttls asked for
 //! and how long waiters waited, with a TTL advice; and INFO flock's hold-time figures.
-mod common;
-
-use common::*;
+use flock_testkit::*;
 use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -218,7 +216,7 @@ fn reset_bound_and_both_protocols() {
     assert!(call(&mut c, &["FLOCK.STATS", "RESET", "x"]).is_err());
     // An ACL can allow GET alone.
     assert!(!call(&mut c, &["ACL", "SETUSER", "mon", "on", ">pw", "+flock.stats|get"]).is_err());
-    let mut mon = user_conn(&srv, "mon");
+    let mut mon = srv.conn_as("mon", "pw");
     assert!(!call(&mut mon, &["FLOCK.STATS", "GET"]).is_err());
     assert_err_prefix(&call(&mut mon, &["FLOCK.STATS", "RESET"]), "NOPERM", "RESET as mon");
 }
