@@ -776,6 +776,12 @@ fn command_docs_and_arity() {
         let row = info.array().and_then(|a| a.first()).and_then(|r| r.array()).unwrap_or_default();
         assert_eq!(row.get(1).and_then(|a| a.int()), Some(*arity), "{cmd} arity: {info:?}");
     }
+    // FLOCK.STATS: a container whose docs list its two subcommands.
+    let r = call(&mut c, &["COMMAND", "DOCS", "flock.stats"]);
+    let text = format!("{r:?}");
+    for want in ["flock.stats|get", "flock.stats|reset", "TTL advice"] {
+        assert!(text.contains(want), "COMMAND DOCS flock.stats lacks {want}: {text}");
+    }
     // The internal effect command has an arity and a key spec but no docs.
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
     assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");
