@@ -75,7 +75,7 @@ struct Command {
     args: &'static [Arg],
 }
 
-const COMMANDS: [Command; 8] = [
+const COMMANDS: [Command; 11] = [
     Command {
         name: c"flock.acquire",
         arity: -4,
@@ -151,6 +151,33 @@ const COMMANDS: [Command; 8] = [
                 ..optional(arg(c"arg", Kind::Str))
             },
         ],
+    },
+    Command {
+        name: c"flock.stats",
+        arity: -2,
+        key: None,
+        summary: Some(c"Per lock class: how long grants were held, how they ended, how long waiters waited, and a TTL advice."),
+        complexity: c"Depends on the subcommand",
+        args: &[],
+    },
+    Command {
+        name: c"flock.stats|get",
+        arity: -2,
+        key: None,
+        summary: Some(c"Returns the statistics of every lock class, or of the classes named."),
+        complexity: c"O(N) with N the number of classes returned",
+        args: &[Arg {
+            multiple: true,
+            ..optional(arg(c"class", Kind::Str))
+        }],
+    },
+    Command {
+        name: c"flock.stats|reset",
+        arity: 2,
+        key: None,
+        summary: Some(c"Clears the statistics of every lock class."),
+        complexity: c"O(N) with N the number of classes",
+        args: &[],
     },
     // Internal: the replication effect. Arity and key spec only, no docs.
     Command {

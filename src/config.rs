@@ -47,6 +47,7 @@ impl ConfigurationValue<i64> for Value {
 pub static MAX_TTL_MS: Value = Value::new(&settings::MAX_TTL);
 pub static MAX_WAITERS: Value = Value::new(&settings::MAX_WAITERS);
 pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
+pub static STATS_MAX_CLASSES: Value = Value::new(&settings::STATS_MAX_CLASSES);
 
 /// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
 /// crate that takes a reference to a `const` may get its own copy, so two references to the
@@ -56,7 +57,7 @@ fn same(a: &Setting, b: &Setting) -> bool {
 }
 
 fn value_of(setting: &Setting) -> Option<&'static Value> {
-    [&MAX_TTL_MS, &MAX_WAITERS, &LOCK_DELAY_MS]
+    [&MAX_TTL_MS, &MAX_WAITERS, &LOCK_DELAY_MS, &STATS_MAX_CLASSES]
         .into_iter()
         .find(|v| same(v.setting, setting))
 }
@@ -74,6 +75,11 @@ pub fn max_waiters() -> usize {
 /// `flock.lock-delay-ms`: after an expiry or a revoke, no grant for this long.
 pub fn lock_delay_ms() -> u64 {
     LOCK_DELAY_MS.get() as u64
+}
+
+/// `flock.stats-max-classes`: most lock classes FLOCK.STATS keeps.
+pub fn stats_max_classes() -> usize {
+    STATS_MAX_CLASSES.get() as usize
 }
 
 /// Validate the load arguments, register every config with them as defaults and load

@@ -6,6 +6,7 @@ use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::record::{self, KeyId, LockRecord, TimerSlot};
 use crate::{config, expiry, replication, server, stats, waiters};
 use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
+use flock_core::lock_stats::Event as Measured;
 use flock_core::{LockState, Waiter};
 use redis_module::raw;
 use std::ffi::CStr;
@@ -37,8 +38,8 @@ impl KeyHost<'_> {
 
 fn event_name(e: Event) -> &'static CStr {
     match e {
-        Event::Acquired => c"flock.acquired",
-        Event::Released => c"flock.released",
+        Event::Acquired { .. } => c"flock.acquired",
+        Event::Released { .. } => c"flock.released",
         Event::Expired => c"flock.expired",
         Event::Revoked => c"flock.revoked",
     }
@@ -51,15 +52,31 @@ impl Host for KeyHost<'_> {
         let (ctx, key) = (self.ctx, self.key_name);
         match effect {
             Effect::Notify(e) => {
-                match e {
-                    Event::Acquired => stats::GRANTS.incr(),
-                    Event::Released => stats::RELEASES.incr(),
-                    Event::Expired => stats::EXPIRATIONS.incr(),
-                    Event::Revoked => stats::REVOKES.incr(),
-                }
+                let measured = match e {
+                    Event::Acquired { ttl_ms } => {
+                        stats::GRANTS.incr();
+                        Measured::Granted { ttl_ms }
+                    }
+                    Event::Released { held_ms } => {
+                        stats::RELEASES.incr();
+                        Measured::Released { held_ms }
+                    }
+                    Event::Expired => {
+                        stats::EXPIRATIONS.incr();
+                        Measured::Expired
+                    }
+                    Event::Revoked => {
+                        stats::REVOKES.incr();
+                        Measured::Revoked
+                    }
+                };
+                stats::record(ffi::bytes(&key), measured);
                 ffi::notify(ctx, event_name(e), key);
             }
-            Effect::Count(Count::Renewed) => stats::RENEWALS.incr(),
+            Effect::Count(Count::Renewed) => {
+                stats::RENEWALS.incr();
+                stats::record(ffi::bytes(&key), Measured::Renewed);
+            }
             Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
             Effect::Replicate(snapshot) => replication::state(ctx, key, snapshot),
             Effect::ReplicateDelete => replication::delete(ctx, key),
@@ -88,7 +105,14 @@ impl Host for KeyHost<'_> {
 
     #[inline]
     fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool {
-        waiters::deliver(waiter.id, token)
+        match waiters::deliver(waiter.id, token) {
+            Some(waited_us) => {
+                let wait_ms = waited_us / 1000;
+                stats::record(ffi::bytes(&self.key_name), Measured::Waited { wait_ms });
+                true
+            }
+            None => false,
+        }
     }
 
     #[inline]

@@ -46,6 +46,8 @@ pub fn missing_api() -> Option<&'static str> {
     need!(
         RedisModule_OpenKey,
         RedisModule_GetCommand,
+        RedisModule_CreateSubcommand,
+        RedisModule_ReplyWithArray,
         RedisModule_SetCommandInfo,
         RedisModule_KeyAtPosWithFlags,
         RedisModule_GetCommandKeysWithFlags,
@@ -240,6 +242,11 @@ pub fn reply_bulk(ctx: Ctx, b: &[u8]) -> c_int {
 pub fn reply_map(ctx: Ctx, len: usize) -> c_int {
     // SAFETY: a live command context.
     unsafe { api!(RedisModule_ReplyWithMap, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long) }
+}
+
+pub fn reply_array(ctx: Ctx, len: usize) -> c_int {
+    // SAFETY: a live command context.
+    unsafe { api!(RedisModule_ReplyWithArray, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long) }
 }
 
 pub fn wrong_arity(ctx: Ctx) -> c_int {

@@ -10,7 +10,8 @@
 //!   `waiters` (blocked clients and their queues), `jobs` (deferred work), `replication`
 //!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks).
 //! - the effects executor: `effects` (runs an engine operation, carries out its effects).
-//! - entry points: `commands`, `fenced`, `lock_type` (the type's callbacks), `events`.
+//! - entry points: `commands`, `fenced`, `stats_command` (FLOCK.STATS), `lock_type` (the
+//!   type's callbacks), `events`.
 //! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`),
 //!   with `command_info` (what each command is: arity, key specs, COMMAND DOCS).
 
@@ -30,4 +31,5 @@ mod record;
 mod replication;
 mod server;
 mod stats;
+mod stats_command;
 mod waiters;

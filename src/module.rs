@@ -5,7 +5,7 @@
 
 use crate::ffi::{self, Ctx, RStr};
 use crate::lock_type::LOCK_TYPE;
-use crate::{api, cluster, command_info, commands, config, events, expiry, jobs, server, stats, waiters};
+use crate::{api, cluster, command_info, commands, config, events, expiry, jobs, server, stats, stats_command, waiters};
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
@@ -74,6 +74,32 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
             return Err(format!("could not register {}", name.to_string_lossy()));
         }
     }
+    // FLOCK.STATS, a container of GET and RESET (so that an ACL can allow GET alone).
+    // SAFETY: the init context; the names and flags are NUL-terminated; no handler on the
+    // container itself (Redis answers for a missing or unknown subcommand).
+    let container = unsafe {
+        api!(RedisModule_CreateCommand, raw::REDISMODULE_ERR as c_int;
+            ctx, c"flock.stats".as_ptr(), None, c"".as_ptr(), 0, 0, 0)
+    };
+    // SAFETY: as above; the command was just created in this context.
+    let parent = unsafe { api!(RedisModule_GetCommand, std::ptr::null_mut(); ctx, c"flock.stats".as_ptr()) };
+    if container != raw::REDISMODULE_OK as c_int || parent.is_null() {
+        return Err("could not register flock.stats".to_string());
+    }
+    let subs: [(&CStr, Handler, &CStr); 2] = [
+        (c"get", handler!(stats_command::get), c"readonly fast"),
+        (c"reset", handler!(stats_command::reset), c"fast"),
+    ];
+    for (name, h, flags) in subs {
+        // SAFETY: `parent` is the container created above; names and flags NUL-terminated.
+        let ok = unsafe {
+            api!(RedisModule_CreateSubcommand, raw::REDISMODULE_ERR as c_int;
+                parent, name.as_ptr(), Some(h), flags.as_ptr(), 0, 0, 0)
+        };
+        if ok != raw::REDISMODULE_OK as c_int {
+            return Err(format!("could not register flock.stats|{}", name.to_string_lossy()));
+        }
+    }
     Ok(())
 }
 
@@ -106,7 +132,12 @@ fn subscribe(ctx: Ctx) {
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     // SAFETY: the INFO context Redis passed; the names are NUL-terminated.
     unsafe { api!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr()) };
-    let fields: [(&CStr, u64); 14] = [
+    let holds = {
+        let table = stats::classes();
+        let h = &table.all_holds;
+        [h.quantile(0.5).unwrap_or(0), h.quantile(0.99).unwrap_or(0), h.max()]
+    };
+    let fields: [(&CStr, u64); 17] = [
         (c"grants", stats::GRANTS.get()),
         (c"releases", stats::RELEASES.get()),
         (c"expirations", stats::EXPIRATIONS.get()),
@@ -121,6 +152,10 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
         (c"fenced_inner_errors", stats::FENCED_INNER_ERRORS.get()),
         (c"token_high_water", server::tokens().high_water()),
         (c"replicating_effects", server::replication_consumed() as u64),
+        // How long grants ended by RELEASE were held, over all lock classes (FLOCK.STATS).
+        (c"hold_ms_p50", holds[0]),
+        (c"hold_ms_p99", holds[1]),
+        (c"hold_ms_max", holds[2]),
     ];
     for (name, value) in fields {
         // SAFETY: as above.

@@ -1,6 +1,9 @@
-//! Counters shown in `INFO flock` (the INFO section itself is built in `module.rs`).
+//! Counters shown in `INFO flock` (the INFO section itself is built in `module.rs`), and the
+//! per-class lock statistics of FLOCK.STATS (flock-core's `lock_stats`).
 
+use flock_core::lock_stats::{Event, Stats};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
 pub struct Counter(AtomicU64);
 
@@ -27,3 +30,17 @@ pub static TIMEOUTS: Counter = Counter::new();
 pub static FENCED_ACCEPTED: Counter = Counter::new();
 pub static FENCED_REJECTED: Counter = Counter::new();
 pub static FENCED_INNER_ERRORS: Counter = Counter::new();
+
+/// FLOCK.STATS's table: per server, not persisted, not replicated. Commands run on Redis's
+/// main thread, so the lock is never contended; it is there because statics must be Sync.
+static CLASSES: LazyLock<Mutex<Stats>> = LazyLock::new(|| Mutex::new(Stats::default()));
+
+pub fn classes() -> MutexGuard<'static, Stats> {
+    CLASSES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Count `event` for the lock class of `key`.
+#[inline]
+pub fn record(key: &[u8], event: Event) {
+    classes().record(key, event, crate::config::stats_max_classes());
+}

@@ -33,6 +33,8 @@ struct Blocked {
     /// When the timeout is due on the monotonic clock (0: no timeout). The cron checks it too:
     /// module timers follow the wall clock on Redis 7.0 and Valkey 9.
     deadline_us: u64,
+    /// When the client started waiting, on the monotonic clock (FLOCK.STATS wait times).
+    since_us: u64,
 }
 
 impl Blocked {
@@ -240,6 +242,7 @@ pub fn block(
             } else {
                 0
             },
+            since_us: server::now().mono_us,
         },
     );
     reg.by_client.insert(client_id, waiter_id);
@@ -262,12 +265,14 @@ pub enum Delivery {
 
 /// Hand `token` to waiter `waiter_id` (taken off its queue by [`pop`]). False when the
 /// waiter is gone: the engine then gives the grant to the next one.
-pub fn deliver(waiter_id: u64, token: u64) -> bool {
+/// Hand `token` to the waiter `waiter_id`: how long it waited (µs), or None when it is gone.
+pub fn deliver(waiter_id: u64, token: u64) -> Option<u64> {
     let mut guard = registry();
     let reg = guard.get();
     let Some(mut b) = reg.blocked.remove(&waiter_id) else {
-        return false;
+        return None;
     };
+    let waited_us = server::now().mono_us.saturating_sub(b.since_us);
     reg.by_client.remove(&b.client_id);
     b.stop_timer();
     let key = std::mem::take(&mut b.key);
@@ -276,7 +281,7 @@ pub fn deliver(waiter_id: u64, token: u64) -> bool {
         key,
         delivered: false,
     }));
-    true
+    Some(waited_us)
 }
 
 /// Unblock every waiter of `key` with an error (`msg` ends with NUL).

@@ -776,6 +776,23 @@ fn command_docs_and_arity() {
         let row = info.array().and_then(|a| a.first()).and_then(|r| r.array()).unwrap_or_default();
         assert_eq!(row.get(1).and_then(|a| a.int()), Some(*arity), "{cmd} arity: {info:?}");
     }
+    // FLOCK.STATS: a container whose docs list its two subcommands.
+    fn text(r: &Reply) -> String {
+        match r {
+            Reply::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(" "),
+            Reply::Map(pairs) => pairs
+                .iter()
+                .map(|(k, v)| format!("{} {}", text(k), text(v)))
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => other.string().unwrap_or_default(),
+        }
+    }
+    let r = call(&mut c, &["COMMAND", "DOCS", "flock.stats"]);
+    let text = text(&r);
+    for want in ["flock.stats|get", "flock.stats|reset", "TTL advice"] {
+        assert!(text.contains(want), "COMMAND DOCS flock.stats lacks {want}: {text}");
+    }
     // The internal effect command has an arity and a key spec but no docs.
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
     assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");

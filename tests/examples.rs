@@ -109,3 +109,8 @@ fn example_gc_pause() {
 fn example_sql_fence() {
     run_example("sql_fence");
 }
+
+#[test]
+fn example_ttl_advice() {
+    run_example("ttl_advice");
+}

@@ -36,8 +36,10 @@ pub struct Env<'t> {
 /// `INFO flock` counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    Acquired,
-    Released,
+    /// A grant with this lease.
+    Acquired { ttl_ms: u64 },
+    /// A grant ended by RELEASE after it was held this long.
+    Released { held_ms: u64 },
     Expired,
     Revoked,
 }
@@ -46,8 +48,8 @@ impl Event {
     /// The keyspace notification's event name.
     pub fn name(self) -> &'static str {
         match self {
-            Event::Acquired => "flock.acquired",
-            Event::Released => "flock.released",
+            Event::Acquired { .. } => "flock.acquired",
+            Event::Released { .. } => "flock.released",
             Event::Expired => "flock.expired",
             Event::Revoked => "flock.revoked",
         }
@@ -145,6 +147,11 @@ pub enum Reply<'a> {
     },
 }
 
+/// How long a grant that started at `since` (monotonic µs) was held at `now`, in ms.
+fn held_ms(since: Option<u64>, now: Now) -> u64 {
+    since.map_or(0, |s| now.mono_us.saturating_sub(s) / 1000)
+}
+
 // ---- the steps every write operation is made of ----
 
 /// Bring the key up to date at `now`: end a run-out lease (`flock.expired`), end a finished
@@ -174,7 +181,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
         state.grant_to(&waiter, token, now);
         changed = true;
         if host.deliver(&waiter, token) {
-            host.effect(Effect::Notify(Event::Acquired));
+            host.effect(Effect::Notify(Event::Acquired { ttl_ms: waiter.ttl_ms }));
             return changed;
         }
         // The waiter vanished between its queueing and now: the grant goes to the next one.
@@ -240,7 +247,7 @@ pub fn acquire(
     match state.acquire(args.owner, args.ttl_ms, now, waiting, env.tokens) {
         Acquired::Granted(token) => {
             publish(state, env, host, true);
-            host.effect(Effect::Notify(Event::Acquired));
+            host.effect(Effect::Notify(Event::Acquired { ttl_ms: args.ttl_ms }));
             Reply::Int(token as i64)
         }
         Acquired::Refreshed(token) => {
@@ -279,10 +286,13 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Reply<'static> {
+    let since = state.holder.as_ref().map(|g| g.since_mono_us);
     if settle(state, env, host, false) || !state.release_grant(owner, token, env.now) {
         return Reply::Int(0);
     }
-    host.effect(Effect::Notify(Event::Released));
+    host.effect(Effect::Notify(Event::Released {
+        held_ms: held_ms(since, env.now),
+    }));
     settle(state, env, host, true);
     Reply::Int(1)
 }
@@ -370,8 +380,10 @@ pub fn revisit(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, g
     let mut changed = false;
     if let Some(token) = ghost {
         if state.live_holder(env.now).is_some_and(|g| g.token == token) {
-            state.holder = None;
-            host.effect(Effect::Notify(Event::Released));
+            let since = state.holder.take().map(|g| g.since_mono_us);
+            host.effect(Effect::Notify(Event::Released {
+                held_ms: held_ms(since, env.now),
+            }));
             changed = true;
         }
     }

@@ -37,8 +37,15 @@ pub const LOCK_DELAY: Setting = Setting {
     max: 86_400_000,
 };
 
+pub const STATS_MAX_CLASSES: Setting = Setting {
+    name: "stats-max-classes",
+    default: 256,
+    min: 0,
+    max: 100_000,
+};
+
 /// Every setting, in the order of the README's Configuration table.
-pub const ALL: [&Setting; 3] = [&MAX_TTL, &MAX_WAITERS, &LOCK_DELAY];
+pub const ALL: [&Setting; 4] = [&MAX_TTL, &MAX_WAITERS, &LOCK_DELAY, &STATS_MAX_CLASSES];
 
 impl Setting {
     /// The value if it is in range, else the error text (without the argument's origin).

@@ -17,6 +17,10 @@ pub struct Grant {
     pub owner: Box<[u8]>,
     pub token: u64,
     pub deadline: Deadline,
+    /// When this process saw the grant start, on its monotonic clock: what FLOCK.STATS
+    /// measures hold times from. Not persisted: a grant loaded or replicated starts counting
+    /// when it arrives.
+    pub since_mono_us: u64,
 }
 
 impl Grant {
@@ -26,6 +30,7 @@ impl Grant {
             owner: owner.into(),
             token,
             deadline: Deadline::after(ttl_ms, now),
+            since_mono_us: now.mono_us,
         }
     }
 
@@ -36,6 +41,7 @@ impl Grant {
             owner: owner.into(),
             token,
             deadline: Deadline::from_wall(deadline_wall_ms, now),
+            since_mono_us: now.mono_us,
         }
     }
 

@@ -1,0 +1,47 @@
+//! `FLOCK.STATS GET [class ...]` and `FLOCK.STATS RESET`: the per-class lock statistics for
+//! sizing TTLs (flock-core's `lock_stats`; `stats::record` fills them in). Subcommands, so an
+//! ACL can allow `flock.stats|get` alone.
+
+use crate::ffi::{self, Ctx, RStr};
+use crate::stats;
+use flock_core::lock_stats::Out;
+use std::os::raw::c_int;
+
+/// `FLOCK.STATS GET [class ...]`: argv is `FLOCK.STATS GET class...`.
+pub fn get(ctx: Ctx, args: &[RStr]) -> c_int {
+    let names: Vec<&[u8]> = args.iter().skip(2).map(ffi::bytes).collect();
+    let report = stats::classes().report((!names.is_empty()).then_some(names.as_slice()));
+    send(ctx, &report)
+}
+
+/// `FLOCK.STATS RESET`.
+pub fn reset(ctx: Ctx, args: &[RStr]) -> c_int {
+    if args.len() != 2 {
+        return ffi::wrong_arity(ctx);
+    }
+    stats::classes().reset();
+    ffi::reply_simple(ctx, c"OK")
+}
+
+/// A reply tree as RESP: maps are maps in RESP3 and flat arrays in RESP2 (RM_ReplyWithMap).
+fn send(ctx: Ctx, out: &Out) -> c_int {
+    match out {
+        Out::Int(v) => ffi::reply_int(ctx, i64::try_from(*v).unwrap_or(i64::MAX)),
+        Out::Nil => ffi::reply_null(ctx),
+        Out::Arr(items) => {
+            ffi::reply_array(ctx, items.len());
+            for i in items {
+                send(ctx, i);
+            }
+            0
+        }
+        Out::Map(fields) => {
+            ffi::reply_map(ctx, fields.len());
+            for (k, v) in fields {
+                ffi::reply_bulk(ctx, k);
+                send(ctx, v);
+            }
+            0
+        }
+    }
+}
