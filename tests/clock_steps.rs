@@ -186,19 +186,22 @@ fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
         795,
         1300,
     );
-    // FENCED writes stop with the lease, whatever the wall clock says.
-    let t3 = Instant::now();
+    // FENCED writes stop with the lease, whatever the wall clock says. Times run from the
+    // ACQUIRE's reply (the lease started before it) to each FENCED's sending (the server
+    // checked after it), so every accepted write was sent less than 600 ms in.
     let tf = acq(&mut c, "F", "f", 600);
+    let t3 = Instant::now();
     set_clock(&f, "-3h");
     let mut last_ok = Duration::ZERO;
     loop {
+        let sent = t3.elapsed();
         let r = c
             .call(&["FLOCK.FENCED", "F", &tf.to_string(), "INCR", "F:writes"])
             .expect("FENCED");
         if r.is_err() {
             break;
         }
-        last_ok = t3.elapsed();
+        last_ok = sent;
         assert!(last_ok < Duration::from_secs(5), "FENCED still accepted");
         sleep(Duration::from_millis(2));
     }

@@ -362,7 +362,7 @@ export function coreSuite(lib: Lib): void {
       // Each wait ran on a duplicate() of the client, closed when the wait ended.
       const t0c = performance.now();
       while (Number(/connected_clients:(\d+)/.exec(await server.admin.info("clients"))?.[1]) !== clientsBefore) {
-        assert.ok(performance.now() - t0c < 3000, "the wait connections were not closed");
+        assert.ok(performance.now() - t0c < 10000, "the wait connections were not closed within 10 s");
         await sleep(10);
       }
       assert.equal(await server.admin.exists(k), 0);

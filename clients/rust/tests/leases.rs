@@ -395,8 +395,13 @@ async fn remaining_is_never_above_the_servers_check() {
     let srv = Server::start();
     let mut raw = srv.raw().await;
     let flock = Flock::new(srv.client());
-    // A lease granted at once, renewed by the watchdog during the loop.
-    let lease = flock.lock("rm", MS(600)).await.expect("lock");
+    // A lease granted at once. No watchdog here: a renewal that lands between the CHECK and
+    // the local reading would move the local deadline past the one the server just gave
+    // (the watchdog's own rule-1 bookkeeping is tested with renewals elsewhere).
+    let lease = flock
+        .lock("rm", LockOptions::new(MS(3000)).renew(false))
+        .await
+        .expect("lock");
     let mut worst = i128::MIN;
     for _ in 0..60 {
         let server = server_check(&mut raw, "rm", lease.token()).await;
@@ -415,8 +420,11 @@ async fn remaining_is_never_above_the_servers_check() {
     // A lease granted after a BLOCK wait.
     let l2f = flock.clone();
     let waiter = tokio::spawn(async move {
-        l2f.lock("rm", LockOptions::new(MS(600)).wait(Wait::For(MS(10_000))))
-            .await
+        l2f.lock(
+            "rm",
+            LockOptions::new(MS(3000)).wait(Wait::For(MS(10_000))).renew(false),
+        )
+        .await
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
