@@ -7,6 +7,27 @@
 //! waiters waited. Memory is bounded: fixed-size histograms, at most `max_classes` classes.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a over the class name: the class table is looked up on every grant and release, and
+/// class names are short and not attacker-chosen in a way a DoS could use beyond the
+/// `max_classes` bound, so a fast non-keyed hash beats std's SipHash here.
+#[derive(Default)]
+pub struct ClassHasher(u64);
+
+impl Hasher for ClassHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
 
 /// The longest class name kept (bytes); longer names are cut.
 pub const MAX_CLASS_LEN: usize = 128;
@@ -193,7 +214,7 @@ pub enum Event {
 /// Every class seen since the start or the last reset, first come, up to `max_classes`.
 #[derive(Default)]
 pub struct Stats {
-    classes: HashMap<Box<[u8]>, Box<ClassStats>>,
+    classes: HashMap<Box<[u8]>, Box<ClassStats>, BuildHasherDefault<ClassHasher>>,
     /// Grants of classes beyond `max_classes`.
     pub overflow: u64,
     /// Hold times of every release, all classes together (INFO flock).
