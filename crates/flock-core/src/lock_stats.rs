@@ -38,44 +38,44 @@ pub const MAX_CLASS_LEN: usize = 128;
 /// Writes into `out` (no allocation) and returns the class's length.
 pub fn fold_class(key: &[u8], out: &mut [u8; MAX_CLASS_LEN]) -> usize {
     let mut n = 0;
-    let push = |out: &mut [u8; MAX_CLASS_LEN], n: &mut usize, b: u8| {
-        if *n < MAX_CLASS_LEN {
-            out[*n] = b;
-            *n += 1;
-        }
-    };
     let mut i = 0;
-    while i < key.len() {
+    // One pass over the key (this runs on every grant and release); stops once the class
+    // is full.
+    while i < key.len() && n < MAX_CLASS_LEN {
         let b = key[i];
-        if b.is_ascii_alphanumeric() {
-            let start = i;
-            while i < key.len() && key[i].is_ascii_alphanumeric() {
-                i += 1;
-            }
-            let run = &key[start..i];
-            let identifier =
-                run.iter().all(u8::is_ascii_hexdigit) && run.iter().any(u8::is_ascii_digit);
-            if identifier {
-                // Merge with a `#` that only dashes separate from this one.
-                let mut back = n;
-                while back > 0 && out[back - 1] == b'-' {
-                    back -= 1;
-                }
-                if back > 0 && back < n && out[back - 1] == b'#' {
-                    n = back;
-                } else if !(n > 0 && out[n - 1] == b'#') {
-                    push(out, &mut n, b'#');
-                }
-            } else {
-                for &c in run {
-                    push(out, &mut n, c);
-                }
-            }
+        if !b.is_ascii_alphanumeric() {
+            out[n] = if (0x20..0x7f).contains(&b) { b } else { b'?' };
+            n += 1;
+            i += 1;
             continue;
         }
-        let shown = if (0x20..0x7f).contains(&b) { b } else { b'?' };
-        push(out, &mut n, shown);
-        i += 1;
+        let start = i;
+        let (mut all_hex, mut any_digit) = (true, false);
+        while let Some(&c) = key.get(i) {
+            if !c.is_ascii_alphanumeric() {
+                break;
+            }
+            all_hex &= c.is_ascii_hexdigit();
+            any_digit |= c.is_ascii_digit();
+            i += 1;
+        }
+        if all_hex && any_digit {
+            // Merge with a `#` that only dashes separate from this one.
+            let mut back = n;
+            while back > 0 && out[back - 1] == b'-' {
+                back -= 1;
+            }
+            if back > 0 && back < n && out[back - 1] == b'#' {
+                n = back;
+            } else if !(n > 0 && out[n - 1] == b'#') {
+                out[n] = b'#';
+                n += 1;
+            }
+        } else {
+            let take = (i - start).min(MAX_CLASS_LEN - n);
+            out[n..n + take].copy_from_slice(&key[start..start + take]);
+            n += take;
+        }
     }
     n
 }
@@ -94,6 +94,8 @@ pub struct LogHistogram {
     total: u64,
     min: u64,
     max: u64,
+    /// The last value recorded and its bucket: ttls repeat, and a repeat skips the logarithm.
+    last: (u64, usize),
 }
 
 impl Default for LogHistogram {
@@ -103,6 +105,7 @@ impl Default for LogHistogram {
             total: 0,
             min: u64::MAX,
             max: 0,
+            last: (0, 0),
         }
     }
 }
@@ -117,7 +120,13 @@ impl LogHistogram {
     }
 
     pub fn record(&mut self, v: u64) {
-        let b = Self::bucket(v);
+        let b = if v == self.last.0 {
+            self.last.1
+        } else {
+            let b = Self::bucket(v);
+            self.last = (v, b);
+            b
+        };
         if let Some(c) = self.counts.get_mut(b) {
             *c = c.saturating_add(1);
         }
@@ -214,7 +223,12 @@ pub enum Event {
 /// Every class seen since the start or the last reset, first come, up to `max_classes`.
 #[derive(Default)]
 pub struct Stats {
-    classes: HashMap<Box<[u8]>, Box<ClassStats>, BuildHasherDefault<ClassHasher>>,
+    /// The classes in the order they came, and an index by name.
+    entries: Vec<(Box<[u8]>, Box<ClassStats>)>,
+    index: HashMap<Box<[u8]>, usize, BuildHasherDefault<ClassHasher>>,
+    /// The entry the last event went to: most events of a busy server go to the class of the
+    /// one before, and comparing with it is cheaper than hashing.
+    last: usize,
     /// Grants of classes beyond `max_classes`.
     pub overflow: u64,
     /// Hold times of every release, all classes together (INFO flock).
@@ -231,17 +245,26 @@ impl Stats {
         let mut buf = [0u8; MAX_CLASS_LEN];
         let n = fold_class(key, &mut buf);
         let class = &buf[..n];
-        let entry = match self.classes.get_mut(class) {
-            Some(e) => e,
-            None => {
-                if self.classes.len() >= max_classes {
-                    if matches!(event, Event::Granted { .. }) {
-                        self.overflow += 1;
+        let at = match self.entries.get(self.last) {
+            Some((name, _)) if **name == *class => self.last,
+            _ => match self.index.get(class) {
+                Some(&i) => i,
+                None => {
+                    if self.entries.len() >= max_classes {
+                        if matches!(event, Event::Granted { .. }) {
+                            self.overflow += 1;
+                        }
+                        return;
                     }
-                    return;
+                    self.entries.push((class.into(), Box::default()));
+                    self.index.insert(class.into(), self.entries.len() - 1);
+                    self.entries.len() - 1
                 }
-                self.classes.entry(class.into()).or_default()
-            }
+            },
+        };
+        self.last = at;
+        let Some((_, entry)) = self.entries.get_mut(at) else {
+            return;
         };
         match event {
             Event::Granted { ttl_ms } => {
@@ -262,11 +285,12 @@ impl Stats {
 
     /// The classes, sorted by name; only `names` (class names, not keys) when given.
     pub fn classes(&self, names: Option<&[&[u8]]>) -> Vec<(&[u8], &ClassStats)> {
+        let entry = |i: usize| self.entries.get(i).map(|(k, v)| (&**k, &**v));
         let mut v: Vec<(&[u8], &ClassStats)> = match names {
-            None => self.classes.iter().map(|(k, v)| (&**k, &**v)).collect(),
+            None => self.entries.iter().map(|(k, v)| (&**k, &**v)).collect(),
             Some(names) => names
                 .iter()
-                .filter_map(|n| self.classes.get_key_value(*n).map(|(k, v)| (&**k, &**v)))
+                .filter_map(|n| self.index.get(*n).and_then(|&i| entry(i)))
                 .collect(),
         };
         v.sort_by(|a, b| a.0.cmp(b.0));
