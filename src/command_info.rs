@@ -55,7 +55,10 @@ const fn arg(name: &'static CStr, kind: Kind) -> Arg {
 }
 
 const fn optional(a: Arg) -> Arg {
-    Arg { optional: true, ..a }
+    Arg {
+        optional: true,
+        ..a
+    }
 }
 
 const KEY: Arg = arg(c"key", Kind::Key);
@@ -237,7 +240,10 @@ fn end_of_args() -> raw::RedisModuleCommandArg {
 
 /// `args` as the server reads them, NULL-terminated; `keep` holds the sub-argument arrays
 /// the entries point into, which must live until the SetCommandInfo call returns.
-fn raw_args(args: &[Arg], keep: &mut Vec<Vec<raw::RedisModuleCommandArg>>) -> Vec<raw::RedisModuleCommandArg> {
+fn raw_args(
+    args: &[Arg],
+    keep: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> Vec<raw::RedisModuleCommandArg> {
     let mut out = Vec::with_capacity(args.len() + 1);
     for a in args {
         let subargs = if a.sub.is_empty() {
@@ -289,9 +295,9 @@ pub fn describe(ctx: Ctx) -> Result<(), String> {
     };
     // SAFETY: reading function pointers the server filled in at load; both exist since 7.0,
     // flock's minimum (ffi::missing_api refuses older servers).
-    let (Some(get_command), Some(set_info)) =
-        (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
-    else {
+    let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
+        raw::RedisModule_SetCommandInfo
+    }) else {
         return Err("this server lacks RedisModule_SetCommandInfo".to_string());
     };
     for c in &COMMANDS {

@@ -8,7 +8,9 @@
 //! restart). Where such a line overrides a load argument the module says so in the log.
 
 use flock_core::settings::{self, Setting};
-use redis_module::configuration::{register_i64_configuration, ConfigurationContext, ConfigurationFlags};
+use redis_module::configuration::{
+    register_i64_configuration, ConfigurationContext, ConfigurationFlags,
+};
 use redis_module::{raw, ConfigurationValue, Context, RedisError, RedisString};
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -57,9 +59,14 @@ fn same(a: &Setting, b: &Setting) -> bool {
 }
 
 fn value_of(setting: &Setting) -> Option<&'static Value> {
-    [&MAX_TTL_MS, &MAX_WAITERS, &LOCK_DELAY_MS, &STATS_MAX_CLASSES]
-        .into_iter()
-        .find(|v| same(v.setting, setting))
+    [
+        &MAX_TTL_MS,
+        &MAX_WAITERS,
+        &LOCK_DELAY_MS,
+        &STATS_MAX_CLASSES,
+    ]
+    .into_iter()
+    .find(|v| same(v.setting, setting))
 }
 
 /// `flock.max-ttl-ms`: largest ttl accepted.

@@ -230,9 +230,7 @@ pub fn send(ctx: Ctx, reply: Reply<'_>) -> c_int {
 fn error_text(e: ReplyError) -> &'static CStr {
     match e {
         ReplyError::TokensExhausted => c"ERR token space exhausted",
-        ReplyError::TooManyWaiters => {
-            c"ERR too many clients wait for this key (flock.max-waiters)"
-        }
+        ReplyError::TooManyWaiters => c"ERR too many clients wait for this key (flock.max-waiters)",
         ReplyError::CouldNotBlock => c"ERR could not block the client",
     }
 }

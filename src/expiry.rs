@@ -215,7 +215,9 @@ pub fn arm_all(ctx: Ctx) {
             return;
         }
         // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given.
-        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), ptr::null_mut()) } != 0 {}
+        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), ptr::null_mut()) }
+            != 0
+        {}
         // SAFETY: created above, destroyed once.
         unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
         db += 1;

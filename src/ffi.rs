@@ -142,7 +142,9 @@ pub fn bytes(s: &RStr) -> &[u8] {
 /// A new Redis string owned by the caller (free it with [`free_string`]).
 pub fn create_string(ctx: Ctx, b: &[u8]) -> RStr {
     // SAFETY: Redis copies `b.len()` bytes from a valid slice.
-    unsafe { api!(RedisModule_CreateString, ptr::null_mut(); ctx, b.as_ptr().cast::<c_char>(), b.len()) }
+    unsafe {
+        api!(RedisModule_CreateString, ptr::null_mut(); ctx, b.as_ptr().cast::<c_char>(), b.len())
+    }
 }
 
 /// Keep `s` alive beyond the command (a reference or a copy); free it with [`free_string`].
@@ -226,27 +228,37 @@ pub fn reply_error_string(ctx: Ctx, msg: &str) -> c_int {
         .collect();
     buf.push(0);
     // SAFETY: a live command context; `buf` is NUL-terminated and outlives the call.
-    unsafe { api!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, buf.as_ptr().cast::<c_char>()) }
+    unsafe {
+        api!(RedisModule_ReplyWithError, raw::REDISMODULE_ERR as c_int; ctx, buf.as_ptr().cast::<c_char>())
+    }
 }
 
 pub fn reply_simple(ctx: Ctx, msg: &'static CStr) -> c_int {
     // SAFETY: a live command context; `msg` is NUL-terminated.
-    unsafe { api!(RedisModule_ReplyWithSimpleString, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr()) }
+    unsafe {
+        api!(RedisModule_ReplyWithSimpleString, raw::REDISMODULE_ERR as c_int; ctx, msg.as_ptr())
+    }
 }
 
 pub fn reply_bulk(ctx: Ctx, b: &[u8]) -> c_int {
     // SAFETY: a live command context; Redis copies `b.len()` bytes from a valid slice.
-    unsafe { api!(RedisModule_ReplyWithStringBuffer, raw::REDISMODULE_ERR as c_int; ctx, b.as_ptr().cast::<c_char>(), b.len()) }
+    unsafe {
+        api!(RedisModule_ReplyWithStringBuffer, raw::REDISMODULE_ERR as c_int; ctx, b.as_ptr().cast::<c_char>(), b.len())
+    }
 }
 
 pub fn reply_map(ctx: Ctx, len: usize) -> c_int {
     // SAFETY: a live command context.
-    unsafe { api!(RedisModule_ReplyWithMap, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long) }
+    unsafe {
+        api!(RedisModule_ReplyWithMap, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long)
+    }
 }
 
 pub fn reply_array(ctx: Ctx, len: usize) -> c_int {
     // SAFETY: a live command context.
-    unsafe { api!(RedisModule_ReplyWithArray, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long) }
+    unsafe {
+        api!(RedisModule_ReplyWithArray, raw::REDISMODULE_ERR as c_int; ctx, len as std::os::raw::c_long)
+    }
 }
 
 pub fn wrong_arity(ctx: Ctx) -> c_int {
@@ -259,7 +271,9 @@ pub fn wrong_arity(ctx: Ctx) -> c_int {
 /// Module keyspace event (class `d`).
 pub fn notify(ctx: Ctx, event: &'static CStr, key: RStr) {
     // SAFETY: a live context and key name; `event` is NUL-terminated.
-    unsafe { api!(RedisModule_NotifyKeyspaceEvent, 0; ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), key) };
+    unsafe {
+        api!(RedisModule_NotifyKeyspaceEvent, 0; ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), key)
+    };
 }
 
 // ---- keys ----
@@ -353,8 +367,9 @@ impl Key {
         // SAFETY: an open key opened for writing; `ty` is our registered type, `value` a
         // record of it.
         !self.ptr.is_null()
-            && unsafe { api!(RedisModule_ModuleTypeSetValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value) }
-                == raw::REDISMODULE_OK as c_int
+            && unsafe {
+                api!(RedisModule_ModuleTypeSetValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value)
+            } == raw::REDISMODULE_OK as c_int
     }
 
     /// Delete the key (Redis frees its value): needs `&mut self`, so no borrow of the value

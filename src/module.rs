@@ -5,7 +5,10 @@
 
 use crate::ffi::{self, Ctx, RStr};
 use crate::lock_type::LOCK_TYPE;
-use crate::{api, cluster, command_info, commands, config, events, expiry, jobs, server, stats, stats_command, waiters};
+use crate::{
+    api, cluster, command_info, commands, config, events, expiry, jobs, server, stats,
+    stats_command, waiters,
+};
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
@@ -17,9 +20,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     if let Some(name) = ffi::missing_api() {
-        ctx.log_warning(&format!(
-            "this server lacks {name}; refusing to load"
-        ));
+        ctx.log_warning(&format!("this server lacks {name}; refusing to load"));
         return Status::Err;
     }
     let lock_type = *LOCK_TYPE.raw_type.borrow();
@@ -54,14 +55,22 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
         }};
     }
     let table: [(&CStr, Handler, &CStr); 8] = [
-        (c"flock.acquire", handler!(commands::acquire), c"write deny-oom"),
+        (
+            c"flock.acquire",
+            handler!(commands::acquire),
+            c"write deny-oom",
+        ),
         (c"flock.release", handler!(commands::release), c"write fast"),
         (c"flock.renew", handler!(commands::renew), c"write fast"),
         (c"flock.check", handler!(commands::check), c"readonly fast"),
         (c"flock.info", handler!(commands::info), c"readonly fast"),
         (c"flock.revoke", handler!(commands::revoke), c"write fast"),
         (c"flock.apply", handler!(commands::apply), c"write"),
-        (c"flock.fenced", crate::fenced::command, c"write getkeys-api"),
+        (
+            c"flock.fenced",
+            crate::fenced::command,
+            c"write getkeys-api",
+        ),
     ];
     for (name, h, flags) in table {
         // SAFETY: the init context; name and flags are NUL-terminated; the handler is a
@@ -82,7 +91,8 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
             ctx, c"flock.stats".as_ptr(), None, c"".as_ptr(), 0, 0, 0)
     };
     // SAFETY: as above; the command was just created in this context.
-    let parent = unsafe { api!(RedisModule_GetCommand, std::ptr::null_mut(); ctx, c"flock.stats".as_ptr()) };
+    let parent =
+        unsafe { api!(RedisModule_GetCommand, std::ptr::null_mut(); ctx, c"flock.stats".as_ptr()) };
     if container != raw::REDISMODULE_OK as c_int || parent.is_null() {
         return Err("could not register flock.stats".to_string());
     }
@@ -97,7 +107,10 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
                 parent, name.as_ptr(), Some(h), flags.as_ptr(), 0, 0, 0)
         };
         if ok != raw::REDISMODULE_OK as c_int {
-            return Err(format!("could not register flock.stats|{}", name.to_string_lossy()));
+            return Err(format!(
+                "could not register flock.stats|{}",
+                name.to_string_lossy()
+            ));
         }
     }
     Ok(())
@@ -135,7 +148,11 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
     let holds = {
         let table = stats::classes();
         let h = &table.all_holds;
-        [h.quantile(0.5).unwrap_or(0), h.quantile(0.99).unwrap_or(0), h.max()]
+        [
+            h.quantile(0.5).unwrap_or(0),
+            h.quantile(0.99).unwrap_or(0),
+            h.max(),
+        ]
     };
     let fields: [(&CStr, u64); 17] = [
         (c"grants", stats::GRANTS.get()),
@@ -151,7 +168,10 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
         (c"fenced_rejected", stats::FENCED_REJECTED.get()),
         (c"fenced_inner_errors", stats::FENCED_INNER_ERRORS.get()),
         (c"token_high_water", server::tokens().high_water()),
-        (c"replicating_effects", server::replication_consumed() as u64),
+        (
+            c"replicating_effects",
+            server::replication_consumed() as u64,
+        ),
         // How long grants ended by RELEASE were held, over all lock classes (FLOCK.STATS).
         (c"hold_ms_p50", holds[0]),
         (c"hold_ms_p99", holds[1]),

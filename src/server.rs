@@ -31,7 +31,8 @@ pub fn init(ctx: Ctx, lock_type: *mut raw::RedisModuleType) {
     LOCK_TYPE.store(lock_type, Ordering::Relaxed);
     // SAFETY: `ctx` is the context of the module's init; the detached context lives as long
     // as the module.
-    let detached = unsafe { api!(RedisModule_GetDetachedThreadSafeContext, std::ptr::null_mut(); ctx) };
+    let detached =
+        unsafe { api!(RedisModule_GetDetachedThreadSafeContext, std::ptr::null_mut(); ctx) };
     MODULE_CTX.store(detached, Ordering::Relaxed);
     refresh_role(ctx);
 }
@@ -96,13 +97,15 @@ pub fn assume_replication_consumed() {
 
 fn info_field(ctx: Ctx, section: &std::ffi::CStr, field: &std::ffi::CStr) -> Option<i64> {
     // SAFETY: a live context (the cron's); `section` is NUL-terminated.
-    let info = unsafe { api!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr()) };
+    let info =
+        unsafe { api!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr()) };
     if info.is_null() {
         return None;
     }
     let mut err: std::os::raw::c_int = 0;
     // SAFETY: `info` is the live INFO data fetched above, freed once right after.
-    let v = unsafe { api!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err) };
+    let v =
+        unsafe { api!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err) };
     // SAFETY: as above.
     unsafe { api!(RedisModule_FreeServerInfo, (); ctx, info) };
     (err == 0).then_some(v)

@@ -11,9 +11,9 @@
 
 use crate::ffi::{self, Ctx, RStr};
 use crate::jobs::{self, Job};
-use flock_core::engine::BlockRefused;
 use crate::record::KeyId;
 use crate::{api, server, stats};
+use flock_core::engine::BlockRefused;
 use flock_core::{WaitQueue, Waiter};
 use redis_module::raw;
 use std::collections::HashMap;
@@ -47,7 +47,9 @@ impl Blocked {
     /// Unblock the client with `delivery` (Redis owns it from now on and hands it to
     /// `on_reply`, then to `free_delivery`). Consumes the handle: it is never touched again.
     fn unblock(self, delivery: Option<Delivery>) {
-        let data = delivery.map_or(ptr::null_mut(), |d| Box::into_raw(Box::new(d)).cast::<c_void>());
+        let data = delivery.map_or(ptr::null_mut(), |d| {
+            Box::into_raw(Box::new(d)).cast::<c_void>()
+        });
         // SAFETY: `bc` is a handle from BlockClient not unblocked before (each `Blocked` is
         // removed from the registry before it is unblocked, exactly once).
         unsafe { api!(RedisModule_UnblockClient, 0; self.bc, data) };
@@ -214,7 +216,12 @@ pub fn block(
     let timer = if timeout_ms > 0 {
         let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
         // The timer's data is the waiter id, not a pointer.
-        ffi::create_timer(ctx, period, on_waiter_timeout, waiter_id as usize as *mut c_void)
+        ffi::create_timer(
+            ctx,
+            period,
+            on_waiter_timeout,
+            waiter_id as usize as *mut c_void,
+        )
     } else {
         0
     };
@@ -434,4 +441,3 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, privdata: *mut c_void) {
         jobs::schedule(Job::ReleaseGhost { key, token });
     }
 }
-

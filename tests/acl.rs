@@ -8,9 +8,21 @@ fn setuser(admin: &mut redis::Connection, name: &str, keys: &str) {
     let r = call(
         admin,
         &[
-            "ACL", "SETUSER", name, "on", ">pw", keys, "+flock.acquire", "+flock.release",
-            "+flock.renew", "+flock.check", "+flock.info", "+flock.revoke", "+flock.fenced",
-            "+get", "+set",
+            "ACL",
+            "SETUSER",
+            name,
+            "on",
+            ">pw",
+            keys,
+            "+flock.acquire",
+            "+flock.release",
+            "+flock.renew",
+            "+flock.check",
+            "+flock.info",
+            "+flock.revoke",
+            "+flock.fenced",
+            "+get",
+            "+set",
         ],
     );
     assert_ok(&r, "ACL SETUSER");
@@ -36,18 +48,67 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
         ("reader", &["FLOCK.CHECK", "orders:lock", &tok], true),
         ("reader", &["FLOCK.INFO", "orders:lock"], true),
         ("reader", &["GET", "orders:data"], true),
-        ("reader", &["FLOCK.FENCED", "orders:lock", &tok, "GET", "orders:data"], true),
-        ("reader", &["FLOCK.ACQUIRE", "orders:other", "r", "1000"], false),
+        (
+            "reader",
+            &["FLOCK.FENCED", "orders:lock", &tok, "GET", "orders:data"],
+            true,
+        ),
+        (
+            "reader",
+            &["FLOCK.ACQUIRE", "orders:other", "r", "1000"],
+            false,
+        ),
         ("reader", &["FLOCK.RELEASE", "orders:lock", "w1"], false),
-        ("reader", &["FLOCK.RENEW", "orders:lock", "w1", "1000"], false),
+        (
+            "reader",
+            &["FLOCK.RENEW", "orders:lock", "w1", "1000"],
+            false,
+        ),
         ("reader", &["FLOCK.REVOKE", "orders:lock"], false),
-        ("reader", &["FLOCK.FENCED", "orders:lock", &tok, "SET", "orders:data", "x"], false),
+        (
+            "reader",
+            &[
+                "FLOCK.FENCED",
+                "orders:lock",
+                &tok,
+                "SET",
+                "orders:data",
+                "x",
+            ],
+            false,
+        ),
         ("writer", &["FLOCK.CHECK", "orders:lock", &tok], false),
         ("writer", &["FLOCK.INFO", "orders:lock"], false),
-        ("writer", &["FLOCK.FENCED", "orders:lock", &tok, "SET", "orders:data", "x"], false),
+        (
+            "writer",
+            &[
+                "FLOCK.FENCED",
+                "orders:lock",
+                &tok,
+                "SET",
+                "orders:data",
+                "x",
+            ],
+            false,
+        ),
         ("both", &["FLOCK.CHECK", "orders:lock", &tok], true),
-        ("both", &["FLOCK.ACQUIRE", "orders:other", "b", "1000"], true),
-        ("both", &["FLOCK.FENCED", "orders:lock", &tok, "SET", "orders:data", "y"], true),
+        (
+            "both",
+            &["FLOCK.ACQUIRE", "orders:other", "b", "1000"],
+            true,
+        ),
+        (
+            "both",
+            &[
+                "FLOCK.FENCED",
+                "orders:lock",
+                &tok,
+                "SET",
+                "orders:data",
+                "y",
+            ],
+            true,
+        ),
         ("both", &["FLOCK.RELEASE", "orders:other", "b"], true),
         ("reader", &["FLOCK.CHECK", "elsewhere", &tok], false),
     ];
@@ -64,13 +125,18 @@ fn read_only_users_check_and_inspect_but_never_change_a_lock() {
             bad.push(format!("{user} {cmd:?}: {r:?}, expected allowed={allowed}"));
         }
         if (d == Reply::Status("OK".into())) != *allowed {
-            bad.push(format!("ACL DRYRUN {user} {cmd:?}: {d:?}, expected allowed={allowed}"));
+            bad.push(format!(
+                "ACL DRYRUN {user} {cmd:?}: {d:?}, expected allowed={allowed}"
+            ));
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     // The reader changed nothing; the one permitted write is "both"'s.
     assert_eq!(held(&mut admin, "orders:lock").1, t);
-    assert_eq!(call(&mut admin, &["GET", "orders:data"]), Reply::Bulk(b"y".to_vec()));
+    assert_eq!(
+        call(&mut admin, &["GET", "orders:data"]),
+        Reply::Bulk(b"y".to_vec())
+    );
     assert_eq!(exists(&mut admin, "orders:other"), 0);
 }
 
@@ -148,7 +214,10 @@ fn fenced_cannot_touch_its_own_lock_key_nor_flush_the_keyspace() {
     }
     // The same refusals with a stale token: the refusal does not depend on liveness.
     let r = call(&mut c, &["FLOCK.FENCED", "rf", "1", "DEL", "rf"]);
-    assert_eq!(r, Reply::Err("ERR FLOCK.FENCED cannot touch its own lock key".into()));
+    assert_eq!(
+        r,
+        Reply::Err("ERR FLOCK.FENCED cannot touch its own lock key".into())
+    );
     // The lock is intact and other keys still work.
     assert_eq!(held(&mut c, "rf").1, t);
     assert_eq!(call(&mut c, &["GET", "other"]), Reply::Bulk(b"v".to_vec()));

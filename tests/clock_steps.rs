@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-
 /// A valkey-server whose wall clock reads `clock` ("+0", "+1h", "-1d"), changeable at run
 /// time with [`set_clock`].
 struct Faked {

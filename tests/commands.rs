@@ -705,29 +705,65 @@ fn token_qualified_release_renew_and_revoke_by_owner() {
     let srv = Server::start();
     let mut c = srv.conn();
     let t1 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(1));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
+        Reply::Int(1)
+    );
     let t2 = grant(&mut c, "tq", "me", 60_000);
     assert!(t2 > t1);
     // The retried release of the first grant, and a renew with its token: nothing changes.
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]), Reply::Int(0));
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]), Reply::Nil);
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t1.to_string()]),
+        Reply::Int(0)
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "me", "5000", &t1.to_string()]
+        ),
+        Reply::Nil
+    );
     let (owner, token, ttl) = held(&mut c, "tq");
     assert_eq!((owner.as_str(), token), ("me", t2));
-    assert!(ttl > 50_000, "the stale RENEW must not shorten the lease: {ttl}");
+    assert!(
+        ttl > 50_000,
+        "the stale RENEW must not shorten the lease: {ttl}"
+    );
     // The right token renews; another owner with the right token does not.
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]), Reply::Nil);
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]), Reply::Int(t2));
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "other", "5000", &t2.to_string()]
+        ),
+        Reply::Nil
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["FLOCK.RENEW", "tq", "me", "5000", &t2.to_string()]
+        ),
+        Reply::Int(t2)
+    );
     assert!(held(&mut c, "tq").2 <= 5000);
     // REVOKE by owner: another owner's name ends nothing, the holder's ends the grant.
-    assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "other"]), Reply::Int(0));
+    assert_eq!(
+        call(&mut c, &["FLOCK.REVOKE", "tq", "other"]),
+        Reply::Int(0)
+    );
     assert!(check(&mut c, "tq", t2) > 0);
     assert_eq!(call(&mut c, &["FLOCK.REVOKE", "tq", "me"]), Reply::Int(1));
     assert_eq!(check(&mut c, "tq", t2), 0);
     assert_eq!(exists(&mut c, "tq"), 0, "nothing left after the revoke");
-    assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]), Reply::Int(0));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "tq", "me", &t2.to_string()]),
+        Reply::Int(0)
+    );
     // The plain forms still act on the owner's live grant.
     let t3 = grant(&mut c, "tq", "me", 60_000);
-    assert_eq!(call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]), Reply::Int(t3));
+    assert_eq!(
+        call(&mut c, &["FLOCK.RENEW", "tq", "me", "9000"]),
+        Reply::Int(t3)
+    );
     assert_eq!(call(&mut c, &["FLOCK.RELEASE", "tq", "me"]), Reply::Int(1));
 }
 
@@ -740,30 +776,62 @@ fn command_docs_and_arity() {
     let mut c = srv.conn();
     // (command, arity, argument names in order, the optional ones)
     let table: &[(&str, i64, &[&str], &[&str])] = &[
-        ("flock.acquire", -4, &["key", "owner", "ttl", "block"], &["block"]),
+        (
+            "flock.acquire",
+            -4,
+            &["key", "owner", "ttl", "block"],
+            &["block"],
+        ),
         ("flock.release", -3, &["key", "owner", "token"], &["token"]),
-        ("flock.renew", -4, &["key", "owner", "ttl", "token"], &["token"]),
+        (
+            "flock.renew",
+            -4,
+            &["key", "owner", "ttl", "token"],
+            &["token"],
+        ),
         ("flock.check", 3, &["key", "token"], &[]),
         ("flock.info", 2, &["key"], &[]),
         ("flock.revoke", -2, &["key", "owner"], &["owner"]),
-        ("flock.fenced", -4, &["key", "token", "command", "arg"], &["arg"]),
+        (
+            "flock.fenced",
+            -4,
+            &["key", "token", "command", "arg"],
+            &["arg"],
+        ),
     ];
     fn field<'a>(pairs: &'a [(Reply, Reply)], name: &str) -> Option<&'a Reply> {
-        pairs.iter().find(|(k, _)| k.string().as_deref() == Some(name)).map(|(_, v)| v)
+        pairs
+            .iter()
+            .find(|(k, _)| k.string().as_deref() == Some(name))
+            .map(|(_, v)| v)
     }
     for (cmd, arity, names, optional) in table {
         let r = call(&mut c, &["COMMAND", "DOCS", cmd]);
-        let outer = r.pairs().unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
-        let doc = outer[0].1.pairs().unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
-        let summary = field(&doc, "summary").and_then(|s| s.string()).unwrap_or_default();
+        let outer = r
+            .pairs()
+            .unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
+        let doc = outer[0]
+            .1
+            .pairs()
+            .unwrap_or_else(|| panic!("COMMAND DOCS {cmd}: {r:?}"));
+        let summary = field(&doc, "summary")
+            .and_then(|s| s.string())
+            .unwrap_or_default();
         assert!(summary.len() > 20, "{cmd}: summary {summary:?}");
-        assert_eq!(field(&doc, "since").and_then(|s| s.string()).as_deref(), Some("1.0.0"));
-        let args = field(&doc, "arguments").and_then(|a| a.array()).unwrap_or_default();
+        assert_eq!(
+            field(&doc, "since").and_then(|s| s.string()).as_deref(),
+            Some("1.0.0")
+        );
+        let args = field(&doc, "arguments")
+            .and_then(|a| a.array())
+            .unwrap_or_default();
         let mut got_names = Vec::new();
         let mut got_optional = Vec::new();
         for a in args {
             let p = a.pairs().unwrap_or_default();
-            let name = field(&p, "name").and_then(|n| n.string()).unwrap_or_default();
+            let name = field(&p, "name")
+                .and_then(|n| n.string())
+                .unwrap_or_default();
             let flags = format!("{:?}", field(&p, "flags"));
             if flags.contains("optional") {
                 got_optional.push(name.clone());
@@ -773,8 +841,16 @@ fn command_docs_and_arity() {
         assert_eq!(got_names, *names, "{cmd} arguments");
         assert_eq!(got_optional, *optional, "{cmd} optional arguments");
         let info = call(&mut c, &["COMMAND", "INFO", cmd]);
-        let row = info.array().and_then(|a| a.first()).and_then(|r| r.array()).unwrap_or_default();
-        assert_eq!(row.get(1).and_then(|a| a.int()), Some(*arity), "{cmd} arity: {info:?}");
+        let row = info
+            .array()
+            .and_then(|a| a.first())
+            .and_then(|r| r.array())
+            .unwrap_or_default();
+        assert_eq!(
+            row.get(1).and_then(|a| a.int()),
+            Some(*arity),
+            "{cmd} arity: {info:?}"
+        );
     }
     // FLOCK.STATS: a container whose docs list its two subcommands.
     fn text(r: &Reply) -> String {
@@ -791,11 +867,17 @@ fn command_docs_and_arity() {
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.stats"]);
     let text = text(&r);
     for want in ["flock.stats|get", "flock.stats|reset", "TTL advice"] {
-        assert!(text.contains(want), "COMMAND DOCS flock.stats lacks {want}: {text}");
+        assert!(
+            text.contains(want),
+            "COMMAND DOCS flock.stats lacks {want}: {text}"
+        );
     }
     // The internal effect command has an arity and a key spec but no docs.
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.apply"]);
-    assert!(!format!("{r:?}").contains("summary"), "FLOCK.APPLY is documented: {r:?}");
+    assert!(
+        !format!("{r:?}").contains("summary"),
+        "FLOCK.APPLY is documented: {r:?}"
+    );
     // redis-cli's HELP comes from these docs.
     let cli = std::process::Command::new(redis_cli())
         .args(["-p", &srv.port().to_string()])
@@ -804,11 +886,18 @@ fn command_docs_and_arity() {
         .spawn()
         .and_then(|mut child| {
             use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(b"HELP FLOCK.ACQUIRE\n")?;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(b"HELP FLOCK.ACQUIRE\n")?;
             child.wait_with_output()
         })
         .expect("redis-cli");
     let help = String::from_utf8_lossy(&cli.stdout);
-    assert!(help.contains("key owner ttl [BLOCK timeout]"), "HELP FLOCK.ACQUIRE: {help}");
+    assert!(
+        help.contains("key owner ttl [BLOCK timeout]"),
+        "HELP FLOCK.ACQUIRE: {help}"
+    );
     assert!(help.contains("fencing token"), "HELP FLOCK.ACQUIRE: {help}");
 }

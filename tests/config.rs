@@ -9,7 +9,9 @@ use std::fs;
 /// (`ServerBuilder::config_file`); `cli` are extra command-line options
 /// (`--flock.max-ttl-ms 8000`). Its whole log when it exits at start.
 fn start(module_args: &[&str], conf_lines: &[&str], cli: &[&str]) -> Result<Server, String> {
-    let mut b = Server::builder().module_args(module_args).config_file(conf_lines);
+    let mut b = Server::builder()
+        .module_args(module_args)
+        .config_file(conf_lines);
     for pair in cli.chunks(2) {
         b = b.args(pair[0], &pair[1..]);
     }
@@ -40,8 +42,15 @@ fn assert_max_ttl_applied(c: &mut redis::Connection, max: i64) {
     let ok = call(c, &["FLOCK.ACQUIRE", "cfg:probe", "o", &max.to_string()]);
     assert!(ok.int().is_some(), "ttl {max} must be accepted: {ok:?}");
     assert_eq!(call(c, &["FLOCK.RELEASE", "cfg:probe", "o"]), Reply::Int(1));
-    let r = call(c, &["FLOCK.ACQUIRE", "cfg:probe", "o", &(max + 1).to_string()]);
-    assert_err_contains(&r, &format!("from 1 to {max} (flock.max-ttl-ms)"), "ttl max+1");
+    let r = call(
+        c,
+        &["FLOCK.ACQUIRE", "cfg:probe", "o", &(max + 1).to_string()],
+    );
+    assert_err_contains(
+        &r,
+        &format!("from 1 to {max} (flock.max-ttl-ms)"),
+        "ttl max+1",
+    );
 }
 
 #[test]
@@ -50,15 +59,30 @@ fn bad_load_arguments_refuse_to_load_and_say_why() {
     let table: &[(&[&str], &str)] = &[
         (&["bogus", "1"], "unknown argument 'bogus'"),
         (&["max-ttl-ms"], "argument 'max-ttl-ms' has no value"),
-        (&["max-ttl-ms", "0"], "flock.max-ttl-ms must be an integer from 1 to 315360000000, not 0"),
+        (
+            &["max-ttl-ms", "0"],
+            "flock.max-ttl-ms must be an integer from 1 to 315360000000, not 0",
+        ),
         (&["max-ttl-ms", "99999999999999"], "not 99999999999999"),
         (&["max-ttl-ms", "abc"], "not 'abc'"),
         (&["max-ttl-ms", "+5000"], range),
         (&["max-ttl-ms", "05000"], range),
-        (&["lock-delay-ms", "-1"], "flock.lock-delay-ms must be an integer from 0 to 86400000, not -1"),
-        (&["max-waiters", "-1"], "flock.max-waiters must be an integer from 0 to 1000000000, not -1"),
-        (&["max-ttl-ms", "5000", "max-ttl-ms", "6000"], "argument 'max-ttl-ms' is given twice"),
-        (&["max-ttl-ms", "5000", "flock.MAX-TTL-MS", "6000"], "is given twice"),
+        (
+            &["lock-delay-ms", "-1"],
+            "flock.lock-delay-ms must be an integer from 0 to 86400000, not -1",
+        ),
+        (
+            &["max-waiters", "-1"],
+            "flock.max-waiters must be an integer from 0 to 1000000000, not -1",
+        ),
+        (
+            &["max-ttl-ms", "5000", "max-ttl-ms", "6000"],
+            "argument 'max-ttl-ms' is given twice",
+        ),
+        (
+            &["max-ttl-ms", "5000", "flock.MAX-TTL-MS", "6000"],
+            "is given twice",
+        ),
     ];
     let mut bad = Vec::new();
     for (args, want) in table {
@@ -93,7 +117,11 @@ fn every_accepted_form_is_in_effect_and_shown_by_config_get() {
     for (args, lines, cli, want) in forms {
         let srv = up(args, lines, cli);
         let mut c = srv.conn();
-        assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), *want, "{args:?} {lines:?} {cli:?}");
+        assert_eq!(
+            config_get(&mut c, "flock.max-ttl-ms"),
+            *want,
+            "{args:?} {lines:?} {cli:?}"
+        );
         assert_max_ttl_applied(&mut c, *want);
     }
     // The other two settings as load arguments.
@@ -102,7 +130,10 @@ fn every_accepted_form_is_in_effect_and_shown_by_config_get() {
     assert_eq!(config_get(&mut c, "flock.max-waiters"), 0);
     assert_eq!(config_get(&mut c, "flock.lock-delay-ms"), 250);
     grant(&mut c, "busy", "a", 60_000);
-    let r = call(&mut c, &["FLOCK.ACQUIRE", "busy", "b", "1000", "BLOCK", "100"]);
+    let r = call(
+        &mut c,
+        &["FLOCK.ACQUIRE", "busy", "b", "1000", "BLOCK", "100"],
+    );
     assert!(r.is_err(), "max-waiters 0 must refuse every waiter: {r:?}");
 }
 
@@ -121,10 +152,16 @@ fn config_file_lines_take_precedence_over_load_arguments_and_say_so() {
         "no warning in the log:\n{log}"
     );
     // A command-line option is a config-file line too.
-    let srv = up(&["max-ttl-ms", "60000"], &[], &["--flock.max-ttl-ms", "8000"]);
+    let srv = up(
+        &["max-ttl-ms", "60000"],
+        &[],
+        &["--flock.max-ttl-ms", "8000"],
+    );
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 8_000);
-    assert!(srv.log().contains("sets flock.max-ttl-ms 8000, which takes precedence"));
+    assert!(srv
+        .log()
+        .contains("sets flock.max-ttl-ms 8000, which takes precedence"));
     // A bad config-file line refuses to start, naming the setting.
     match start(&[], &["flock.max-ttl-ms 0"], &[]) {
         Ok(_) => panic!("flock.max-ttl-ms 0 in redis.conf loaded"),
@@ -165,7 +202,10 @@ fn config_set_checks_the_same_ranges_and_config_get_shows_the_value_in_effect() 
         if *accepted {
             assert_eq!(after.to_string(), *value, "{name}");
         } else {
-            assert_eq!(after, before, "a refused CONFIG SET {name} {value} changed it");
+            assert_eq!(
+                after, before,
+                "a refused CONFIG SET {name} {value} changed it"
+            );
         }
     }
     assert_max_ttl_applied(&mut c, 4_000);
@@ -179,11 +219,16 @@ fn config_rewrite_survives_a_restart_and_overrides_the_load_argument() {
     assert!(!call(&mut c, &["CONFIG", "SET", "flock.max-ttl-ms", "9000"]).is_err());
     assert!(!call(&mut c, &["CONFIG", "REWRITE"]).is_err());
     let conf = fs::read_to_string(srv.dir().join("redis.conf")).expect("redis.conf");
-    assert!(conf.contains("flock.max-ttl-ms 9000"), "CONFIG REWRITE wrote:\n{conf}");
+    assert!(
+        conf.contains("flock.max-ttl-ms 9000"),
+        "CONFIG REWRITE wrote:\n{conf}"
+    );
     // Restart from the rewritten file: the rewritten line wins over the loadmodule argument.
     srv.restart();
     let mut c = srv.conn();
     assert_eq!(config_get(&mut c, "flock.max-ttl-ms"), 9_000);
     assert_max_ttl_applied(&mut c, 9_000);
-    assert!(srv.log().contains("sets flock.max-ttl-ms 9000, which takes precedence"));
+    assert!(srv
+        .log()
+        .contains("sets flock.max-ttl-ms 9000, which takes precedence"));
 }

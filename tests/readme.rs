@@ -130,7 +130,8 @@ impl Tokens {
             return false;
         }
         for (e, r) in a.iter().zip(b.iter()) {
-            let digits = e.bytes().all(|c| c.is_ascii_digit()) && r.bytes().all(|c| c.is_ascii_digit());
+            let digits =
+                e.bytes().all(|c| c.is_ascii_digit()) && r.bytes().all(|c| c.is_ascii_digit());
             if is_token(e) {
                 if !is_token(r) {
                     return false;
@@ -222,7 +223,10 @@ fn run_shell(port: u16, s: &Session, tokens: &mut Tokens) -> Vec<String> {
     let mut outputs: Vec<Vec<String>> = vec![Vec::new(); s.steps.len() + 1];
     let mut at: Option<usize> = None;
     for l in text.lines() {
-        if let Some(n) = l.strip_prefix("@@step ").and_then(|n| n.parse::<usize>().ok()) {
+        if let Some(n) = l
+            .strip_prefix("@@step ")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
             at = Some(n);
         } else if let Some(v) = at.and_then(|n| outputs.get_mut(n)) {
             v.push(l.to_string());
@@ -263,7 +267,11 @@ fn every_readme_session_replays_verbatim() {
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
     let (sessions, skipped) = parse_readme(&readme);
     let commands: usize = sessions.iter().map(|s| s.steps.len()).sum();
-    assert!(sessions.len() >= 15, "only {} sessions found", sessions.len());
+    assert!(
+        sessions.len() >= 15,
+        "only {} sessions found",
+        sessions.len()
+    );
     // The server as `make run` starts it.
     let example = std::fs::read_to_string(root.join("redis.conf.example")).expect("conf");
     // Its loadmodule line with our module: the harness writes that line, with the example's
@@ -301,11 +309,20 @@ fn every_readme_session_replays_verbatim() {
     // Every session cleaned up after itself: nothing held, the settings as they started.
     let mut c = RawConn::connect(srv.port()).expect("connect");
     let keys = c.call(&["KEYS", "*lock*"]).expect("KEYS");
-    assert_eq!(keys, Reply::Array(vec![]), "locks left after the README sessions");
-    let delay = c.call(&["CONFIG", "GET", "flock.lock-delay-ms"]).expect("CONFIG GET");
+    assert_eq!(
+        keys,
+        Reply::Array(vec![]),
+        "locks left after the README sessions"
+    );
+    let delay = c
+        .call(&["CONFIG", "GET", "flock.lock-delay-ms"])
+        .expect("CONFIG GET");
     assert_eq!(
         delay,
-        Reply::Array(vec![Reply::Bulk(b"flock.lock-delay-ms".to_vec()), Reply::Bulk(b"0".to_vec())])
+        Reply::Array(vec![
+            Reply::Bulk(b"flock.lock-delay-ms".to_vec()),
+            Reply::Bulk(b"0".to_vec())
+        ])
     );
 }
 
@@ -313,7 +330,10 @@ fn every_readme_session_replays_verbatim() {
 fn the_matcher_binds_tokens_and_refuses_what_differs() {
     let mut t = Tokens::default();
     assert!(t.line_matches("(integer) 1796023207562139", "(integer) 1796115000000001"));
-    assert!(t.line_matches("4) (integer) 1796023207562139", "4) (integer) 1796115000000001"));
+    assert!(t.line_matches(
+        "4) (integer) 1796023207562139",
+        "4) (integer) 1796115000000001"
+    ));
     assert!(!t.line_matches("(integer) 1796023207562139", "(integer) 1796115000000002"));
     assert!(!t.line_matches("(integer) 1796000000000000", "(integer) 1796115000000001"));
     assert!(t.line_matches("(integer) 29599", "(integer) 29990"));

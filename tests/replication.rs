@@ -405,12 +405,27 @@ fn move_leaves_the_client_and_the_replica_link_in_their_database() {
     let replica = master.start_replica();
     let mut c = master.conn();
     let mut r = replica.conn();
-    for (key, setup) in [("plain", vec!["SET", "plain", "v"]), ("lk", vec!["FLOCK.ACQUIRE", "lk", "o", "60000"])] {
+    for (key, setup) in [
+        ("plain", vec!["SET", "plain", "v"]),
+        ("lk", vec!["FLOCK.ACQUIRE", "lk", "o", "60000"]),
+    ] {
         assert!(!call(&mut c, &setup).is_err());
-        assert_eq!(call(&mut c, &["MOVE", key, "1"]), Reply::Int(1), "MOVE {key}");
-        let info = call(&mut c, &["CLIENT", "INFO"]).string().unwrap_or_default();
-        assert!(info.contains(" db=0 "), "after MOVE {key} the client is not in db 0: {info}");
-        assert_eq!(call(&mut c, &["SET", &format!("after:{key}"), "x"]), Reply::Status("OK".into()));
+        assert_eq!(
+            call(&mut c, &["MOVE", key, "1"]),
+            Reply::Int(1),
+            "MOVE {key}"
+        );
+        let info = call(&mut c, &["CLIENT", "INFO"])
+            .string()
+            .unwrap_or_default();
+        assert!(
+            info.contains(" db=0 "),
+            "after MOVE {key} the client is not in db 0: {info}"
+        );
+        assert_eq!(
+            call(&mut c, &["SET", &format!("after:{key}"), "x"]),
+            Reply::Status("OK".into())
+        );
     }
     wait_replica(&mut c);
     for key in ["after:plain", "after:lk"] {

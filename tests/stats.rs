@@ -24,7 +24,9 @@ fn stats(c: &mut redis::Connection, classes: &[&str]) -> (HashMap<String, Reply>
 }
 
 fn int(m: &HashMap<String, Reply>, k: &str) -> i64 {
-    m.get(k).and_then(Reply::int).unwrap_or_else(|| panic!("{k}: {m:?}"))
+    m.get(k)
+        .and_then(Reply::int)
+        .unwrap_or_else(|| panic!("{k}: {m:?}"))
 }
 
 #[test]
@@ -96,7 +98,9 @@ fn counters_after_a_scripted_history() {
     thread::sleep(Duration::from_millis(150)); // the 50 ms leases are over
     wait_until("the expiries are counted", || {
         let (cl, _) = stats(&mut c, &["h:#"]);
-        cl.get("h:#").map(map).is_some_and(|m| int(&m, "expired") == 2)
+        cl.get("h:#")
+            .map(map)
+            .is_some_and(|m| int(&m, "expired") == 2)
     });
     let (cl, _) = stats(&mut c, &["h:#"]);
     let h = map(&cl["h:#"]);
@@ -109,7 +113,10 @@ fn counters_after_a_scripted_history() {
     let w50 = int(&wait, "p50");
     assert!((190..=400).contains(&w50), "wait p50 {w50}");
     let ttl50 = int(&map(&h["ttl_ms"]), "p50");
-    assert!((ttl50 - 60_000).abs() <= 1_800, "ttl p50 {ttl50} (within 3% of 60000)");
+    assert!(
+        (ttl50 - 60_000).abs() <= 1_800,
+        "ttl p50 {ttl50} (within 3% of 60000)"
+    );
     // Fewer than 100 releases: no advice yet.
     assert_eq!(h["ttl_advice_ms"], Reply::Nil);
 }
@@ -124,12 +131,17 @@ fn hold_percentiles_match_known_hold_times_and_give_the_advice() {
         handles.push(thread::spawn(move || {
             let mut c = RawConn::connect(port).expect("connect");
             let key = format!("hold:{i}");
-            let r = c.call(&["FLOCK.ACQUIRE", &key, "o", "60000"]).expect("acquire");
+            let r = c
+                .call(&["FLOCK.ACQUIRE", &key, "o", "60000"])
+                .expect("acquire");
             let t0 = Instant::now();
             assert!(r.int().is_some(), "{r:?}");
             thread::sleep(Duration::from_millis(10 + i));
             let held = t0.elapsed();
-            assert_eq!(c.call(&["FLOCK.RELEASE", &key, "o"]).expect("release"), Reply::Int(1));
+            assert_eq!(
+                c.call(&["FLOCK.RELEASE", &key, "o"]).expect("release"),
+                Reply::Int(1)
+            );
             held
         }));
     }
@@ -152,7 +164,10 @@ fn hold_percentiles_match_known_hold_times_and_give_the_advice() {
             "server {got} vs true {want} (p50 {p50}/{t50}, p99 {p99}/{t99}, max {max}/{tmax})"
         );
     }
-    let advice = h["ttl_advice_ms"].array().expect("advice after 200 releases").to_vec();
+    let advice = h["ttl_advice_ms"]
+        .array()
+        .expect("advice after 200 releases")
+        .to_vec();
     assert_eq!(advice, vec![Reply::Int(5 * p99), Reply::Int(10 * p99)]);
     // INFO flock: the same definition over all classes.
     let i99: i64 = info_field(&mut c, "flock", "flock_hold_ms_p99")
@@ -172,8 +187,12 @@ fn expiries_over_one_percent_withhold_the_advice() {
         grant(&mut c, &k, "o", 60_000);
         assert_eq!(release(&mut c, &k, "o"), 1);
     }
-    let advice = |c: &mut redis::Connection| map(&stats(c, &["adv:#"]).0["adv:#"])["ttl_advice_ms"].clone();
-    assert!(advice(&mut c).array().is_some(), "advice after 120 releases");
+    let advice =
+        |c: &mut redis::Connection| map(&stats(c, &["adv:#"]).0["adv:#"])["ttl_advice_ms"].clone();
+    assert!(
+        advice(&mut c).array().is_some(),
+        "advice after 120 releases"
+    );
     grant(&mut c, "adv:1000", "o", 20);
     grant(&mut c, "adv:1001", "o", 20);
     wait_until("two expiries", || {
@@ -204,19 +223,37 @@ fn reset_bound_and_both_protocols() {
     let (cl3, _) = stats(&mut c3, &["a:#"]);
     assert_eq!(int(&map(&cl3["a:#"]), "grants"), 2);
     // RESP2: a flat array.
-    assert!(matches!(call(&mut c, &["FLOCK.STATS", "GET"]), Reply::Array(_)));
+    assert!(matches!(
+        call(&mut c, &["FLOCK.STATS", "GET"]),
+        Reply::Array(_)
+    ));
     // RESET clears everything.
-    assert_eq!(call(&mut c, &["FLOCK.STATS", "RESET"]), Reply::Status("OK".into()));
+    assert_eq!(
+        call(&mut c, &["FLOCK.STATS", "RESET"]),
+        Reply::Status("OK".into())
+    );
     let (cl, overflow) = stats(&mut c, &[]);
     assert!(cl.is_empty());
     assert_eq!(overflow, 0);
     // Bad calls.
-    assert_err_contains(&call(&mut c, &["FLOCK.STATS"]), "wrong number of arguments", "no subcommand");
+    assert_err_contains(
+        &call(&mut c, &["FLOCK.STATS"]),
+        "wrong number of arguments",
+        "no subcommand",
+    );
     assert!(call(&mut c, &["FLOCK.STATS", "NOPE"]).is_err());
     assert!(call(&mut c, &["FLOCK.STATS", "RESET", "x"]).is_err());
     // An ACL can allow GET alone.
-    assert!(!call(&mut c, &["ACL", "SETUSER", "mon", "on", ">pw", "+flock.stats|get"]).is_err());
+    assert!(!call(
+        &mut c,
+        &["ACL", "SETUSER", "mon", "on", ">pw", "+flock.stats|get"]
+    )
+    .is_err());
     let mut mon = srv.conn_as("mon", "pw");
     assert!(!call(&mut mon, &["FLOCK.STATS", "GET"]).is_err());
-    assert_err_prefix(&call(&mut mon, &["FLOCK.STATS", "RESET"]), "NOPERM", "RESET as mon");
+    assert_err_prefix(
+        &call(&mut mon, &["FLOCK.STATS", "RESET"]),
+        "NOPERM",
+        "RESET as mon",
+    );
 }

@@ -188,7 +188,10 @@ fn waiters_of_a_renamed_moved_or_overwritten_key_are_answered() {
     // swapping back brings c's lock, which c holds; the waiter gets it when c releases.
     let w = spawn_acquire(&srv, "lk", "d", 10_000, 0);
     wait_blocked(&mut c, 1);
-    assert_eq!(call(&mut c, &["SWAPDB", "0", "1"]), Reply::Status("OK".into()));
+    assert_eq!(
+        call(&mut c, &["SWAPDB", "0", "1"]),
+        Reply::Status("OK".into())
+    );
     sleep(Duration::from_millis(100));
     assert_eq!(
         blocked_clients(&mut c),

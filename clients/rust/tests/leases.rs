@@ -422,7 +422,9 @@ async fn remaining_is_never_above_the_servers_check() {
     let waiter = tokio::spawn(async move {
         l2f.lock(
             "rm",
-            LockOptions::new(MS(3000)).wait(Wait::For(MS(10_000))).renew(false),
+            LockOptions::new(MS(3000))
+                .wait(Wait::For(MS(10_000)))
+                .renew(false),
         )
         .await
     });

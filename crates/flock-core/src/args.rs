@@ -2,8 +2,8 @@
 //!
 //! Every malformed call maps to one [`ArgError`], whose text is the error reply (G8).
 
-use crate::state::MAX_OWNER_LEN;
 use crate::snapshot::Snapshot;
+use crate::state::MAX_OWNER_LEN;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
@@ -195,12 +195,10 @@ pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Snapshot<'a>, ArgError> {
                 deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
             }
         }
-        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => {
-            Snapshot::Delayed {
-                last_token: parse_token(token)?,
-                until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
-            }
-        }
+        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => Snapshot::Delayed {
+            last_token: parse_token(token)?,
+            until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
+        },
         [_, _key, _, ..] if argv.len() >= 5 => return Err(ArgError::Syntax),
         _ => return Err(ArgError::Arity),
     };
@@ -370,21 +368,39 @@ mod tests {
     #[test]
     fn other_commands_table() {
         assert_eq!(parse_release(&v(&["R", "k", "o"])), Ok((&b"o"[..], None)));
-        assert_eq!(parse_release(&v(&["R", "k", "o", "7"])), Ok((&b"o"[..], Some(7))));
-        assert_eq!(parse_release(&v(&["R", "k", "o", "0"])), Err(ArgError::Token));
-        assert_eq!(parse_release(&v(&["R", "k", "o", "x"])), Err(ArgError::Token));
-        assert_eq!(parse_release(&v(&["R", "k", "o", "7", "8"])), Err(ArgError::Arity));
+        assert_eq!(
+            parse_release(&v(&["R", "k", "o", "7"])),
+            Ok((&b"o"[..], Some(7)))
+        );
+        assert_eq!(
+            parse_release(&v(&["R", "k", "o", "0"])),
+            Err(ArgError::Token)
+        );
+        assert_eq!(
+            parse_release(&v(&["R", "k", "o", "x"])),
+            Err(ArgError::Token)
+        );
+        assert_eq!(
+            parse_release(&v(&["R", "k", "o", "7", "8"])),
+            Err(ArgError::Arity)
+        );
         assert_eq!(parse_release(&v(&["R", "k"])), Err(ArgError::Arity));
         assert_eq!(parse_release(&v(&["R", "k", ""])), Err(ArgError::Owner));
         assert_eq!(parse_revoke(&v(&["V", "k"])), Ok(None));
         assert_eq!(parse_revoke(&v(&["V", "k", "o"])), Ok(Some(&b"o"[..])));
         assert_eq!(parse_revoke(&v(&["V", "k", ""])), Err(ArgError::Owner));
-        assert_eq!(parse_revoke(&v(&["V", "k", "o", "p"])), Err(ArgError::Arity));
+        assert_eq!(
+            parse_revoke(&v(&["V", "k", "o", "p"])),
+            Err(ArgError::Arity)
+        );
         assert_eq!(
             parse_renew(&v(&["N", "k", "o", "5", "9"]), 10),
             Ok((&b"o"[..], 5, Some(9)))
         );
-        assert_eq!(parse_renew(&v(&["N", "k", "o", "5", "-1"]), 10), Err(ArgError::Token));
+        assert_eq!(
+            parse_renew(&v(&["N", "k", "o", "5", "-1"]), 10),
+            Err(ArgError::Token)
+        );
         assert_eq!(
             parse_renew(&v(&["N", "k", "o", "5"]), 10),
             Ok((&b"o"[..], 5, None))

@@ -37,9 +37,13 @@ pub struct Env<'t> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A grant with this lease.
-    Acquired { ttl_ms: u64 },
+    Acquired {
+        ttl_ms: u64,
+    },
     /// A grant ended by RELEASE after it was held this long.
-    Released { held_ms: u64 },
+    Released {
+        held_ms: u64,
+    },
     Expired,
     Revoked,
 }
@@ -181,7 +185,9 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
         state.grant_to(&waiter, token, now);
         changed = true;
         if host.deliver(&waiter, token) {
-            host.effect(Effect::Notify(Event::Acquired { ttl_ms: waiter.ttl_ms }));
+            host.effect(Effect::Notify(Event::Acquired {
+                ttl_ms: waiter.ttl_ms,
+            }));
             return changed;
         }
         // The waiter vanished between its queueing and now: the grant goes to the next one.
@@ -247,7 +253,9 @@ pub fn acquire(
     match state.acquire(args.owner, args.ttl_ms, now, waiting, env.tokens) {
         Acquired::Granted(token) => {
             publish(state, env, host, true);
-            host.effect(Effect::Notify(Event::Acquired { ttl_ms: args.ttl_ms }));
+            host.effect(Effect::Notify(Event::Acquired {
+                ttl_ms: args.ttl_ms,
+            }));
             Reply::Int(token as i64)
         }
         Acquired::Refreshed(token) => {

@@ -20,7 +20,11 @@ impl Hasher for ClassHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
         for &b in bytes {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -209,11 +213,17 @@ impl ClassStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A grant with this ttl (ms).
-    Granted { ttl_ms: u64 },
+    Granted {
+        ttl_ms: u64,
+    },
     /// A grant after a BLOCK wait of this long (ms); counted besides `Granted`.
-    Waited { wait_ms: u64 },
+    Waited {
+        wait_ms: u64,
+    },
     /// Ended by RELEASE after being held this long (ms).
-    Released { held_ms: u64 },
+    Released {
+        held_ms: u64,
+    },
     Expired,
     Revoked,
     Closed,
@@ -328,7 +338,14 @@ fn quantiles(h: &LogHistogram, with_max: bool, with_p99: bool) -> Out {
         m.push(field("p99", q(0.99)));
     }
     if with_max {
-        m.push(field("max", if h.count() == 0 { Out::Nil } else { Out::Int(h.max()) }));
+        m.push(field(
+            "max",
+            if h.count() == 0 {
+                Out::Nil
+            } else {
+                Out::Int(h.max())
+            },
+        ));
     }
     Out::Map(m)
 }
@@ -348,8 +365,9 @@ impl ClassStats {
             field("wait_ms", quantiles(&self.wait, false, true)),
             field(
                 "ttl_advice_ms",
-                self.ttl_advice_ms()
-                    .map_or(Out::Nil, |[lo, hi]| Out::Arr(vec![Out::Int(lo), Out::Int(hi)])),
+                self.ttl_advice_ms().map_or(Out::Nil, |[lo, hi]| {
+                    Out::Arr(vec![Out::Int(lo), Out::Int(hi)])
+                }),
             ),
         ])
     }
@@ -410,7 +428,19 @@ mod tests {
 
     #[test]
     fn quantiles_are_within_three_percent() {
-        for &v in &[1u64, 2, 3, 10, 17, 99, 1000, 12_345, 999_999, 86_400_000, 315_360_000_000] {
+        for &v in &[
+            1u64,
+            2,
+            3,
+            10,
+            17,
+            99,
+            1000,
+            12_345,
+            999_999,
+            86_400_000,
+            315_360_000_000,
+        ] {
             let mut h = LogHistogram::default();
             h.record(v);
             let q = h.quantile(0.5).expect("one value");
@@ -442,8 +472,18 @@ mod tests {
     fn counters_advice_bound_and_reset() {
         let mut s = Stats::default();
         for i in 0..150u64 {
-            s.record(format!("job:{i}").as_bytes(), Event::Granted { ttl_ms: 30_000 }, 4);
-            s.record(format!("job:{i}").as_bytes(), Event::Released { held_ms: 10 + i % 10 }, 4);
+            s.record(
+                format!("job:{i}").as_bytes(),
+                Event::Granted { ttl_ms: 30_000 },
+                4,
+            );
+            s.record(
+                format!("job:{i}").as_bytes(),
+                Event::Released {
+                    held_ms: 10 + i % 10,
+                },
+                4,
+            );
         }
         s.record(b"job:1", Event::Renewed, 4);
         s.record(b"job:2", Event::Granted { ttl_ms: 100 }, 4);
@@ -453,7 +493,10 @@ mod tests {
         assert_eq!(all.len(), 1);
         let (name, c) = all[0];
         assert_eq!(name, b"job:#");
-        assert_eq!((c.grants, c.released, c.expired, c.renewals), (151, 150, 1, 1));
+        assert_eq!(
+            (c.grants, c.released, c.expired, c.renewals),
+            (151, 150, 1, 1)
+        );
         assert_eq!(c.wait.count(), 1);
         // 1 expiry in 151 ended grants is under 1%: the advice is [5x, 10x] the p99 (~19 ms).
         let [lo, hi] = c.ttl_advice_ms().expect("advice");
@@ -479,28 +522,48 @@ mod tests {
     fn the_report_has_every_field() {
         let mut s = Stats::default();
         s.record(b"job:1", Event::Granted { ttl_ms: 1000 }, 8);
-        let Out::Map(top) = s.report(None) else { panic!("not a map") };
+        let Out::Map(top) = s.report(None) else {
+            panic!("not a map")
+        };
         assert_eq!(top[0].0, b"classes");
         assert_eq!(top[1], (b"overflow".to_vec(), Out::Int(0)));
-        let Out::Map(classes) = &top[0].1 else { panic!("classes") };
-        let (name, Out::Map(fields)) = &classes[0] else { panic!("class") };
+        let Out::Map(classes) = &top[0].1 else {
+            panic!("classes")
+        };
+        let (name, Out::Map(fields)) = &classes[0] else {
+            panic!("class")
+        };
         assert_eq!(name, b"job:#");
         let names: Vec<&[u8]> = fields.iter().map(|(k, _)| k.as_slice()).collect();
         assert_eq!(
             names,
             [
-                &b"grants"[..], b"released", b"expired", b"revoked", b"closed", b"renewals",
-                b"hold_ms", b"ttl_ms", b"wait_ms", b"ttl_advice_ms"
+                &b"grants"[..],
+                b"released",
+                b"expired",
+                b"revoked",
+                b"closed",
+                b"renewals",
+                b"hold_ms",
+                b"ttl_ms",
+                b"wait_ms",
+                b"ttl_advice_ms"
             ]
         );
         assert_eq!(fields[0].1, Out::Int(1));
         assert_eq!(
             fields[6].1,
-            Out::Map(vec![field("p50", Out::Nil), field("p99", Out::Nil), field("max", Out::Nil)])
+            Out::Map(vec![
+                field("p50", Out::Nil),
+                field("p99", Out::Nil),
+                field("max", Out::Nil)
+            ])
         );
         assert_eq!(fields[7].1, Out::Map(vec![field("p50", Out::Int(1000))]));
         assert_eq!(fields[9].1, Out::Nil);
-        let Out::Map(none) = &s.report(Some(&[b"nope"])) else { panic!() };
+        let Out::Map(none) = &s.report(Some(&[b"nope"])) else {
+            panic!()
+        };
         assert_eq!(none[0].1, Out::Map(vec![]));
     }
 

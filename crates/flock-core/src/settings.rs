@@ -110,7 +110,10 @@ pub fn parse_load_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>, S
             ));
         };
         if out.iter().any(|(s, _)| *s == setting) {
-            return Err(format!("argument '{shown}' is given twice (flock.{})", setting.name));
+            return Err(format!(
+                "argument '{shown}' is given twice (flock.{})",
+                setting.name
+            ));
         }
         let v = setting
             .parse(value)
@@ -142,7 +145,10 @@ mod tests {
                 &["max-waiters", "0", "lock-delay-ms", "86400000"],
                 &[("max-waiters", 0), ("lock-delay-ms", 86_400_000)],
             ),
-            (&["max-ttl-ms", "315360000000"], &[("max-ttl-ms", 315_360_000_000)]),
+            (
+                &["max-ttl-ms", "315360000000"],
+                &[("max-ttl-ms", 315_360_000_000)],
+            ),
         ];
         for (args, want) in table {
             assert_eq!(load(args), Ok(want.to_vec()), "{args:?}");

@@ -117,7 +117,11 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The snapshot the three RDB fields describe, validated.
-    pub fn from_rdb(token: u64, deadline_ms: i64, owner: &'a [u8]) -> Result<Snapshot<'a>, Invalid> {
+    pub fn from_rdb(
+        token: u64,
+        deadline_ms: i64,
+        owner: &'a [u8],
+    ) -> Result<Snapshot<'a>, Invalid> {
         let s = if owner.is_empty() {
             Snapshot::Delayed {
                 last_token: token,
@@ -157,7 +161,11 @@ mod tests {
             let (t, d, o) = Snapshot::rdb_fields(&state);
             assert_eq!(Snapshot::from_rdb(t, d, o), Ok(s));
             let back = s.restore(there);
-            assert_eq!(Snapshot::of(&back), Some(s), "wall-clock deadlines travel as they are");
+            assert_eq!(
+                Snapshot::of(&back),
+                Some(s),
+                "wall-clock deadlines travel as they are"
+            );
             assert_eq!(back.last_token, state.last_token);
         }
         // 300 ms later elsewhere: 700 ms of the lease are left there.
@@ -166,7 +174,10 @@ mod tests {
             token: 1,
             deadline_wall_ms: T0.wall_ms + 1000,
         };
-        assert_eq!(s.restore(there).holder.map(|g| g.remaining_ms(there)), Some(700));
+        assert_eq!(
+            s.restore(there).holder.map(|g| g.remaining_ms(there)),
+            Some(700)
+        );
     }
 
     #[test]

@@ -246,7 +246,12 @@ impl LockState {
     }
 
     /// FLOCK.REVOKE with an optional owner: with `Some(owner)` only that owner's grant ends.
-    pub fn revoke_owner(&mut self, owner: Option<&[u8]>, now: Now, lock_delay_ms: u64) -> Option<u64> {
+    pub fn revoke_owner(
+        &mut self,
+        owner: Option<&[u8]>,
+        now: Now,
+        lock_delay_ms: u64,
+    ) -> Option<u64> {
         let holder = self.live_holder(now)?;
         if owner.is_some_and(|o| *holder.owner != *o) {
             return None;
@@ -266,7 +271,13 @@ impl LockState {
     }
 
     /// FLOCK.RENEW with an optional token: with `Some(token)` only the grant with that token.
-    pub fn renew_grant(&mut self, owner: &[u8], ttl_ms: u64, token: Option<u64>, now: Now) -> Option<u64> {
+    pub fn renew_grant(
+        &mut self,
+        owner: &[u8],
+        ttl_ms: u64,
+        token: Option<u64>,
+        now: Now,
+    ) -> Option<u64> {
         let holder = self.holder.as_mut().filter(|g| g.is_live(now))?;
         if !holder.is(owner, token) {
             return None;
@@ -445,9 +456,13 @@ mod tests {
             let words: Vec<&str> = call.split(' ').collect();
             let tok = |w: &str| if w == "t1" { t1 } else { t2 };
             let got = match words[..] {
-                ["release", o, t] => Some(state.release_grant(o.as_bytes(), Some(tok(t)), now) as u64),
+                ["release", o, t] => {
+                    Some(state.release_grant(o.as_bytes(), Some(tok(t)), now) as u64)
+                }
                 ["renew", o, t] => state.renew_grant(o.as_bytes(), 100, Some(tok(t)), now),
-                ["revoke", o] => Some(state.revoke_owner(Some(o.as_bytes()), now, 0).is_some() as u64),
+                ["revoke", o] => {
+                    Some(state.revoke_owner(Some(o.as_bytes()), now, 0).is_some() as u64)
+                }
                 _ => unreachable!("{call}"),
             };
             assert_eq!(got, want, "{call}");

@@ -166,9 +166,8 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
     // FLOCK.RENEW key owner ttl [token]
     let want = match argv.len() {
         4 => ref_owner(argv[2]).and_then(|o| Ok((o, ref_ttl(argv[3], max_ttl)?, None))),
-        5 => ref_owner(argv[2]).and_then(|o| {
-            Ok((o, ref_ttl(argv[3], max_ttl)?, Some(ref_token(argv[4])?)))
-        }),
+        5 => ref_owner(argv[2])
+            .and_then(|o| Ok((o, ref_ttl(argv[3], max_ttl)?, Some(ref_token(argv[4])?)))),
         _ => Err(ArgError::Arity),
     };
     assert_eq!(

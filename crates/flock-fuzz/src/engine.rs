@@ -206,10 +206,7 @@ impl Host for KeyHost<'_> {
             }
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
-            Effect::Notify(_)
-            | Effect::Count(_)
-            | Effect::ReplicateVerbatim
-            | Effect::Arm(_) => {}
+            Effect::Notify(_) | Effect::Count(_) | Effect::ReplicateVerbatim | Effect::Arm(_) => {}
         }
     }
     fn waiting(&mut self) -> usize {
@@ -603,7 +600,11 @@ pub fn state_machine_target(data: &[u8]) {
                     .live(k, now)
                     .filter(|g| g.token == t)
                     .map_or(0, |g| (g.mono_us - now.mono_us).div_ceil(1000));
-                assert_eq!(got, Reply::Int(want as i64), "step {steps}: CHECK key {k} token {t}");
+                assert_eq!(
+                    got,
+                    Reply::Int(want as i64),
+                    "step {steps}: CHECK key {k} token {t}"
+                );
             }
             // Time passes; now and then the wall clock steps (NTP, an operator, a VM resume).
             9 | 10 => {
@@ -642,7 +643,10 @@ pub fn state_machine_target(data: &[u8]) {
                     let i = r.below(mk.queue.len());
                     let w = mk.queue.remove(i).expect("waiter");
                     assert!(real.queues[k].cancel(w.id), "step {steps}: cancel");
-                    assert!(!real.queues[k].cancel(w.id), "step {steps}: cancelled twice");
+                    assert!(
+                        !real.queues[k].cancel(w.id),
+                        "step {steps}: cancelled twice"
+                    );
                 }
             }
             // A waiter's client goes away unnoticed by its queue: the grant skips it.
@@ -715,9 +719,19 @@ pub fn state_machine_target(data: &[u8]) {
                 lock_delay_ms = [0, 0, 3, 100][r.below(4)];
             }
         }
-        assert_eq!(delivered, model.handed, "step {steps}: hand-offs of key {k} (FIFO)");
+        assert_eq!(
+            delivered, model.handed,
+            "step {steps}: hand-offs of key {k} (FIFO)"
+        );
         for kk in 0..KEYS {
-            assert_same(&real, &model, kk, now, steps, if kk == k { what } else { "any" });
+            assert_same(
+                &real,
+                &model,
+                kk,
+                now,
+                steps,
+                if kk == k { what } else { "any" },
+            );
         }
     }
 }

@@ -128,7 +128,10 @@ impl Key {
             }
             Op::Release(o) => format!("{:?}", release(state, &mut env, host, o.as_bytes(), None)),
             Op::Renew(o, ttl) => {
-                format!("{:?}", renew(state, &mut env, host, o.as_bytes(), ttl, None))
+                format!(
+                    "{:?}",
+                    renew(state, &mut env, host, o.as_bytes(), ttl, None)
+                )
             }
             Op::Revoke => format!("{:?}", revoke(state, &mut env, host, None)),
             Op::Expire => {
@@ -168,8 +171,18 @@ fn engine_table() {
             "grant, release: the key leaves the keyspace",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
-                (1, Release("a"), "Int(1)", &["arm", "released", "repl del", "delete"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Release("a"),
+                    "Int(1)",
+                    &["arm", "released", "repl del", "delete"],
+                ),
                 (2, Release("a"), "missing", &[]),
             ],
         ),
@@ -177,7 +190,12 @@ fn engine_table() {
             "busy without BLOCK: nil, nothing replicated",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (1, Acquire("b", 100), "Null", &["contended", "arm"]),
                 (2, Acquire("a", 100), "Int(token)", &["repl grant a", "arm"]),
             ],
@@ -186,7 +204,12 @@ fn engine_table() {
             "release hands off to the first waiter (G6)",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (1, AcquireBlock("b", 100), "Blocked", &["contended", "arm"]),
                 (2, AcquireBlock("c", 100), "Blocked", &["contended", "arm"]),
                 (3, Acquire("d", 100), "Null", &["contended", "arm"]),
@@ -202,7 +225,12 @@ fn engine_table() {
             "expiry: notified, deleted, replicated as DEL",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (99, Expire, "-", &["arm"]),
                 (100, Expire, "-", &["expired", "repl del", "delete"]),
             ],
@@ -211,7 +239,12 @@ fn engine_table() {
             "expiry with lock-delay: replicated as DELAY, then deleted",
             50,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (100, Expire, "-", &["expired", "repl delay", "arm"]),
                 (120, Acquire("b", 100), "Null", &["contended", "arm"]),
                 (150, Expire, "-", &["repl del", "delete"]),
@@ -221,7 +254,12 @@ fn engine_table() {
             "a waiter that vanished: the grant goes to the next",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (1, AcquireBlock("b", 100), "Blocked", &["contended", "arm"]),
                 (2, AcquireBlock("c", 100), "Blocked", &["contended", "arm"]),
                 (3, Vanish(1), "-", &[]),
@@ -229,7 +267,14 @@ fn engine_table() {
                     4,
                     Release("a"),
                     "Int(1)",
-                    &["arm", "released", "vanished 1", "acquired", "repl grant c", "arm"],
+                    &[
+                        "arm",
+                        "released",
+                        "vanished 1",
+                        "acquired",
+                        "repl grant c",
+                        "arm",
+                    ],
                 ),
             ],
         ),
@@ -237,9 +282,19 @@ fn engine_table() {
             "a grant whose client left before the reply is released again",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (1, AcquireBlock("b", 100), "Blocked", &["contended", "arm"]),
-                (2, Release("a"), "Int(1)", &["arm", "released", "acquired", "repl grant b", "arm"]),
+                (
+                    2,
+                    Release("a"),
+                    "Int(1)",
+                    &["arm", "released", "acquired", "repl grant b", "arm"],
+                ),
                 (3, Ghost(0), "-", &["released", "repl del", "delete"]),
             ],
         ),
@@ -247,19 +302,44 @@ fn engine_table() {
             "renew: counted and replicated; never revives",
             0,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (50, Renew("b", 100), "Null", &["arm"]),
-                (50, Renew("a", 100), "Int(token)", &["arm", "renewed", "repl grant a", "arm"]),
-                (150, Renew("a", 100), "Null", &["expired", "repl del", "delete"]),
+                (
+                    50,
+                    Renew("a", 100),
+                    "Int(token)",
+                    &["arm", "renewed", "repl grant a", "arm"],
+                ),
+                (
+                    150,
+                    Renew("a", 100),
+                    "Null",
+                    &["expired", "repl del", "delete"],
+                ),
             ],
         ),
         (
             "revoke starts a lock-delay, waiters get the key when it ends",
             30,
             &[
-                (0, Acquire("a", 100), "Int(token)", &["repl grant a", "arm", "acquired"]),
+                (
+                    0,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "acquired"],
+                ),
                 (1, AcquireBlock("b", 100), "Blocked", &["contended", "arm"]),
-                (2, Revoke, "Int(1)", &["arm", "revoked", "repl delay", "arm"]),
+                (
+                    2,
+                    Revoke,
+                    "Int(1)",
+                    &["arm", "revoked", "repl delay", "arm"],
+                ),
                 (31, Expire, "-", &["arm"]),
                 (32, Expire, "-", &["acquired", "repl grant b", "arm"]),
             ],
@@ -298,7 +378,10 @@ fn block_refused_by_max_waiters_and_context() {
         ttl_ms: 100,
         block: None,
     };
-    assert!(matches!(acquire(&mut state, &mut env, &mut host, &a, true), Reply::Int(_)));
+    assert!(matches!(
+        acquire(&mut state, &mut env, &mut host, &a, true),
+        Reply::Int(_)
+    ));
     let b = AcquireArgs {
         owner: b"b",
         ttl_ms: 100,
@@ -309,7 +392,10 @@ fn block_refused_by_max_waiters_and_context() {
         Reply::Error(ReplyError::TooManyWaiters)
     );
     // Inside MULTI or a script the caller cannot wait: nil.
-    assert_eq!(acquire(&mut state, &mut env, &mut host, &b, false), Reply::Null);
+    assert_eq!(
+        acquire(&mut state, &mut env, &mut host, &b, false),
+        Reply::Null
+    );
 }
 
 #[test]
@@ -330,13 +416,20 @@ fn a_replica_settles_nothing_on_its_own() {
     };
     assert_eq!(apply(&mut state, &mut env, &mut host, held), Reply::Ok);
     assert_eq!(host.log, ["repl verbatim"]);
-    assert_eq!(env.tokens.high_water(), 7, "a replicated token raises the mark");
+    assert_eq!(
+        env.tokens.high_water(),
+        7,
+        "a replicated token raises the mark"
+    );
     host.log.clear();
     env.now = at(200);
     expire(&mut state, &mut env, &mut host);
     revisit(&mut state, &mut env, &mut host, Some(7));
     assert!(host.log.is_empty(), "{:?}", host.log);
-    assert!(state.holder.is_some(), "the master's DEL ends it, not the replica's clock");
+    assert!(
+        state.holder.is_some(),
+        "the master's DEL ends it, not the replica's clock"
+    );
     assert_eq!(check(Some(&state), 7, at(200)), Reply::Int(0));
 }
 
@@ -357,7 +450,11 @@ fn info_and_check_read_without_settling() {
             waiters: 2
         }
     );
-    assert_eq!(info(Some(&state), 0, at(100)), Reply::Null, "run out, nobody waits");
+    assert_eq!(
+        info(Some(&state), 0, at(100)),
+        Reply::Null,
+        "run out, nobody waits"
+    );
     assert_eq!(
         info(Some(&state), 1, at(100)),
         Reply::Info {
@@ -374,17 +471,32 @@ fn info_and_check_read_without_settling() {
 fn revisit_plans() {
     use Found::*;
     let never = || -> bool { panic!("asked CLUSTER NODES without need") };
-    assert_eq!(plan_revisit(false, OtherType, None, 3, never), RevisitPlan::Skip);
+    assert_eq!(
+        plan_revisit(false, OtherType, None, 3, never),
+        RevisitPlan::Skip
+    );
     assert!(matches!(
         plan_revisit(true, OtherType, None, 3, never),
         RevisitPlan::FailWaiters(m) if m.starts_with("ERR ")
     ));
-    assert_eq!(plan_revisit(true, Nothing, Some(1), 3, never), RevisitPlan::Skip);
-    assert_eq!(plan_revisit(true, Nothing, None, 0, never), RevisitPlan::Skip);
+    assert_eq!(
+        plan_revisit(true, Nothing, Some(1), 3, never),
+        RevisitPlan::Skip
+    );
+    assert_eq!(
+        plan_revisit(true, Nothing, None, 0, never),
+        RevisitPlan::Skip
+    );
     assert!(matches!(
         plan_revisit(true, Nothing, None, 3, || false),
         RevisitPlan::FailWaiters(m) if m.starts_with("TRYAGAIN ")
     ));
-    assert_eq!(plan_revisit(true, Nothing, None, 3, || true), RevisitPlan::Revisit);
-    assert_eq!(plan_revisit(true, Lock, Some(1), 0, never), RevisitPlan::Revisit);
+    assert_eq!(
+        plan_revisit(true, Nothing, None, 3, || true),
+        RevisitPlan::Revisit
+    );
+    assert_eq!(
+        plan_revisit(true, Lock, Some(1), 0, never),
+        RevisitPlan::Revisit
+    );
 }
