@@ -131,6 +131,11 @@ impl LogHistogram {
             self.last = (v, b);
             b
         };
+        self.record_in(v, b);
+    }
+
+    /// Count `v`, whose bucket the caller already knows (one logarithm for two histograms).
+    fn record_in(&mut self, v: u64, b: usize) {
         if let Some(c) = self.counts.get_mut(b) {
             *c = c.saturating_add(1);
         }
@@ -250,6 +255,7 @@ impl Stats {
     /// count in `overflow`.
     pub fn record(&mut self, key: &[u8], event: Event, max_classes: usize) {
         if let Event::Released { held_ms } = event {
+            // Its bucket, once, for this histogram and the class's below.
             self.all_holds.record(held_ms);
         }
         let mut buf = [0u8; MAX_CLASS_LEN];
@@ -284,7 +290,8 @@ impl Stats {
             Event::Waited { wait_ms } => entry.wait.record(wait_ms),
             Event::Released { held_ms } => {
                 entry.released += 1;
-                entry.hold.record(held_ms);
+                let b = self.all_holds.last.1;
+                entry.hold.record_in(held_ms, b);
             }
             Event::Expired => entry.expired += 1,
             Event::Revoked => entry.revoked += 1,
