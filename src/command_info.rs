@@ -31,6 +31,10 @@ enum Kind {
     Int,
     /// A keyword followed by its sub-arguments (`BLOCK timeout`).
     Block,
+    /// A keyword alone (`SHARED`, `BOUND`).
+    PureToken,
+    /// One of its sub-arguments (`SHARED | LIMIT n`).
+    OneOf,
 }
 
 /// One argument as COMMAND DOCS describes it.
@@ -66,6 +70,20 @@ const OWNER: Arg = arg(c"owner", Kind::Str);
 const TTL: Arg = arg(c"ttl", Kind::Int);
 const TOKEN: Arg = arg(c"token", Kind::Int);
 const BLOCK_TIMEOUT: [Arg; 1] = [arg(c"timeout", Kind::Int)];
+const fn keyword(name: &'static CStr, token: &'static CStr) -> Arg {
+    Arg {
+        token: Some(token),
+        ..arg(name, Kind::PureToken)
+    }
+}
+/// `SHARED | LIMIT n`.
+const KIND_CHOICE: [Arg; 2] = [
+    keyword(c"shared", c"SHARED"),
+    Arg {
+        token: Some(c"LIMIT"),
+        ..arg(c"limit", Kind::Int)
+    },
+];
 
 /// One command: name, arity as Redis counts it, flags of the key at argv[1] (None: keep the
 /// legacy spec, see the module doc), summary, complexity, arguments (None: no docs).
@@ -78,17 +96,26 @@ struct Command {
     args: &'static [Arg],
 }
 
-const COMMANDS: [Command; 11] = [
+const COMMANDS: [Command; 12] = [
     Command {
         name: c"flock.acquire",
         arity: -4,
         key: Some(RW_UPDATE),
-        summary: Some(c"Takes a lock with a lease and returns its fencing token, or waits for it with BLOCK."),
+        summary: Some(c"Takes a lock (exclusive, SHARED or one of LIMIT permits) with a lease and returns its fencing token, or waits for it with BLOCK."),
         complexity: c"O(1)",
         args: &[
             KEY,
             OWNER,
             TTL,
+            Arg {
+                name: c"kind",
+                kind: Kind::OneOf,
+                token: None,
+                optional: true,
+                multiple: false,
+                sub: &KIND_CHOICE,
+            },
+            optional(keyword(c"bound", c"BOUND")),
             Arg {
                 name: c"block",
                 kind: Kind::Block,
@@ -127,15 +154,23 @@ const COMMANDS: [Command; 11] = [
         name: c"flock.info",
         arity: 2,
         key: Some(RO),
-        summary: Some(c"Returns the lock's owner, token, remaining ttl and number of waiters, or nil."),
-        complexity: c"O(1)",
+        summary: Some(c"Returns the lock's owner, token, remaining ttl, waiters, mode, holders, limit and delayed slots, or nil."),
+        complexity: c"O(N) with N the number of grants",
+        args: &[KEY],
+    },
+    Command {
+        name: c"flock.holders",
+        arity: 2,
+        key: Some(RO),
+        summary: Some(c"Returns every live grant of the lock, oldest first, as [owner, token, ttl] triples."),
+        complexity: c"O(N) with N the number of grants",
         args: &[KEY],
     },
     Command {
         name: c"flock.revoke",
         arity: -2,
         key: Some(RW_DELETE),
-        summary: Some(c"Ends the lock's live grant at once (only the owner's, if given); for operators."),
+        summary: Some(c"Ends the lock's live grants at once (only the owner's, if given) and returns how many; for operators."),
         complexity: c"O(1)",
         args: &[KEY, optional(OWNER)],
     },
@@ -267,6 +302,8 @@ fn raw_args(
             Kind::Str => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
             Kind::Int => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
             Kind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+            Kind::PureToken => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+            Kind::OneOf => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
         };
         out.push(raw::RedisModuleCommandArg {
             name: a.name.as_ptr(),

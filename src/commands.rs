@@ -53,18 +53,22 @@ fn write_op(
     let key_name = key_arg(args);
     let mut key = Key::open(ctx, key_name, true);
     match effects::with_lock(ctx, key_name, &mut key, create, op) {
-        Ok(reply) => effects::send(ctx, reply),
-        Err(why) => effects::send_no_lock(ctx, why, missing),
+        Ok(reply) => effects::send(ctx, key_name, reply),
+        Err(why) => effects::send_no_lock(ctx, key_name, why, missing),
     }
 }
 
 /// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`
 pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
     with_bytes(args, |argv| {
-        let a = match args::parse_acquire(argv, config::max_ttl_ms()) {
+        let a = match args::parse_acquire(argv, config::max_ttl_ms(), config::max_holders()) {
             Ok(a) => a,
             Err(e) => return reply_arg_error(ctx, e),
         };
+        if a.bound {
+            // Connection-bound grants come with the binding registry (not built yet).
+            return ffi::reply_error_static(ctx, c"ERR BOUND is not supported by this build");
+        }
         // Only a BLOCK call asks whether it may block (not inside MULTI or a script).
         let can_block = a.block.is_some() && waiters::can_block(ctx);
         write_op(ctx, args, true, Reply::Null, |state, env, host| {
@@ -118,13 +122,16 @@ pub fn check(ctx: Ctx, args: &[RStr]) -> c_int {
         Ok(t) => t,
         Err(e) => return reply_arg_error(ctx, e),
     };
-    let key = Key::open(ctx, key_arg(args), false);
+    let key_name = key_arg(args);
+    let key = Key::open(ctx, key_name, false);
     match record::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
-        Found::Nothing => effects::send(ctx, engine::check(None, token, server::now())),
-        Found::Lock(rec) => {
-            effects::send(ctx, engine::check(Some(&rec.state), token, server::now()))
-        }
+        Found::Nothing => effects::send(ctx, key_name, engine::check(None, token, server::now())),
+        Found::Lock(rec) => effects::send(
+            ctx,
+            key_name,
+            engine::check(Some(&rec.state), token, server::now()),
+        ),
     }
 }
 
@@ -135,18 +142,45 @@ pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
     }
     let key_name = key_arg(args);
     let waiting = waiters::count(ctx, key_name);
+    let waiting_mode = if waiting > 0 {
+        waiters::shared_mode(ctx, key_name)
+    } else {
+        None
+    };
     let key = Key::open(ctx, key_name, false);
+    let now = server::now();
     match record::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
-        Found::Nothing => effects::send(ctx, engine::info(None, waiting, server::now())),
-        Found::Lock(rec) => {
-            effects::send(ctx, engine::info(Some(&rec.state), waiting, server::now()))
-        }
+        Found::Nothing => effects::send(
+            ctx,
+            key_name,
+            engine::info(None, waiting, waiting_mode, now),
+        ),
+        Found::Lock(rec) => effects::send(
+            ctx,
+            key_name,
+            engine::info(Some(&rec.state), waiting, waiting_mode, now),
+        ),
     }
 }
 
-/// `FLOCK.APPLY key GRANT owner token deadline_ms` and `FLOCK.APPLY key DELAY token until_ms`:
-/// the replication effects. Accepted only from the master's replication stream and from AOF
+/// `FLOCK.HOLDERS key`
+pub fn holders(ctx: Ctx, args: &[RStr]) -> c_int {
+    if let Err(e) = with_bytes(args, args::parse_holders) {
+        return reply_arg_error(ctx, e);
+    }
+    let key_name = key_arg(args);
+    let key = Key::open(ctx, key_name, false);
+    let now = server::now();
+    match record::lock_of(&key) {
+        Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
+        Found::Nothing => effects::send(ctx, key_name, engine::holders(None, now)),
+        Found::Lock(rec) => effects::send(ctx, key_name, engine::holders(Some(&rec.state), now)),
+    }
+}
+
+/// `FLOCK.APPLY key GRANT|DELAY|STATE ...`: the replication effects (see
+/// `flock_core::args::parse_apply`). Accepted only from the master's replication stream and from AOF
 /// loading.
 pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
     if !replication::caller_may_apply(ctx) {
@@ -156,12 +190,12 @@ pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
         );
     }
     with_bytes(args, |argv| {
-        let snapshot = match args::parse_apply(argv) {
-            Ok(s) => s,
+        let image = match args::parse_apply(argv) {
+            Ok(image) => image,
             Err(e) => return reply_arg_error(ctx, e),
         };
         write_op(ctx, args, true, Reply::Null, |state, env, host| {
-            engine::apply(state, env, host, snapshot)
+            engine::apply(state, env, host, image)
         })
     })
 }

@@ -49,6 +49,7 @@ impl ConfigurationValue<i64> for Value {
 pub static MAX_TTL_MS: Value = Value::new(&settings::MAX_TTL);
 pub static MAX_WAITERS: Value = Value::new(&settings::MAX_WAITERS);
 pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
+pub static MAX_HOLDERS: Value = Value::new(&settings::MAX_HOLDERS);
 pub static STATS_MAX_CLASSES: Value = Value::new(&settings::STATS_MAX_CLASSES);
 
 /// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
@@ -63,6 +64,7 @@ fn value_of(setting: &Setting) -> Option<&'static Value> {
         &MAX_TTL_MS,
         &MAX_WAITERS,
         &LOCK_DELAY_MS,
+        &MAX_HOLDERS,
         &STATS_MAX_CLASSES,
     ]
     .into_iter()
@@ -82,6 +84,11 @@ pub fn max_waiters() -> usize {
 /// `flock.lock-delay-ms`: after an expiry or a revoke, no grant for this long.
 pub fn lock_delay_ms() -> u64 {
     LOCK_DELAY_MS.get() as u64
+}
+
+/// `flock.max-holders`: most live shared grants on one key, and the largest LIMIT.
+pub fn max_holders() -> u32 {
+    MAX_HOLDERS.get() as u32
 }
 
 /// `flock.stats-max-classes`: most lock classes FLOCK.STATS keeps.

@@ -5,8 +5,10 @@
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::record::{self, KeyId, LockRecord, TimerSlot};
 use crate::{config, expiry, replication, server, stats, waiters};
+use flock_core::args::AcquireArgs;
 use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::lock_stats::Event as Measured;
+use flock_core::state::Mode;
 use flock_core::{LockState, Waiter};
 use redis_module::raw;
 use std::ffi::CStr;
@@ -96,11 +98,19 @@ impl Host for KeyHost<'_> {
     }
 
     #[inline]
-    fn next_waiter(&mut self) -> Option<Waiter> {
+    fn waiting_mode(&mut self) -> Option<Mode> {
         if self.watched.is_none() {
             return None;
         }
-        waiters::pop(self.ctx, self.key_name)
+        waiters::shared_mode(self.ctx, self.key_name)
+    }
+
+    #[inline]
+    fn next_waiter_if(&mut self, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
+        if self.watched.is_none() {
+            return None;
+        }
+        waiters::pop_if(self.ctx, self.key_name, fits)
     }
 
     #[inline]
@@ -116,8 +126,8 @@ impl Host for KeyHost<'_> {
     }
 
     #[inline]
-    fn block(&mut self, owner: &[u8], ttl_ms: u64, timeout_ms: u64) -> Result<(), BlockRefused> {
-        let blocked = waiters::block(self.ctx, self.key_name, owner, ttl_ms, timeout_ms);
+    fn block(&mut self, args: &AcquireArgs<'_>, timeout_ms: u64) -> Result<(), BlockRefused> {
+        let blocked = waiters::block(self.ctx, self.key_name, args, timeout_ms);
         if blocked.is_ok() && self.watched.is_none() {
             // If this value is ever replaced or freed, its waiters must hear of it.
             *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
@@ -181,6 +191,7 @@ pub fn with_lock(
         let mut env = Env {
             now: server::now(),
             lock_delay_ms: config::lock_delay_ms(),
+            max_holders: config::max_holders(),
             master: server::is_master(),
             tokens: &mut tokens,
         };
@@ -194,51 +205,78 @@ pub fn with_lock(
     Ok(reply)
 }
 
-/// Send `reply` to the client of `ctx`.
+/// Send `reply` to the client of `ctx`; `key` names the lock key in error texts.
 #[inline]
-pub fn send(ctx: Ctx, reply: Reply<'_>) -> c_int {
+pub fn send(ctx: Ctx, key: RStr, reply: Reply<'_>) -> c_int {
     match reply {
         Reply::Int(v) => ffi::reply_int(ctx, v),
         Reply::Null => ffi::reply_null(ctx),
         Reply::Ok => ffi::reply_simple(ctx, c"OK"),
-        Reply::Error(e) => ffi::reply_error_static(ctx, error_text(e)),
+        Reply::Error(e) => match static_error_text(e) {
+            Some(text) => ffi::reply_error_static(ctx, text),
+            None => ffi::reply_error_string(ctx, &e.message(ffi::bytes(&key))),
+        },
         // The reply comes later, from the waiter's unblocking.
         Reply::Blocked => raw::REDISMODULE_OK as c_int,
-        Reply::Info {
-            owner,
-            token,
-            ttl_ms,
-            waiters,
-        } => {
-            ffi::reply_map(ctx, 4);
+        Reply::Info(info) => {
+            ffi::reply_map(ctx, 8);
             ffi::reply_bulk(ctx, b"owner");
-            match owner {
+            match info.owner {
                 Some(o) => ffi::reply_bulk(ctx, o),
                 None => ffi::reply_null(ctx),
             };
-            ffi::reply_bulk(ctx, b"token");
-            ffi::reply_int(ctx, token as i64);
-            ffi::reply_bulk(ctx, b"ttl");
-            ffi::reply_int(ctx, ttl_ms as i64);
-            ffi::reply_bulk(ctx, b"waiters");
-            ffi::reply_int(ctx, waiters as i64)
+            let ints: [(&[u8], i64); 3] = [
+                (b"token", info.token as i64),
+                (b"ttl", info.ttl_ms as i64),
+                (b"waiters", info.waiters as i64),
+            ];
+            for (name, v) in ints {
+                ffi::reply_bulk(ctx, name);
+                ffi::reply_int(ctx, v);
+            }
+            ffi::reply_bulk(ctx, b"mode");
+            ffi::reply_bulk(ctx, info.mode_name().as_bytes());
+            let ints: [(&[u8], i64); 3] = [
+                (b"holders", info.holders as i64),
+                (b"limit", i64::from(info.limit)),
+                (b"delayed", info.delayed as i64),
+            ];
+            for (name, v) in ints {
+                ffi::reply_bulk(ctx, name);
+                ffi::reply_int(ctx, v);
+            }
+            raw::REDISMODULE_OK as c_int
+        }
+        Reply::Holders(grants) => {
+            ffi::reply_array(ctx, grants.len());
+            for (owner, token, ttl_ms) in grants {
+                ffi::reply_array(ctx, 3);
+                ffi::reply_bulk(ctx, owner);
+                ffi::reply_int(ctx, token as i64);
+                ffi::reply_int(ctx, ttl_ms as i64);
+            }
+            raw::REDISMODULE_OK as c_int
         }
     }
 }
 
-/// The engine's error texts as C strings (no allocation on the reply path).
-fn error_text(e: ReplyError) -> &'static CStr {
+/// The engine's fixed error texts as C strings (no allocation on the reply path); `None` for
+/// the texts that name the key.
+fn static_error_text(e: ReplyError) -> Option<&'static CStr> {
     match e {
-        ReplyError::TokensExhausted => c"ERR token space exhausted",
-        ReplyError::TooManyWaiters => c"ERR too many clients wait for this key (flock.max-waiters)",
-        ReplyError::CouldNotBlock => c"ERR could not block the client",
+        ReplyError::TokensExhausted => Some(c"ERR token space exhausted"),
+        ReplyError::TooManyWaiters => {
+            Some(c"ERR too many clients wait for this key (flock.max-waiters)")
+        }
+        ReplyError::CouldNotBlock => Some(c"ERR could not block the client"),
+        ReplyError::OwnerHolds(_) | ReplyError::LimitMismatch(_) => None,
     }
 }
 
 /// The reply for a key [`with_lock`] could not run on; `missing` answers for no lock.
-pub fn send_no_lock(ctx: Ctx, why: NoLock, missing: Reply<'static>) -> c_int {
+pub fn send_no_lock(ctx: Ctx, key: RStr, why: NoLock, missing: Reply<'static>) -> c_int {
     match why {
-        NoLock::Missing => send(ctx, missing),
+        NoLock::Missing => send(ctx, key, missing),
         NoLock::WrongType => ffi::reply_error_static(ctx, WRONGTYPE),
         NoLock::NotStored => ffi::reply_error_static(ctx, c"ERR could not store the lock"),
     }

@@ -12,7 +12,8 @@ use crate::effects::WRONGTYPE;
 use crate::ffi::{self, Ctx, Key, RStr};
 use crate::record::{self, Found};
 use crate::{api, server, stats};
-use flock_core::args;
+use flock_core::state::Mode;
+use flock_core::{args, engine};
 use redis_module::raw;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
@@ -122,15 +123,15 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
     if touches_lock_key(ctx, &mut inner_argv, ffi::bytes(key_name)) {
         return ffi::reply_error_static(ctx, c"ERR FLOCK.FENCED cannot touch its own lock key");
     }
-    let live = {
+    let grant_mode = {
         let key = Key::open(ctx, *key_name, false);
         match record::lock_of(&key) {
             Found::OtherType => return ffi::reply_error_static(ctx, WRONGTYPE),
-            Found::Nothing => false,
-            Found::Lock(rec) => rec.state.check(token, server::now()) > 0,
+            Found::Nothing => None,
+            Found::Lock(rec) => engine::fence(Some(&rec.state), token, server::now()),
         }
     };
-    if !live {
+    let Some(grant_mode) = grant_mode else {
         stats::FENCED_REJECTED.incr();
         return ffi::reply_error_string(
             ctx,
@@ -139,7 +140,10 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
                 String::from_utf8_lossy(ffi::bytes(key_name))
             ),
         );
-    }
+    };
+    // A reader must not write under a read lock (G5): Redis itself refuses every command
+    // flagged `write` when RM_Call gets `W`, scripts and module commands included.
+    let read_only = grant_mode == Mode::Shared;
     // The command name as a C string for RM_Call.
     let mut name: Vec<u8> = ffi::bytes(cmd)
         .iter()
@@ -150,11 +154,12 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
     let mut inner: Vec<RStr> = rest.to_vec();
     // SAFETY: a live command context; `name` is NUL-terminated; "v" takes the vector of
     // `inner.len()` string handles (the caller's arguments, alive during the call).
+    let flags = if read_only { c"CSMEW0!v" } else { c"CSME0!v" };
     let reply = unsafe {
         api!(RedisModule_Call, ptr::null_mut();
             ctx,
             name.as_ptr().cast::<c_char>(),
-            c"CSME0!v".as_ptr(),
+            flags.as_ptr(),
             inner.as_mut_ptr(),
             inner.len()
         )
@@ -180,6 +185,15 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
     // SAFETY: the live reply made above (freed below).
     let is_error = unsafe { api!(RedisModule_CallReplyType, 0; reply) }
         == raw::REDISMODULE_REPLY_ERROR as c_int;
+    if is_error && read_only && refused_as_write(reply) {
+        stats::FENCED_REJECTED.incr();
+        // SAFETY: the live reply made above, freed once.
+        unsafe { api!(RedisModule_FreeCallReply, (); reply) };
+        return ffi::reply_error_static(
+            ctx,
+            c"ERR FLOCK.FENCED with a shared grant runs read-only commands only",
+        );
+    }
     if is_error {
         stats::FENCED_INNER_ERRORS.incr();
     } else {
@@ -191,6 +205,21 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
         api!(RedisModule_FreeCallReply, (); reply);
     }
     raw::REDISMODULE_OK as c_int
+}
+
+/// Whether an error reply of RM_Call is its refusal of a write command under `W` (Redis and
+/// Valkey word it "Write command '...' was called while write is not allowed.").
+fn refused_as_write(reply: *mut raw::RedisModuleCallReply) -> bool {
+    let mut len = 0usize;
+    // SAFETY: a live error reply; the pointer is valid while the reply lives (not kept).
+    let p = unsafe { api!(RedisModule_CallReplyStringPtr, ptr::null(); reply, &mut len) };
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: `len` bytes at `p`, owned by the live reply.
+    let text = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    text.windows(b"write is not allowed".len())
+        .any(|w| w == b"write is not allowed")
 }
 
 /// The errno values RM_Call sets (Linux).

@@ -4,14 +4,17 @@
 
 use crate::record::LockRecord;
 use crate::{api, expiry, jobs, replication, server};
-use flock_core::{engine, Snapshot, MAX_TOKEN};
+use flock_core::snapshot::{mode_code, mode_from_code, GrantImage, LockImage};
+use flock_core::state::MAX_LIMIT;
+use flock_core::{engine, LockState, MAX_TOKEN};
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
 
 /// Current RDB encoding version; `rdb_load` accepts this and every older one.
-pub const ENCODING_VERSION: c_int = 1;
+/// 1: exclusive keys only (token, deadline, owner). 2: every kind (see `rdb_save`).
+pub const ENCODING_VERSION: c_int = 2;
 
 pub static LOCK_TYPE: RedisType = RedisType::new(
     "flocklock",
@@ -84,8 +87,21 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     // SAFETY: Redis passes a live value of our type.
     match unsafe { record(value) } {
         Some(rec) => {
+            let state = &rec.state;
+            let spilled_grants = if state.grants.spilled() {
+                state.grants.capacity() * std::mem::size_of::<flock_core::Grant>()
+            } else {
+                0
+            };
+            let spilled_delays = if state.delays.spilled() {
+                state.delays.capacity() * std::mem::size_of::<flock_core::Deadline>()
+            } else {
+                0
+            };
             std::mem::size_of::<LockRecord>()
-                + rec.state.holder.as_ref().map_or(0, |g| g.owner.len())
+                + state.grants.iter().map(|g| g.owner.len()).sum::<usize>()
+                + spilled_grants
+                + spilled_delays
                 + if rec.timer.handle != 0 {
                     expiry::TIMER_BYTES
                 } else {
@@ -101,76 +117,159 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     let Some(rec) = (unsafe { record(value) }) else {
         return;
     };
+    let state = &rec.state;
+    let (code, limit) = mode_code(state.mode);
     // SAFETY (every call below): `md` is the digest Redis passed; the buffers outlive the
-    // calls.
-    match Snapshot::of(&rec.state) {
-        Some(Snapshot::Held {
-            owner,
-            token,
-            deadline_wall_ms,
-        }) => unsafe {
-            api!(RedisModule_DigestAddStringBuffer, (); md, owner.as_ptr().cast::<c_char>().cast_mut(), owner.len());
-            api!(RedisModule_DigestAddLongLong, (); md, token as i64);
-            api!(RedisModule_DigestAddLongLong, (); md, deadline_wall_ms);
-        },
-        Some(Snapshot::Delayed {
-            last_token,
-            until_wall_ms,
-        }) => unsafe {
-            api!(RedisModule_DigestAddLongLong, (); md, last_token as i64);
-            api!(RedisModule_DigestAddLongLong, (); md, until_wall_ms);
-        },
-        None => {}
+    // calls. Exclusive keys add no mode, as v1 did.
+    unsafe {
+        if code != 0 {
+            api!(RedisModule_DigestAddLongLong, (); md, code as i64);
+            api!(RedisModule_DigestAddLongLong, (); md, limit as i64);
+        }
+        for g in &state.grants {
+            api!(RedisModule_DigestAddStringBuffer, (); md, g.owner.as_ptr().cast::<c_char>().cast_mut(), g.owner.len());
+            api!(RedisModule_DigestAddLongLong, (); md, g.token as i64);
+            api!(RedisModule_DigestAddLongLong, (); md, g.deadline.wall_ms);
+            if g.bound {
+                api!(RedisModule_DigestAddLongLong, (); md, 1);
+            }
+        }
+        if state.grants.is_empty() && !state.delays.is_empty() {
+            api!(RedisModule_DigestAddLongLong, (); md, state.last_token as i64);
+        }
+        for d in &state.delays {
+            api!(RedisModule_DigestAddLongLong, (); md, d.wall_ms);
+        }
+        api!(RedisModule_DigestEndSequence, (); md);
     }
-    // SAFETY: as above.
-    unsafe { api!(RedisModule_DigestEndSequence, (); md) };
 }
 
+// RDB layout, encoding version 2: unsigned mode code and limit (0 0: exclusive, 1 0: shared,
+// 2 n: permits of n), unsigned last token, unsigned number of grants, each as string owner,
+// unsigned token, signed deadline (Unix ms), unsigned bound mark; unsigned number of delayed
+// slots, each as its signed end (Unix ms).
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     // SAFETY: Redis passes a live value of our type.
     let Some(rec) = (unsafe { record(value) }) else {
         return;
     };
-    let (token, deadline, owner) = Snapshot::rdb_fields(&rec.state);
-    // SAFETY: `rdb` is the handle Redis passed; the owner buffer outlives the call.
+    let state: &LockState = &rec.state;
+    let (code, limit) = mode_code(state.mode);
+    // SAFETY: `rdb` is the handle Redis passed; the owner buffers outlive the calls.
     unsafe {
-        api!(RedisModule_SaveUnsigned, (); rdb, token);
-        api!(RedisModule_SaveSigned, (); rdb, deadline);
-        api!(RedisModule_SaveStringBuffer, (); rdb, owner.as_ptr().cast::<c_char>(), owner.len());
+        api!(RedisModule_SaveUnsigned, (); rdb, code);
+        api!(RedisModule_SaveUnsigned, (); rdb, limit);
+        api!(RedisModule_SaveUnsigned, (); rdb, state.last_token);
+        api!(RedisModule_SaveUnsigned, (); rdb, state.grants.len() as u64);
+        for g in &state.grants {
+            api!(RedisModule_SaveStringBuffer, (); rdb, g.owner.as_ptr().cast::<c_char>(), g.owner.len());
+            api!(RedisModule_SaveUnsigned, (); rdb, g.token);
+            api!(RedisModule_SaveSigned, (); rdb, g.deadline.wall_ms);
+            api!(RedisModule_SaveUnsigned, (); rdb, u64::from(g.bound));
+        }
+        api!(RedisModule_SaveUnsigned, (); rdb, state.delays.len() as u64);
+        for d in &state.delays {
+            api!(RedisModule_SaveSigned, (); rdb, d.wall_ms);
+        }
     }
 }
 
-unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    if !(1..=ENCODING_VERSION).contains(&encver) {
-        return ptr::null_mut();
+/// Reads of one RDB value; every read checks the IO error flag (set with HANDLE_IO_ERRORS
+/// when the payload ends early or is corrupt) and turns it into `None`.
+struct RdbReader(*mut raw::RedisModuleIO);
+
+impl RdbReader {
+    fn failed(&self) -> bool {
+        // SAFETY: the handle Redis passed to rdb_load.
+        unsafe { api!(RedisModule_IsIOError, 1; self.0) != 0 }
     }
-    // SAFETY (every call in this function): `rdb` is the handle Redis passed; with
-    // HANDLE_IO_ERRORS set, a failed read returns 0/null and raises the IO error flag.
-    let io_error = || unsafe { api!(RedisModule_IsIOError, 1; rdb) } != 0;
-    let token = unsafe { api!(RedisModule_LoadUnsigned, 0; rdb) };
-    let deadline = unsafe { api!(RedisModule_LoadSigned, 0; rdb) };
-    if io_error() {
-        return ptr::null_mut();
+
+    fn unsigned(&self) -> Option<u64> {
+        // SAFETY: as above.
+        let v = unsafe { api!(RedisModule_LoadUnsigned, 0; self.0) };
+        (!self.failed()).then_some(v)
     }
-    let mut len = 0usize;
-    let buf = unsafe { api!(RedisModule_LoadStringBuffer, ptr::null_mut(); rdb, &mut len) };
-    if io_error() || buf.is_null() && len > 0 {
-        return ptr::null_mut();
+
+    fn signed(&self) -> Option<i64> {
+        // SAFETY: as above.
+        let v = unsafe { api!(RedisModule_LoadSigned, 0; self.0) };
+        (!self.failed()).then_some(v)
     }
-    let owner: Vec<u8> = if buf.is_null() || len == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: Redis allocated `len` bytes for us (freed just below).
-        unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec()
-    };
-    if !buf.is_null() {
+
+    fn bytes(&self) -> Option<Vec<u8>> {
+        let mut len = 0usize;
+        // SAFETY: as above.
+        let buf = unsafe { api!(RedisModule_LoadStringBuffer, ptr::null_mut(); self.0, &mut len) };
+        if self.failed() || buf.is_null() && len > 0 {
+            return None;
+        }
+        if buf.is_null() {
+            return Some(Vec::new());
+        }
+        // SAFETY: Redis allocated `len` bytes for us, freed just below.
+        let out = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec();
+        // SAFETY: the buffer LoadStringBuffer returned, freed once.
         unsafe { api!(RedisModule_Free, (); buf.cast()) };
+        Some(out)
     }
+}
+
+fn read_v1(r: &RdbReader) -> Option<LockImage> {
+    let token = r.unsigned()?;
+    let deadline = r.signed()?;
+    let owner = r.bytes()?;
+    LockImage::from_rdb_v1(token, deadline, &owner).ok()
+}
+
+fn read_v2(r: &RdbReader) -> Option<LockImage> {
+    let mode = mode_from_code(r.unsigned()?, r.unsigned()?).ok()?;
+    let last_token = r.unsigned()?;
+    let count = |n: u64| (n <= u64::from(MAX_LIMIT)).then_some(n as usize);
+    let n = count(r.unsigned()?)?;
+    let mut grants = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        let owner = r.bytes()?;
+        let token = r.unsigned()?;
+        let deadline_wall_ms = r.signed()?;
+        let bound = match r.unsigned()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        grants.push(GrantImage {
+            owner,
+            token,
+            deadline_wall_ms,
+            bound,
+        });
+    }
+    let m = count(r.unsigned()?)?;
+    let mut delays = Vec::with_capacity(m.min(64));
+    for _ in 0..m {
+        delays.push(r.signed()?);
+    }
+    LockImage {
+        mode,
+        last_token,
+        grants,
+        delays,
+    }
+    .validate()
+    .ok()
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    let reader = RdbReader(rdb);
     // Refuse values no master could have written (a corrupt payload), rather than load them.
-    let Ok(snapshot) = Snapshot::from_rdb(token, deadline, &owner) else {
+    let image = match encver {
+        1 => read_v1(&reader),
+        2 => read_v2(&reader),
+        _ => None,
+    };
+    let Some(image) = image else {
         return ptr::null_mut();
     };
-    let state = engine::load(snapshot, server::now(), &mut server::tokens());
+    let state = engine::load(image, server::now(), &mut server::tokens());
     LockRecord::boxed(state).cast()
 }
 
@@ -183,7 +282,7 @@ unsafe extern "C" fn aof_rewrite(
     let Some(rec) = (unsafe { record(value) }) else {
         return;
     };
-    if let Some(snapshot) = Snapshot::of(&rec.state) {
+    if let Some(snapshot) = flock_core::Snapshot::of(&rec.state) {
         replication::emit_aof(aof, key, snapshot);
     }
 }

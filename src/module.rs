@@ -54,7 +54,7 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
             h as Handler
         }};
     }
-    let table: [(&CStr, Handler, &CStr); 8] = [
+    let table: [(&CStr, Handler, &CStr); 9] = [
         (
             c"flock.acquire",
             handler!(commands::acquire),
@@ -64,6 +64,7 @@ fn register_commands(ctx: Ctx) -> Result<(), String> {
         (c"flock.renew", handler!(commands::renew), c"write fast"),
         (c"flock.check", handler!(commands::check), c"readonly fast"),
         (c"flock.info", handler!(commands::info), c"readonly fast"),
+        (c"flock.holders", handler!(commands::holders), c"readonly"),
         (c"flock.revoke", handler!(commands::revoke), c"write fast"),
         (c"flock.apply", handler!(commands::apply), c"write"),
         (

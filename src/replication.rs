@@ -1,6 +1,8 @@
 //! Deterministic copies (G7): the effect command `FLOCK.APPLY` that the master replicates and
-//! that AOF rewrite emits, carrying a [`Snapshot`] of the key: who holds it, which token, and
-//! until when (an absolute wall-clock deadline). Nothing clock-dependent is ever replicated
+//! that AOF rewrite emits, carrying a [`Snapshot`] of the key: its kind, who holds it with
+//! which tokens until when (absolute wall-clock deadlines), and its delayed slots. A plain
+//! exclusive key keeps v1's short forms (`GRANT`, `DELAY`); every other key is sent whole
+//! (`STATE`). Nothing clock-dependent is ever replicated
 //! verbatim. The reverse, `FLOCK.APPLY` on a replica, parses back into the same `Snapshot`.
 
 use crate::api;
@@ -18,20 +20,16 @@ const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
 macro_rules! emit {
     ($api:ident, $fallback:expr, $target:expr, $key:expr, $snapshot:expr) => {
         match $snapshot {
-            Snapshot::Held {
-                owner,
-                token,
-                deadline_wall_ms,
-            } => api!($api, $fallback;
+            Snapshot::Held(g) => api!($api, $fallback;
                 $target,
                 APPLY.as_ptr(),
                 c"scbll".as_ptr(),
                 $key,
                 c"GRANT".as_ptr(),
-                owner.as_ptr().cast::<c_char>(),
-                owner.len(),
-                token as c_longlong,
-                deadline_wall_ms as c_longlong
+                g.owner.as_ptr().cast::<c_char>(),
+                g.owner.len(),
+                g.token as c_longlong,
+                g.deadline.wall_ms as c_longlong
             ),
             Snapshot::Delayed {
                 last_token,
@@ -45,8 +43,44 @@ macro_rules! emit {
                 last_token as c_longlong,
                 until_wall_ms as c_longlong
             ),
+            Snapshot::Full(state) => {
+                let fields = StateFields::of(state);
+                api!($api, $fallback;
+                    $target,
+                    APPLY.as_ptr(),
+                    c"scv".as_ptr(),
+                    $key,
+                    c"STATE".as_ptr(),
+                    fields.strings.as_ptr(),
+                    fields.strings.len()
+                )
+            }
         }
     };
+}
+
+/// The fields of a `FLOCK.APPLY key STATE ...` effect as Redis strings (the `v` format takes
+/// a vector of them; Redis takes its own references, these are freed on drop).
+struct StateFields {
+    strings: Vec<RStr>,
+}
+
+impl StateFields {
+    fn of(state: &flock_core::LockState) -> StateFields {
+        let strings = flock_core::snapshot::state_fields(state)
+            .iter()
+            .map(|f| crate::ffi::create_string(std::ptr::null_mut(), f))
+            .collect();
+        StateFields { strings }
+    }
+}
+
+impl Drop for StateFields {
+    fn drop(&mut self) {
+        for s in self.strings.drain(..) {
+            crate::ffi::free_string(s);
+        }
+    }
 }
 
 /// Replicate (to replicas and the AOF) that `key` is now as `snapshot` says.

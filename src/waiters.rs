@@ -13,7 +13,9 @@ use crate::ffi::{self, Ctx, RStr};
 use crate::jobs::{self, Job};
 use crate::record::KeyId;
 use crate::{api, server, stats};
+use flock_core::args::AcquireArgs;
 use flock_core::engine::BlockRefused;
+use flock_core::state::Mode;
 use flock_core::{WaitQueue, Waiter};
 use redis_module::raw;
 use std::collections::HashMap;
@@ -145,9 +147,21 @@ pub fn count(ctx: Ctx, key: RStr) -> usize {
         .map_or(0, WaitQueue::len)
 }
 
-/// The first waiter of `key`, taken off its queue (dropped when emptied). It stays blocked
-/// until [`deliver`] unblocks it.
-pub fn pop(ctx: Ctx, key: RStr) -> Option<Waiter> {
+/// The mode of the shared requests waiting for `key`, if any wait.
+pub fn shared_mode(ctx: Ctx, key: RStr) -> Option<Mode> {
+    if blocked_now() == 0 {
+        return None;
+    }
+    let db = ffi::selected_db(ctx);
+    registry()
+        .get()
+        .queue(db, ffi::bytes(&key))
+        .and_then(WaitQueue::shared_mode)
+}
+
+/// The first waiter of `key`, taken off its queue (dropped when emptied) when `fits` says
+/// it can be granted now. It stays blocked until [`deliver`] unblocks it.
+pub fn pop_if(ctx: Ctx, key: RStr, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
     if blocked_now() == 0 {
         return None;
     }
@@ -155,7 +169,7 @@ pub fn pop(ctx: Ctx, key: RStr) -> Option<Waiter> {
     let name = ffi::bytes(&key);
     let mut guard = registry();
     let reg = guard.get();
-    let w = reg.queue_mut(db, name)?.pop();
+    let w = reg.queue_mut(db, name)?.pop_if(fits);
     reg.drop_if_empty(db, name);
     w
 }
@@ -171,19 +185,22 @@ pub fn can_block(ctx: Ctx) -> bool {
         == 0
 }
 
-/// Block the calling client until it is handed `key` (or times out: 0 = never).
+/// Block the calling client until it is handed `key` (or times out: 0 = never) for the
+/// request `args`. An earlier request of the same owner for the key leaves the queue and
+/// gets nil (the queue decides: an owner waits at most once).
 pub fn block(
     ctx: Ctx,
     key: RStr,
-    owner: &[u8],
-    ttl_ms: u64,
+    args: &AcquireArgs<'_>,
     timeout_ms: u64,
 ) -> Result<(), BlockRefused> {
     let id = key_id(ctx, key);
     let mut guard = registry();
     let reg = guard.get();
-    let waiting = reg.queue(id.0, &id.1).map_or(0, WaitQueue::len);
-    if waiting >= crate::config::max_waiters() {
+    let queue = reg.queue(id.0, &id.1);
+    let waiting = queue.map_or(0, WaitQueue::len);
+    let replaces = queue.is_some_and(|q| q.has_owner(args.owner));
+    if waiting >= crate::config::max_waiters() && !replaces {
         return Err(BlockRefused::TooMany);
     }
     // SAFETY: a live command context that may block (see `can_block`); the callbacks are
@@ -225,16 +242,23 @@ pub fn block(
     } else {
         0
     };
-    reg.queues
+    let replaced = reg
+        .queues
         .entry(id.0)
         .or_default()
         .entry(id.1.clone())
         .or_default()
         .push(Waiter {
             id: waiter_id,
-            owner: owner.into(),
-            ttl_ms,
+            owner: args.owner.into(),
+            ttl_ms: args.ttl_ms,
+            mode: args.mode,
         });
+    if let Some(earlier) = replaced.and_then(|w| reg.blocked.remove(&w.id)) {
+        reg.by_client.remove(&earlier.client_id);
+        earlier.stop_timer();
+        earlier.unblock(Some(Delivery::TimedOut));
+    }
     reg.blocked.insert(
         waiter_id,
         Blocked {

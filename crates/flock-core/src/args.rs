@@ -2,8 +2,8 @@
 //!
 //! Every malformed call maps to one [`ArgError`], whose text is the error reply (G8).
 
-use crate::snapshot::Snapshot;
-use crate::state::MAX_OWNER_LEN;
+use crate::snapshot::{mode_from_code, GrantImage, Invalid, LockImage};
+use crate::state::{Mode, MAX_OWNER_LEN};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
@@ -16,6 +16,12 @@ pub enum ArgError {
     },
     Timeout,
     Token,
+    /// LIMIT out of 1..=`flock.max-holders`.
+    Limit {
+        max: u32,
+    },
+    /// BOUND from something that is not a client connection.
+    BoundNeedsClient,
 }
 
 impl ArgError {
@@ -33,6 +39,10 @@ impl ArgError {
                 "ERR invalid timeout: must be an integer of milliseconds, 0 or more".to_string()
             }
             ArgError::Token => "ERR invalid token: must be a positive integer".to_string(),
+            ArgError::Limit { max } => {
+                format!("ERR invalid limit: must be an integer from 1 to {max} (flock.max-holders)")
+            }
+            ArgError::BoundNeedsClient => "ERR BOUND needs a client connection".to_string(),
         }
     }
 }
@@ -100,32 +110,84 @@ pub fn parse_timeout(b: &[u8]) -> Result<u64, ArgError> {
     }
 }
 
-/// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`, argv including the command name.
+/// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     pub owner: &'a [u8],
     pub ttl_ms: u64,
+    /// The kind of grant asked for.
+    pub mode: Mode,
+    /// BOUND: the grant lives only while this connection does.
+    pub bound: bool,
     /// `Some(timeout_ms)` with BLOCK (0 = no limit).
     pub block: Option<u64>,
 }
 
+/// ACQUIRE's arguments, argv including the command name. Options come in any order, each at
+/// most once; SHARED with LIMIT, a repeated or unknown option is a syntax error. Checks come
+/// in this order: arity, owner, ttl, syntax, then the values of LIMIT and BLOCK.
 #[inline]
-pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: u64) -> Result<AcquireArgs<'a>, ArgError> {
-    let [_, _key, owner, ttl, rest @ ..] = argv else {
+pub fn parse_acquire<'a>(
+    argv: &[&'a [u8]],
+    max_ttl_ms: u64,
+    max_holders: u32,
+) -> Result<AcquireArgs<'a>, ArgError> {
+    let [_, _key, owner, ttl, options @ ..] = argv else {
         return Err(ArgError::Arity);
     };
+    let mut rest: &[&'a [u8]] = options;
     let owner = parse_owner(owner)?;
     let ttl_ms = parse_ttl(ttl, max_ttl_ms)?;
-    let block = match rest {
-        [] => None,
-        [opt, timeout] if opt.eq_ignore_ascii_case(b"BLOCK") => Some(parse_timeout(timeout)?),
-        _ => return Err(ArgError::Syntax),
+    let (mut shared, mut bound) = (false, false);
+    let (mut limit, mut block): (Option<&[u8]>, Option<&[u8]>) = (None, None);
+    while let [opt, tail @ ..] = rest {
+        rest = tail;
+        let is_limit = opt.eq_ignore_ascii_case(b"LIMIT");
+        if is_limit || opt.eq_ignore_ascii_case(b"BLOCK") {
+            let [value, tail @ ..] = rest else {
+                return Err(ArgError::Syntax);
+            };
+            rest = tail;
+            let slot = if is_limit { &mut limit } else { &mut block };
+            if slot.replace(*value).is_some() {
+                return Err(ArgError::Syntax);
+            }
+        } else if opt.eq_ignore_ascii_case(b"SHARED") && !shared {
+            shared = true;
+        } else if opt.eq_ignore_ascii_case(b"BOUND") && !bound {
+            bound = true;
+        } else {
+            return Err(ArgError::Syntax);
+        }
+    }
+    if shared && limit.is_some() {
+        return Err(ArgError::Syntax);
+    }
+    let mode = match limit {
+        Some(n) => match parse_i64(n) {
+            Some(n) if n >= 1 && n <= i64::from(max_holders) => Mode::Permits(n as u32),
+            _ => return Err(ArgError::Limit { max: max_holders }),
+        },
+        None if shared => Mode::Shared,
+        None => Mode::Exclusive,
+    };
+    let block = match block {
+        Some(t) => Some(parse_timeout(t)?),
+        None => None,
     };
     Ok(AcquireArgs {
         owner,
         ttl_ms,
+        mode,
+        bound,
         block,
     })
+}
+
+/// `FLOCK.HOLDERS key`.
+#[inline]
+pub fn parse_holders(argv: &[&[u8]]) -> Result<(), ArgError> {
+    parse_info(argv)
 }
 
 /// `FLOCK.RELEASE key owner [token]`: the owner, and the token that qualifies the call.
@@ -183,28 +245,105 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
     }
 }
 
-/// The replication effects, `FLOCK.APPLY key GRANT owner token deadline_ms` (the key is held)
-/// and `FLOCK.APPLY key DELAY token until_ms` (nobody holds it; lock-delay until then): the
-/// [`Snapshot`] the master sent, checked by [`Snapshot::validate`] like every snapshot loaded.
-pub fn parse_apply<'a>(argv: &[&'a [u8]]) -> Result<Snapshot<'a>, ArgError> {
-    let snapshot = match argv {
+/// The replication effects (what the master replicates and AOF rewrite writes):
+/// - `FLOCK.APPLY key GRANT owner token deadline_ms`: an exclusive key held until then;
+/// - `FLOCK.APPLY key DELAY token until_ms`: an exclusive key nobody holds, in lock-delay;
+/// - `FLOCK.APPLY key STATE mode limit last_token n {owner token deadline_ms bound}*n m
+///   {until_ms}*m`: any key (`mode` is `exclusive`, `shared` or `permits`; `bound` 0 or 1).
+///
+/// The [`LockImage`] the master sent, checked by [`LockImage::validate`] like every image
+/// loaded.
+pub fn parse_apply(argv: &[&[u8]]) -> Result<LockImage, ArgError> {
+    let image = match argv {
         [_, _key, kind, owner, token, deadline] if kind.eq_ignore_ascii_case(b"GRANT") => {
-            Snapshot::Held {
-                owner: parse_owner(owner)?,
-                token: parse_token(token)?,
-                deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
+            let token = parse_token(token)?;
+            LockImage {
+                last_token: token,
+                grants: vec![GrantImage {
+                    owner: parse_owner(owner)?.to_vec(),
+                    token,
+                    deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
+                    bound: false,
+                }],
+                ..LockImage::default()
             }
         }
-        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => Snapshot::Delayed {
+        [_, _key, kind, token, until] if kind.eq_ignore_ascii_case(b"DELAY") => LockImage {
             last_token: parse_token(token)?,
-            until_wall_ms: parse_i64(until).ok_or(ArgError::Syntax)?,
+            delays: vec![parse_i64(until).ok_or(ArgError::Syntax)?],
+            ..LockImage::default()
         },
+        [_, _key, kind, rest @ ..] if kind.eq_ignore_ascii_case(b"STATE") => parse_state(rest)?,
         [_, _key, _, ..] if argv.len() >= 5 => return Err(ArgError::Syntax),
         _ => return Err(ArgError::Arity),
     };
-    snapshot.validate().map_err(|e| match e {
-        crate::snapshot::Invalid::Owner => ArgError::Owner,
-        crate::snapshot::Invalid::Token => ArgError::Token,
+    image.validate().map_err(|e| match e {
+        Invalid::Owner => ArgError::Owner,
+        Invalid::Token => ArgError::Token,
+        Invalid::Shape => ArgError::Syntax,
+    })
+}
+
+/// The fields of `FLOCK.APPLY key STATE ...` after `STATE`.
+fn parse_state(fields: &[&[u8]]) -> Result<LockImage, ArgError> {
+    let count = |b: &[u8]| -> Result<usize, ArgError> {
+        parse_i64(b)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or(ArgError::Syntax)
+    };
+    let [mode, limit, last_token, n, rest @ ..] = fields else {
+        return Err(ArgError::Syntax);
+    };
+    let code = match &mode.to_ascii_lowercase()[..] {
+        b"exclusive" => 0,
+        b"shared" => 1,
+        b"permits" => 2,
+        _ => return Err(ArgError::Syntax),
+    };
+    let limit = parse_i64(limit)
+        .and_then(|v| u64::try_from(v).ok())
+        .ok_or(ArgError::Syntax)?;
+    let mode = mode_from_code(code, limit).map_err(|_| ArgError::Syntax)?;
+    let last_token = match parse_i64(last_token) {
+        Some(v) if v >= 0 => v as u64,
+        _ => return Err(ArgError::Token),
+    };
+    let n = count(n)?;
+    if rest.len() < n.saturating_mul(4) {
+        return Err(ArgError::Syntax);
+    }
+    let (grant_fields, rest) = rest.split_at(n * 4);
+    let mut grants = Vec::with_capacity(n);
+    for g in grant_fields.chunks_exact(4) {
+        let [owner, token, deadline, bound] = g else {
+            return Err(ArgError::Syntax);
+        };
+        grants.push(GrantImage {
+            owner: parse_owner(owner)?.to_vec(),
+            token: parse_token(token)?,
+            deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
+            bound: match &bound[..] {
+                b"0" => false,
+                b"1" => true,
+                _ => return Err(ArgError::Syntax),
+            },
+        });
+    }
+    let [m, delays @ ..] = rest else {
+        return Err(ArgError::Syntax);
+    };
+    if count(m)? != delays.len() {
+        return Err(ArgError::Syntax);
+    }
+    let delays = delays
+        .iter()
+        .map(|d| parse_i64(d).ok_or(ArgError::Syntax))
+        .collect::<Result<Vec<i64>, ArgError>>()?;
+    Ok(LockImage {
+        mode,
+        last_token,
+        grants,
+        delays,
     })
 }
 
@@ -318,6 +457,17 @@ mod tests {
             Ok(AcquireArgs {
                 owner: owner.as_bytes(),
                 ttl_ms: ttl,
+                mode: Mode::Exclusive,
+                bound: false,
+                block,
+            })
+        };
+        let with = |mode, bound, block| {
+            Ok(AcquireArgs {
+                owner: b"o",
+                ttl_ms: 100,
+                mode,
+                bound,
                 block,
             })
         };
@@ -359,9 +509,64 @@ mod tests {
                 vec!["A", "k", "o", "100", "BLOCK", "x"],
                 Err(ArgError::Timeout),
             ),
+            // Kinds and BOUND, options in any order, each at most once.
+            (
+                vec!["A", "k", "o", "100", "shared"],
+                with(Mode::Shared, false, None),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "5", "BOUND", "BLOCK", "7"],
+                with(Mode::Permits(5), true, Some(7)),
+            ),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "7", "limit", "1", "bound"],
+                with(Mode::Permits(1), true, Some(7)),
+            ),
+            (
+                vec!["A", "k", "o", "100", "SHARED", "LIMIT", "2"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "SHARED", "SHARED"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "BOUND", "BOUND"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "2", "LIMIT", "2"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "BLOCK", "1", "BLOCK", "1"],
+                Err(ArgError::Syntax),
+            ),
+            (vec!["A", "k", "o", "100", "LIMIT"], Err(ArgError::Syntax)),
+            // Syntax before the values: a bad LIMIT with an unknown option is a syntax error.
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "0", "FOO"],
+                Err(ArgError::Syntax),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "0"],
+                Err(ArgError::Limit { max: 50 }),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "51"],
+                Err(ArgError::Limit { max: 50 }),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "x"],
+                Err(ArgError::Limit { max: 50 }),
+            ),
+            (
+                vec!["A", "k", "o", "100", "LIMIT", "50"],
+                with(Mode::Permits(50), false, None),
+            ),
         ];
         for (argv, want) in table {
-            assert_eq!(parse_acquire(&v(&argv), max), want, "argv {argv:?}");
+            assert_eq!(parse_acquire(&v(&argv), max, 50), want, "argv {argv:?}");
         }
     }
 
@@ -466,21 +671,73 @@ mod tests {
 
     #[test]
     fn apply_table() {
+        let grant = |owner: &str, token, deadline_wall_ms, bound| GrantImage {
+            owner: owner.as_bytes().to_vec(),
+            token,
+            deadline_wall_ms,
+            bound,
+        };
         assert_eq!(
             parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1700000000000"])),
-            Ok(Snapshot::Held {
-                owner: b"o",
-                token: 9,
-                deadline_wall_ms: 1_700_000_000_000
+            Ok(LockImage {
+                last_token: 9,
+                grants: vec![grant("o", 9, 1_700_000_000_000, false)],
+                ..LockImage::default()
             })
         );
         assert_eq!(
             parse_apply(&v(&["P", "k", "DELAY", "9", "1700000000000"])),
-            Ok(Snapshot::Delayed {
+            Ok(LockImage {
                 last_token: 9,
-                until_wall_ms: 1_700_000_000_000
+                delays: vec![1_700_000_000_000],
+                ..LockImage::default()
             })
         );
+        let state = [
+            "P", "k", "STATE", "permits", "3", "12", "2", "a", "10", "5", "0", "b", "12", "6", "1",
+            "1", "7",
+        ];
+        assert_eq!(
+            parse_apply(&v(&state)),
+            Ok(LockImage {
+                mode: Mode::Permits(3),
+                last_token: 12,
+                grants: vec![grant("a", 10, 5, false), grant("b", 12, 6, true)],
+                delays: vec![7],
+            })
+        );
+        // Every malformed STATE form: a count that lies, an unknown mode, a bad bound mark,
+        // a limit the mode cannot have, more slots than the limit.
+        for bad in [
+            &[
+                "P", "k", "STATE", "permits", "3", "12", "3", "a", "10", "5", "0", "0",
+            ][..],
+            &["P", "k", "STATE", "permits", "3", "12", "0", "2", "7"],
+            &["P", "k", "STATE", "readers", "0", "12", "0", "0"],
+            &[
+                "P", "k", "STATE", "shared", "0", "12", "1", "a", "10", "5", "2", "0",
+            ],
+            &["P", "k", "STATE", "shared", "2", "12", "0", "0"],
+            &[
+                "P", "k", "STATE", "permits", "1", "12", "1", "a", "10", "5", "0", "1", "7",
+            ],
+            &["P", "k", "STATE", "exclusive", "0", "12", "0"],
+        ] {
+            assert!(parse_apply(&v(bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_apply(&v(&[
+                "P", "k", "STATE", "shared", "0", "12", "1", "", "10", "5", "0", "0"
+            ])),
+            Err(ArgError::Owner)
+        );
+        // What the master writes is what the replica reads.
+        let image = parse_apply(&v(&state)).expect("valid");
+        let now = crate::clock::Now::new(1_000_000, 0);
+        let fields = crate::snapshot::state_fields(&image.clone().restore(now));
+        let mut argv: Vec<&[u8]> = vec![b"P", b"k", b"STATE"];
+        argv.extend(fields.iter().map(|f| &f[..]));
+        assert_eq!(parse_apply(&argv), Ok(image));
         assert_eq!(
             parse_apply(&v(&["P", "k", "X", "o", "9", "1"])),
             Err(ArgError::Syntax)

@@ -15,16 +15,18 @@
 use crate::args::AcquireArgs;
 use crate::clock::{Deadline, Now};
 use crate::queue::Waiter;
-use crate::snapshot::Snapshot;
-use crate::state::{Acquired, LockState};
+use crate::snapshot::{LockImage, Snapshot};
+use crate::state::{Acquired, Grant, LockState, Mode};
 use crate::tokens::TokenIssuer;
 
 /// What an operation needs besides the key's state.
 pub struct Env<'t> {
     /// The clocks, read once per command.
     pub now: Now,
-    /// `flock.lock-delay-ms`: after an expiry or a revoke, no grant for this long.
+    /// `flock.lock-delay-ms`: after an expiry or a revoke, a slot stays taken this long.
     pub lock_delay_ms: u64,
+    /// `flock.max-holders`: most live shared grants on one key.
+    pub max_holders: u32,
     /// Only a master ends leases, hands keys off, deletes keys and arms timers on its own; a
     /// replica follows its master's effects (G7).
     pub master: bool,
@@ -33,7 +35,7 @@ pub struct Env<'t> {
 }
 
 /// A change that subscribers see as a keyspace notification (`flock.<name>`, class `d`) and
-/// `INFO flock` counts.
+/// `INFO flock` counts: one per grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A grant with this lease.
@@ -65,7 +67,7 @@ impl Event {
 pub enum Count {
     /// A holder extended its lease (RENEW).
     Renewed,
-    /// An ACQUIRE found the key taken (whether or not it then waited).
+    /// An ACQUIRE found no room for it (whether or not it then waited).
     Contended,
 }
 
@@ -82,10 +84,10 @@ pub enum Effect<'a> {
     /// its master's effect).
     ReplicateVerbatim,
     /// Take the key out of the keyspace once the operation is over (nothing is left of it:
-    /// no holder, no lock-delay, no waiter).
+    /// no grant, no delayed slot, no waiter).
     DeleteKey,
-    /// The key needs attention at this deadline (its lease's end or its lock-delay's end);
-    /// `None`: it needs none.
+    /// The key needs attention at this deadline (a lease's or a delayed slot's end); `None`:
+    /// it needs none.
     Arm(Option<Deadline>),
 }
 
@@ -101,15 +103,20 @@ pub enum BlockRefused {
 /// The server side of an operation: effects in, facts out.
 pub trait Host {
     fn effect(&mut self, effect: Effect<'_>);
-    /// How many clients wait for this key.
+    /// How many requests wait for this key.
     fn waiting(&mut self) -> usize;
-    /// The first waiter of this key, taken off its queue.
-    fn next_waiter(&mut self) -> Option<Waiter>;
+    /// The mode of the shared requests waiting for this key, if any wait (they all have the
+    /// key's limit).
+    fn waiting_mode(&mut self) -> Option<Mode>;
+    /// The first waiter of this key, taken off its queue when `fits` says it can be granted
+    /// now; `None` when nobody waits or the first one does not fit.
+    fn next_waiter_if(&mut self, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter>;
     /// Hand the key to `waiter` with `token`; false when the waiter is gone (it left between
-    /// its queueing and now), and the grant must go to the next one.
+    /// its queueing and now), and the grant must be taken back.
     fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool;
-    /// Make the caller wait for this key (BLOCK); `timeout_ms` 0 waits without limit.
-    fn block(&mut self, owner: &[u8], ttl_ms: u64, timeout_ms: u64) -> Result<(), BlockRefused>;
+    /// Make the caller wait for this key (BLOCK) with the request `args`; `timeout_ms` 0 waits
+    /// without limit. An earlier request of the same owner leaves the queue (it gets nil).
+    fn block(&mut self, args: &AcquireArgs<'_>, timeout_ms: u64) -> Result<(), BlockRefused>;
 }
 
 /// An error reply decided by the engine.
@@ -118,22 +125,40 @@ pub enum ReplyError {
     TokensExhausted,
     TooManyWaiters,
     CouldNotBlock,
+    /// The caller holds a live grant of this mode (another than it asked for).
+    OwnerHolds(Mode),
+    /// The key admits shared grants of this mode only.
+    LimitMismatch(Mode),
 }
 
 impl ReplyError {
-    pub fn message(self) -> &'static str {
+    /// The error text; `key` is the lock key's name (some texts name it).
+    pub fn message(self, key: &[u8]) -> String {
+        let key = String::from_utf8_lossy(key);
         match self {
-            ReplyError::TokensExhausted => "ERR token space exhausted",
+            ReplyError::TokensExhausted => "ERR token space exhausted".into(),
             ReplyError::TooManyWaiters => {
-                "ERR too many clients wait for this key (flock.max-waiters)"
+                "ERR too many clients wait for this key (flock.max-waiters)".into()
             }
-            ReplyError::CouldNotBlock => "ERR could not block the client",
+            ReplyError::CouldNotBlock => "ERR could not block the client".into(),
+            ReplyError::OwnerHolds(mode) => {
+                format!(
+                    "ERR owner already holds {} grant of {key}",
+                    mode.grant_noun()
+                )
+            }
+            ReplyError::LimitMismatch(Mode::Permits(n)) => {
+                format!("ERR limit mismatch: {key} admits {n} shared holders")
+            }
+            ReplyError::LimitMismatch(_) => {
+                format!("ERR limit mismatch: {key} admits any number of shared holders")
+            }
         }
     }
 }
 
 /// The reply of an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply<'a> {
     Int(i64),
     Null,
@@ -143,60 +168,94 @@ pub enum Reply<'a> {
     /// not.
     Blocked,
     /// FLOCK.INFO of a key that is held, in lock-delay or waited for.
-    Info {
-        owner: Option<&'a [u8]>,
-        token: u64,
-        ttl_ms: u64,
-        waiters: usize,
-    },
+    Info(Info<'a>),
+    /// FLOCK.HOLDERS: every live grant, oldest first, as (owner, token, ttl_ms).
+    Holders(Vec<(&'a [u8], u64, u64)>),
 }
 
-/// How long a grant that started at `since` (monotonic µs) was held at `now`, in ms.
-fn held_ms(since: Option<u64>, now: Now) -> u64 {
-    since.map_or(0, |s| now.mono_us.saturating_sub(s) / 1000)
+/// The fields of FLOCK.INFO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Info<'a> {
+    /// The holder when the key is held exclusively.
+    pub owner: Option<&'a [u8]>,
+    /// The largest live token; the last one issued when none is live.
+    pub token: u64,
+    /// The longest remaining lease (0 when none is live).
+    pub ttl_ms: u64,
+    pub waiters: usize,
+    /// The mode of the live grants (`None`: no live grant).
+    pub mode: Option<Mode>,
+    pub holders: usize,
+    /// The key's limit (0: none).
+    pub limit: u32,
+    /// Delayed slots still running.
+    pub delayed: usize,
+}
+
+impl Info<'_> {
+    /// INFO's `mode` field.
+    pub fn mode_name(&self) -> &'static str {
+        self.mode.map_or("none", Mode::name)
+    }
+}
+
+/// How long `grant` was held at `now`, in ms.
+fn held_ms(grant: &Grant, now: Now) -> u64 {
+    now.mono_us.saturating_sub(grant.since_mono_us) / 1000
 }
 
 // ---- the steps every write operation is made of ----
 
-/// Bring the key up to date at `now`: end a run-out lease (`flock.expired`), end a finished
-/// lock-delay, and while the key is free hand it to its first waiter that is still there.
-/// Publishes nothing. Returns whether the state changed (and so must be replicated).
+/// Bring the key up to date at `now`: end run-out leases (`flock.expired` each), end finished
+/// delayed slots, and grant from the head of the queue while the head fits (a run of readers
+/// goes together; a head that does not fit holds everyone behind it). Publishes nothing.
+/// Returns whether the state changed (and so must be replicated).
 #[inline]
 fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
     let now = env.now;
     let mut changed = false;
+    if !state.grants.is_empty()
+        && state.expire(now, env.lock_delay_ms, |_| {
+            host.effect(Effect::Notify(Event::Expired))
+        }) > 0
+    {
+        changed = true;
+    }
+    if !state.delays.is_empty() {
+        changed |= state.end_delays(now);
+    }
+    if host.waiting() == 0 {
+        return changed;
+    }
+    let max_holders = env.max_holders;
     loop {
-        let had_delay = state.delay.is_some();
-        if state.expire(now, env.lock_delay_ms).is_some() {
-            host.effect(Effect::Notify(Event::Expired));
-            changed = true;
-        }
-        state.end_delay(now);
-        changed |= had_delay && state.delay.is_none();
-        if !state.is_free(now) || host.waiting() == 0 {
+        // Checked before the waiter leaves its queue: a waiter is never taken off without
+        // a token for it.
+        if env.tokens.exhausted(now) {
             return changed;
         }
+        let fits = &mut |w: &Waiter| state.fits(w.mode, now, max_holders);
+        let Some(waiter) = host.next_waiter_if(fits) else {
+            return changed;
+        };
         let Some(token) = env.tokens.issue(now) else {
             return changed;
         };
-        let Some(waiter) = host.next_waiter() else {
-            return changed;
-        };
-        state.grant_to(&waiter, token, now);
+        state.grant(waiter.mode, &waiter.owner, waiter.ttl_ms, token, now);
         changed = true;
         if host.deliver(&waiter, token) {
             host.effect(Effect::Notify(Event::Acquired {
                 ttl_ms: waiter.ttl_ms,
             }));
-            return changed;
+        } else {
+            // The waiter vanished between its queueing and now: the next one may have it.
+            state.ungrant_newest();
         }
-        // The waiter vanished between its queueing and now: the grant goes to the next one.
-        state.holder = None;
     }
 }
 
 /// Replicate the state when it `changed`; delete the key when nothing is left of it (no
-/// holder, no lock-delay, no waiter), else arm it for its next deadline. Returns true when
+/// grant, no delayed slot, no waiter), else arm it for its next deadline. Returns true when
 /// the key is to be deleted.
 #[inline]
 fn publish(state: &LockState, env: &Env<'_>, host: &mut impl Host, changed: bool) -> bool {
@@ -231,9 +290,9 @@ fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, change
 
 // ---- the operations ----
 
-/// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]` on the key's state (a fresh, empty one when
-/// the key did not exist). `can_block`: the caller's context allows blocking (not MULTI, not
-/// a script).
+/// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]` on the key's
+/// state (a fresh, empty one when the key did not exist). `can_block`: the caller's context
+/// allows blocking (not MULTI, not a script).
 #[inline]
 pub fn acquire(
     state: &mut LockState,
@@ -250,7 +309,23 @@ pub fn acquire(
         (false, 0)
     };
     let now = env.now;
-    match state.acquire(args.owner, args.ttl_ms, now, waiting, env.tokens) {
+    let outcome = state.acquire(
+        args.owner,
+        args.mode,
+        args.ttl_ms,
+        now,
+        waiting,
+        || {
+            if waiting > 0 {
+                host.waiting_mode()
+            } else {
+                None
+            }
+        },
+        env.max_holders,
+        env.tokens,
+    );
+    match outcome {
         Acquired::Granted(token) => {
             publish(state, env, host, true);
             host.effect(Effect::Notify(Event::Acquired {
@@ -265,9 +340,7 @@ pub fn acquire(
         Acquired::Busy => {
             host.effect(Effect::Count(Count::Contended));
             let blocked = match args.block {
-                Some(timeout_ms) if can_block => {
-                    Some(host.block(args.owner, args.ttl_ms, timeout_ms))
-                }
+                Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms)),
                 _ => None,
             };
             publish(state, env, host, settled);
@@ -277,6 +350,14 @@ pub fn acquire(
                 Some(Err(BlockRefused::TooMany)) => Reply::Error(ReplyError::TooManyWaiters),
                 Some(Err(BlockRefused::Failed)) => Reply::Error(ReplyError::CouldNotBlock),
             }
+        }
+        Acquired::OwnerHolds(mode) => {
+            publish(state, env, host, settled);
+            Reply::Error(ReplyError::OwnerHolds(mode))
+        }
+        Acquired::LimitMismatch(mode) => {
+            publish(state, env, host, settled);
+            Reply::Error(ReplyError::LimitMismatch(mode))
         }
         Acquired::TokensExhausted => {
             publish(state, env, host, settled);
@@ -294,12 +375,14 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Reply<'static> {
-    let since = state.holder.as_ref().map(|g| g.since_mono_us);
-    if settle(state, env, host, false) || !state.release_grant(owner, token, env.now) {
+    if settle(state, env, host, false) {
         return Reply::Int(0);
     }
+    let Some(grant) = state.release(owner, token, env.now) else {
+        return Reply::Int(0);
+    };
     host.effect(Effect::Notify(Event::Released {
-        held_ms: held_ms(since, env.now),
+        held_ms: held_ms(&grant, env.now),
     }));
     settle(state, env, host, true);
     Reply::Int(1)
@@ -318,7 +401,7 @@ pub fn renew(
     if settle(state, env, host, false) {
         return Reply::Null;
     }
-    match state.renew_grant(owner, ttl_ms, token, env.now) {
+    match state.renew(owner, ttl_ms, token, env.now) {
         Some(token) => {
             host.effect(Effect::Count(Count::Renewed));
             publish(state, env, host, true);
@@ -328,7 +411,7 @@ pub fn renew(
     }
 }
 
-/// `FLOCK.REVOKE key [owner]` on an existing lock key.
+/// `FLOCK.REVOKE key [owner]` on an existing lock key: the number of grants ended.
 #[inline]
 pub fn revoke(
     state: &mut LockState,
@@ -336,16 +419,17 @@ pub fn revoke(
     host: &mut impl Host,
     owner: Option<&[u8]>,
 ) -> Reply<'static> {
-    if settle(state, env, host, false)
-        || state
-            .revoke_owner(owner, env.now, env.lock_delay_ms)
-            .is_none()
-    {
+    if settle(state, env, host, false) {
         return Reply::Int(0);
     }
-    host.effect(Effect::Notify(Event::Revoked));
+    let n = state.revoke(owner, env.now, env.lock_delay_ms, |_| {
+        host.effect(Effect::Notify(Event::Revoked))
+    });
+    if n == 0 {
+        return Reply::Int(0);
+    }
     settle(state, env, host, true);
-    Reply::Int(1)
+    Reply::Int(n as i64)
 }
 
 /// `FLOCK.CHECK key token` (read-only: nothing is settled; `None`: no lock key).
@@ -354,43 +438,96 @@ pub fn check(state: Option<&LockState>, token: u64, now: Now) -> Reply<'static> 
     Reply::Int(state.map_or(0, |s| s.check(token, now)) as i64)
 }
 
-/// `FLOCK.INFO key` (read-only; `None`: no lock key). `waiters`: clients waiting for it.
-#[inline]
-pub fn info(state: Option<&LockState>, waiters: usize, now: Now) -> Reply<'_> {
-    let Some(state) = state else {
-        return Reply::Null;
-    };
-    let holder = state.live_holder(now);
-    if holder.is_none() && waiters == 0 && !state.delay_active(now) {
-        return Reply::Null;
-    }
-    Reply::Info {
-        owner: holder.map(|g| &*g.owner),
-        token: holder.map_or(state.last_token, |g| g.token),
-        ttl_ms: holder.map_or(0, |g| g.remaining_ms(now)),
-        waiters,
-    }
+/// What FLOCK.FENCED may run under `token`: `None` when it is not a live grant of the key,
+/// else the mode of that grant (a shared one allows read-only commands only).
+pub fn fence(state: Option<&LockState>, token: u64, now: Now) -> Option<Mode> {
+    let state = state?;
+    state.live_grant(token, now).map(|_| state.mode)
 }
 
-/// The key's deadline came (its timer fired): end the lease or the lock-delay, hand the key
-/// on, delete it when nothing is left.
+/// `FLOCK.INFO key` (read-only; `None`: no lock key). `waiters`: requests waiting for it,
+/// `waiting_mode`: the mode of the shared ones among them.
+#[inline]
+pub fn info(
+    state: Option<&LockState>,
+    waiters: usize,
+    waiting_mode: Option<Mode>,
+    now: Now,
+) -> Reply<'_> {
+    let Some(state) = state else {
+        if waiters == 0 {
+            return Reply::Null;
+        }
+        return Reply::Info(Info {
+            owner: None,
+            token: 0,
+            ttl_ms: 0,
+            waiters,
+            mode: None,
+            holders: 0,
+            limit: waiting_mode.map_or(0, Mode::limit),
+            delayed: 0,
+        });
+    };
+    let holders = state.live_count(now);
+    let delayed = state.active_delays(now);
+    if holders == 0 && waiters == 0 && delayed == 0 {
+        return Reply::Null;
+    }
+    Reply::Info(Info {
+        owner: state.exclusive_holder(now).map(|g| &*g.owner),
+        token: state
+            .live(now)
+            .map(|g| g.token)
+            .max()
+            .unwrap_or(state.last_token),
+        ttl_ms: state
+            .live(now)
+            .map(|g| g.remaining_ms(now))
+            .max()
+            .unwrap_or(0),
+        waiters,
+        mode: (holders > 0).then_some(state.mode),
+        holders,
+        limit: state
+            .limit_of_key(now, || waiting_mode)
+            .map_or(0, Mode::limit),
+        delayed,
+    })
+}
+
+/// `FLOCK.HOLDERS key` (read-only; `None`: no lock key).
+pub fn holders(state: Option<&LockState>, now: Now) -> Reply<'_> {
+    Reply::Holders(state.map_or_else(Vec::new, |s| {
+        s.live(now)
+            .map(|g| (&*g.owner, g.token, g.remaining_ms(now)))
+            .collect()
+    }))
+}
+
+/// The key's deadline came (its timer fired): end leases and delayed slots, hand the key on,
+/// delete it when nothing is left.
 pub fn expire(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) {
     settle(state, env, host, false);
 }
 
 /// A look at a waited key after something happened to it (deleted, flushed, renamed,
 /// overwritten, a waiter left), or after a waiter vanished before its grant's reply went out:
-/// `ghost` is that grant's token, which is released first if it still holds the key.
+/// `ghost` is that grant's token, which is released first if it is still a live grant.
 pub fn revisit(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, ghost: Option<u64>) {
     if !env.master {
         return;
     }
     let mut changed = false;
     if let Some(token) = ghost {
-        if state.live_holder(env.now).is_some_and(|g| g.token == token) {
-            let since = state.holder.take().map(|g| g.since_mono_us);
+        if let Some(i) = state
+            .grants
+            .iter()
+            .position(|g| g.token == token && g.is_live(env.now))
+        {
+            let grant = state.grants.remove(i);
             host.effect(Effect::Notify(Event::Released {
-                held_ms: held_ms(since, env.now),
+                held_ms: held_ms(&grant, env.now),
             }));
             changed = true;
         }
@@ -441,11 +578,11 @@ pub fn plan_revisit(
     }
 }
 
-/// A snapshot that arrived from outside (RDB, RESTORE, AOF, replication), as the key's state
-/// on this server; the token it carries raises the high-water mark (G3).
-pub fn load(snapshot: Snapshot<'_>, now: Now, tokens: &mut TokenIssuer) -> LockState {
-    tokens.observe(snapshot.token());
-    snapshot.restore(now)
+/// An image that arrived from outside (RDB, RESTORE, AOF, replication), as the key's state on
+/// this server; the tokens it carries raise the high-water mark (G3).
+pub fn load(image: LockImage, now: Now, tokens: &mut TokenIssuer) -> LockState {
+    tokens.observe(image.token());
+    image.restore(now)
 }
 
 /// `FLOCK.APPLY`: a replica (or AOF loading) takes the master's state of the key as it is,
@@ -454,9 +591,9 @@ pub fn apply(
     state: &mut LockState,
     env: &mut Env<'_>,
     host: &mut impl Host,
-    snapshot: Snapshot<'_>,
+    image: LockImage,
 ) -> Reply<'static> {
-    *state = load(snapshot, env.now, env.tokens);
+    *state = load(image, env.now, env.tokens);
     host.effect(Effect::ReplicateVerbatim);
     Reply::Ok
 }

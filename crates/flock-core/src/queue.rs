@@ -1,26 +1,36 @@
 //! The waiters of one key (FLOCK.ACQUIRE ... BLOCK), first come first served.
 
+use crate::state::Mode;
+use std::collections::{HashMap, VecDeque};
+
 /// A BLOCK timeout beyond this (ten years) means no limit: a huge period would wrap in the
 /// server's timer arithmetic and fire at once.
 pub const MAX_BLOCK_TIMEOUT_MS: u64 = 315_360_000_000;
 
-/// A client waiting for a key (FLOCK.ACQUIRE ... BLOCK).
+/// A request waiting for a key (FLOCK.ACQUIRE ... BLOCK).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiter {
     pub id: u64,
     pub owner: Box<[u8]>,
     pub ttl_ms: u64,
+    /// The kind of grant it waits for.
+    pub mode: Mode,
 }
 
-/// The waiters of one key, first come first served.
+/// The waiters of one key, first come first served, all kinds in one queue.
 ///
 /// Push and pop are O(1). A waiter that leaves early (timeout, disconnect) is only marked; the
 /// queue skips it when it reaches the front, and compacts itself when the marked ones
-/// outnumber the live ones, so memory stays proportional to the live waiters.
+/// outnumber the live ones, so memory stays proportional to the live waiters. The queue also
+/// knows the mode of its shared waiters (they all have the key's limit): what a new shared
+/// request is checked against when no grant gives the key a limit.
 #[derive(Clone, Debug, Default)]
 pub struct WaitQueue {
-    entries: std::collections::VecDeque<Waiter>,
-    live: std::collections::HashSet<u64>,
+    entries: VecDeque<Waiter>,
+    /// Live waiter ids, and whether each waits for a shared grant or a permit.
+    live: HashMap<u64, bool>,
+    shared_live: usize,
+    shared_mode: Option<Mode>,
 }
 
 impl WaitQueue {
@@ -32,32 +42,98 @@ impl WaitQueue {
         self.live.is_empty()
     }
 
-    pub fn push(&mut self, waiter: Waiter) {
-        if self.live.insert(waiter.id) {
-            self.entries.push_back(waiter);
+    /// The mode of the shared requests waiting, if any wait.
+    pub fn shared_mode(&self) -> Option<Mode> {
+        self.shared_mode
+    }
+
+    /// Whether `owner` waits in this queue.
+    pub fn has_owner(&self, owner: &[u8]) -> bool {
+        self.entries
+            .iter()
+            .any(|w| *w.owner == *owner && self.live.contains_key(&w.id))
+    }
+
+    /// Queue `waiter` at the end. An owner waits at most once per key: the live request of
+    /// the same owner, if any, leaves the queue and is returned (its client gets nil), so a
+    /// retried wait is safe.
+    pub fn push(&mut self, waiter: Waiter) -> Option<Waiter> {
+        if self.live.contains_key(&waiter.id) {
+            return None;
         }
+        let earlier = self
+            .entries
+            .iter()
+            .position(|w| self.live.contains_key(&w.id) && w.owner == waiter.owner);
+        let replaced = earlier.and_then(|i| self.entries.remove(i));
+        if let Some(r) = &replaced {
+            self.forget(r.id);
+        }
+        let shared = !waiter.mode.is_exclusive();
+        if shared {
+            self.shared_live += 1;
+            self.shared_mode = Some(waiter.mode);
+        }
+        self.live.insert(waiter.id, shared);
+        self.entries.push_back(waiter);
+        replaced
+    }
+
+    /// Take `id` off the live set; false when it was not there.
+    fn forget(&mut self, id: u64) -> bool {
+        let Some(shared) = self.live.remove(&id) else {
+            return false;
+        };
+        if shared {
+            self.shared_live -= 1;
+            if self.shared_live == 0 {
+                self.shared_mode = None;
+            }
+        }
+        true
     }
 
     /// Remove waiter `id`; false when it was not waiting.
     pub fn cancel(&mut self, id: u64) -> bool {
-        if !self.live.remove(&id) {
+        if !self.forget(id) {
             return false;
         }
         if self.entries.len() > 2 * self.live.len() + 16 {
             let live = &self.live;
-            self.entries.retain(|w| live.contains(&w.id));
+            self.entries.retain(|w| live.contains_key(&w.id));
         }
         true
+    }
+
+    /// The first live waiter, left in the queue.
+    pub fn front(&mut self) -> Option<&Waiter> {
+        while let Some(w) = self.entries.front() {
+            if self.live.contains_key(&w.id) {
+                break;
+            }
+            self.entries.pop_front();
+        }
+        self.entries.front()
     }
 
     /// The first live waiter, taken off the queue.
     pub fn pop(&mut self) -> Option<Waiter> {
         while let Some(w) = self.entries.pop_front() {
-            if self.live.remove(&w.id) {
+            if self.forget(w.id) {
                 return Some(w);
             }
         }
         None
+    }
+
+    /// The first live waiter, taken off the queue only when `fits` says it may be granted
+    /// now (a head that does not fit holds everyone behind it).
+    pub fn pop_if(&mut self, fits: impl FnOnce(&Waiter) -> bool) -> Option<Waiter> {
+        if fits(self.front()?) {
+            self.pop()
+        } else {
+            None
+        }
     }
 
     /// Take every live waiter off the queue, in order.
@@ -80,6 +156,7 @@ mod tests {
             id,
             owner: owner.as_bytes().into(),
             ttl_ms,
+            mode: Mode::Exclusive,
         }
     }
 
@@ -87,7 +164,7 @@ mod tests {
     fn queue_is_first_come_first_served_and_skips_cancelled() {
         let mut q = WaitQueue::default();
         for id in 1..=5 {
-            q.push(waiter(id, "w", 10));
+            q.push(waiter(id, &format!("w{id}"), 10));
         }
         assert_eq!(q.len(), 5);
         assert!(q.cancel(2));
@@ -104,7 +181,7 @@ mod tests {
     fn queue_compacts_cancelled_entries() {
         let mut q = WaitQueue::default();
         for id in 0..10_000 {
-            q.push(waiter(id, "w", 10));
+            q.push(waiter(id, &format!("w{id}"), 10));
         }
         for id in 0..9_990 {
             assert!(q.cancel(id));
@@ -116,5 +193,30 @@ mod tests {
             q.entries.len()
         );
         assert_eq!(q.pop().map(|w| w.id), Some(9_990));
+    }
+
+    #[test]
+    fn an_owner_waits_once_and_the_queue_knows_its_shared_mode() {
+        let mut q = WaitQueue::default();
+        let shared = |id, owner: &str| Waiter {
+            mode: Mode::Permits(3),
+            ..waiter(id, owner, 10)
+        };
+        assert_eq!(q.push(waiter(1, "a", 10)), None);
+        assert_eq!(q.shared_mode(), None);
+        assert_eq!(q.push(shared(2, "b")), None);
+        assert_eq!(q.push(shared(3, "c")), None);
+        assert_eq!(q.shared_mode(), Some(Mode::Permits(3)));
+        // "b" waits again: its earlier request leaves (and is handed back), the new one is last.
+        assert_eq!(q.push(shared(4, "b")).map(|w| w.id), Some(2));
+        assert_eq!(q.len(), 3);
+        assert!(q.cancel(3));
+        assert_eq!(q.shared_mode(), Some(Mode::Permits(3)));
+        // A head that does not fit holds everyone behind it.
+        assert_eq!(q.pop_if(|w| !w.mode.is_exclusive()), None);
+        assert_eq!(q.pop_if(|w| w.mode.is_exclusive()).map(|w| w.id), Some(1));
+        assert_eq!(q.pop().map(|w| w.id), Some(4));
+        assert_eq!(q.shared_mode(), None);
+        assert!(q.is_empty());
     }
 }

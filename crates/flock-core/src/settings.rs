@@ -37,6 +37,13 @@ pub const LOCK_DELAY: Setting = Setting {
     max: 86_400_000,
 };
 
+pub const MAX_HOLDERS: Setting = Setting {
+    name: "max-holders",
+    default: 10_000,
+    min: 1,
+    max: crate::state::MAX_LIMIT as i64,
+};
+
 pub const STATS_MAX_CLASSES: Setting = Setting {
     name: "stats-max-classes",
     default: 256,
@@ -45,7 +52,13 @@ pub const STATS_MAX_CLASSES: Setting = Setting {
 };
 
 /// Every setting, in the order of the README's Configuration table.
-pub const ALL: [&Setting; 4] = [&MAX_TTL, &MAX_WAITERS, &LOCK_DELAY, &STATS_MAX_CLASSES];
+pub const ALL: [&Setting; 5] = [
+    &MAX_TTL,
+    &MAX_WAITERS,
+    &LOCK_DELAY,
+    &MAX_HOLDERS,
+    &STATS_MAX_CLASSES,
+];
 
 impl Setting {
     /// The value if it is in range, else the error text (without the argument's origin).

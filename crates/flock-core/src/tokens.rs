@@ -32,6 +32,11 @@ impl TokenIssuer {
         }
     }
 
+    /// Whether [`TokenIssuer::issue`] would find no token left at `now`.
+    pub fn exhausted(&self, now: Now) -> bool {
+        self.high_water.saturating_add(1).max(now.wall_us) > MAX_TOKEN
+    }
+
     /// The next token, or `None` when the token space below 2^53 is used up.
     pub fn issue(&mut self, now: Now) -> Option<u64> {
         let token = self.high_water.saturating_add(1).max(now.wall_us);

@@ -3,7 +3,8 @@
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, ArgError};
-use flock_core::{Snapshot, MAX_OWNER_LEN, MAX_TOKEN};
+use flock_core::state::Mode;
+use flock_core::{Now, MAX_OWNER_LEN, MAX_TOKEN};
 
 /// Interesting argument values: limits of every range, option names, odd spellings.
 const DICTIONARY: &[&[u8]] = &[
@@ -38,6 +39,15 @@ const DICTIONARY: &[&[u8]] = &[
     b"grant",
     b"DELAY",
     b"delay",
+    b"SHARED",
+    b"shared",
+    b"LIMIT",
+    b"limit",
+    b"BOUND",
+    b"bound",
+    b"STATE",
+    b"permits",
+    b"exclusive",
     b"o",
     b"\0",
     b"\r\n",
@@ -132,22 +142,17 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
     } else {
         ref_owner(argv[2]).and_then(|owner| {
             let ttl_ms = ref_ttl(argv[3], max_ttl)?;
-            let block = match &argv[4..] {
-                [] => None,
-                [opt, t] if opt.eq_ignore_ascii_case(b"block") => match ref_int(t) {
-                    Some(v) if v >= 0 => Some(v as u64),
-                    _ => return Err(ArgError::Timeout),
-                },
-                _ => return Err(ArgError::Syntax),
-            };
-            Ok((owner, ttl_ms, block))
+            let (mode, bound, block) = ref_acquire_options(&argv[4..], MAX_HOLDERS)?;
+            Ok((owner, ttl_ms, mode, bound, block))
         })
     };
-    let got = args::parse_acquire(argv, max_ttl).map(|a| (a.owner, a.ttl_ms, a.block));
+    let got = args::parse_acquire(argv, max_ttl, MAX_HOLDERS)
+        .map(|a| (a.owner, a.ttl_ms, a.mode, a.bound, a.block));
     assert_eq!(got, want, "parse_acquire {:?} max {max_ttl}", show());
-    if let Ok((owner, ttl, _)) = got {
+    if let Ok((owner, ttl, mode, _, _)) = got {
         assert!((1..=MAX_OWNER_LEN).contains(&owner.len()));
         assert!(ttl >= 1 && ttl <= max_ttl);
+        assert!(mode.limit() <= MAX_HOLDERS);
     }
 
     // FLOCK.RELEASE key owner [token]
@@ -207,26 +212,34 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
         _ => Err(ArgError::Token),
     };
     let got = args::parse_apply(argv);
+    let short_form = argv.len() >= 3
+        && (argv[2].eq_ignore_ascii_case(b"grant") || argv[2].eq_ignore_ascii_case(b"delay"));
     match &got {
-        Ok(Snapshot::Held {
-            owner,
-            token,
-            deadline_wall_ms,
-        }) => {
+        Ok(image) if short_form && argv[2].eq_ignore_ascii_case(b"grant") => {
             assert_eq!(argv.len(), 6, "GRANT with {} args", argv.len());
-            assert!(argv[2].eq_ignore_ascii_case(b"grant"));
-            assert_eq!(Ok(*owner), ref_owner(argv[3]));
-            assert_eq!(Ok(*token), effect_token(argv[4]));
-            assert_eq!(Some(*deadline_wall_ms), ref_int(argv[5]));
+            assert_eq!(image.mode, Mode::Exclusive);
+            let [g] = &image.grants[..] else {
+                panic!("GRANT gave {image:?}");
+            };
+            assert_eq!(Ok(&g.owner[..]), ref_owner(argv[3]));
+            assert_eq!(Ok(g.token), effect_token(argv[4]));
+            assert_eq!(Some(g.deadline_wall_ms), ref_int(argv[5]));
+            assert!(image.delays.is_empty() && !g.bound);
         }
-        Ok(Snapshot::Delayed {
-            last_token: token,
-            until_wall_ms,
-        }) => {
+        Ok(image) if short_form => {
             assert_eq!(argv.len(), 5, "DELAY with {} args", argv.len());
-            assert!(argv[2].eq_ignore_ascii_case(b"delay"));
-            assert_eq!(Ok(*token), effect_token(argv[3]));
-            assert_eq!(Some(*until_wall_ms), ref_int(argv[4]));
+            assert_eq!(Ok(image.last_token), effect_token(argv[3]));
+            assert_eq!(image.delays, vec![ref_int(argv[4]).expect("until")]);
+            assert!(image.grants.is_empty());
+        }
+        Ok(image) => {
+            // STATE: what is accepted writes back as the same fields (the master's form).
+            assert!(argv[2].eq_ignore_ascii_case(b"state"), "{:?}", show());
+            let state = image.clone().restore(Now::new(1_000_000, 0));
+            let fields = flock_core::snapshot::state_fields(&state);
+            let mut again: Vec<&[u8]> = argv[..3].to_vec();
+            again.extend(fields.iter().map(|f| &f[..]));
+            assert_eq!(args::parse_apply(&again).as_ref(), Ok(image));
         }
         Err(e) => {
             // A well-formed effect must never be refused.
@@ -255,6 +268,8 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
         ArgError::Ttl { max: max_ttl },
         ArgError::Timeout,
         ArgError::Token,
+        ArgError::Limit { max: MAX_HOLDERS },
+        ArgError::BoundNeedsClient,
     ] {
         let m = e.message();
         assert!(m.starts_with("ERR "), "{m}");
@@ -305,6 +320,62 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
             assert!(!refused, "FENCED must run {:?}", show());
         }
     }
+}
+
+/// `flock.max-holders` in these checks.
+const MAX_HOLDERS: u32 = 100;
+
+/// ACQUIRE's options by the contract: SHARED, BOUND, LIMIT n and BLOCK timeout, any order,
+/// each at most once, not SHARED with LIMIT (else a syntax error); then LIMIT's value from 1
+/// to `max_holders` and BLOCK's from 0.
+#[allow(clippy::type_complexity)]
+fn ref_acquire_options(
+    opts: &[&[u8]],
+    max_holders: u32,
+) -> Result<(Mode, bool, Option<u64>), ArgError> {
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    let (mut limit, mut block) = (None, None);
+    let mut i = 0;
+    while i < opts.len() {
+        let name = opts[i].to_ascii_uppercase();
+        if seen.contains(&name) {
+            return Err(ArgError::Syntax);
+        }
+        match &name[..] {
+            b"SHARED" | b"BOUND" => i += 1,
+            b"LIMIT" | b"BLOCK" => {
+                let value = *opts.get(i + 1).ok_or(ArgError::Syntax)?;
+                if name == b"LIMIT" {
+                    limit = Some(value);
+                } else {
+                    block = Some(value);
+                }
+                i += 2;
+            }
+            _ => return Err(ArgError::Syntax),
+        }
+        seen.push(name);
+    }
+    let has = |n: &[u8]| seen.iter().any(|s| s == n);
+    if has(b"SHARED") && has(b"LIMIT") {
+        return Err(ArgError::Syntax);
+    }
+    let mode = match limit {
+        Some(v) => match ref_int(v) {
+            Some(n) if n >= 1 && n <= i64::from(max_holders) => Mode::Permits(n as u32),
+            _ => return Err(ArgError::Limit { max: max_holders }),
+        },
+        None if has(b"SHARED") => Mode::Shared,
+        None => Mode::Exclusive,
+    };
+    let block = match block {
+        Some(t) => match ref_int(t) {
+            Some(v) if v >= 0 => Some(v as u64),
+            _ => return Err(ArgError::Timeout),
+        },
+        None => None,
+    };
+    Ok((mode, has(b"BOUND"), block))
 }
 
 /// libFuzzer target: one argument vector per input (the first byte picks `flock.max-ttl-ms`).

@@ -9,6 +9,8 @@
 use crate::bytes::Bytes;
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{self, BlockRefused, Effect, Env, Host, Reply, ReplyError};
+use flock_core::snapshot::LockImage;
+use flock_core::state::Mode;
 use flock_core::{Grant, LockState, Now, Snapshot, TokenIssuer, WaitQueue, Waiter};
 use flock_core::{MAX_OWNER_LEN, MAX_TOKEN};
 use std::collections::VecDeque;
@@ -202,7 +204,8 @@ impl Host for KeyHost<'_> {
         match e {
             Effect::Replicate(s) => {
                 let mut sink = TokenIssuer::new();
-                *self.replica = Some(engine::load(s, self.now, &mut sink));
+                let image = s.image().validate().expect("a replicated effect is valid");
+                *self.replica = Some(engine::load(image, self.now, &mut sink));
             }
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
@@ -212,8 +215,11 @@ impl Host for KeyHost<'_> {
     fn waiting(&mut self) -> usize {
         self.queue.len()
     }
-    fn next_waiter(&mut self) -> Option<Waiter> {
-        self.queue.pop()
+    fn waiting_mode(&mut self) -> Option<Mode> {
+        self.queue.shared_mode()
+    }
+    fn next_waiter_if(&mut self, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
+        self.queue.pop_if(fits)
     }
     fn deliver(&mut self, w: &Waiter, token: u64) -> bool {
         if self.vanished.contains(&w.id) {
@@ -222,13 +228,15 @@ impl Host for KeyHost<'_> {
         self.delivered.push((w.id, token));
         true
     }
-    fn block(&mut self, owner: &[u8], ttl_ms: u64, _timeout_ms: u64) -> Result<(), BlockRefused> {
+    fn block(&mut self, args: &AcquireArgs<'_>, _timeout_ms: u64) -> Result<(), BlockRefused> {
         *self.next_waiter += 1;
         let id = *self.next_waiter;
-        self.queue.push(Waiter {
+        // An earlier request of the same owner leaves the queue (the model does the same).
+        let _replaced = self.queue.push(Waiter {
             id,
-            owner: owner.into(),
-            ttl_ms,
+            owner: args.owner.into(),
+            ttl_ms: args.ttl_ms,
+            mode: args.mode,
         });
         self.blocked = Some(id);
         Ok(())
@@ -271,6 +279,7 @@ impl Server {
         let mut env = Env {
             now,
             lock_delay_ms,
+            max_holders: 10,
             master: true,
             tokens: &mut self.tokens,
         };
@@ -320,25 +329,29 @@ fn assert_same(real: &Server, model: &Model, k: usize, now: Now, step: usize, wh
         );
         return;
     };
+    assert!(st.mode.is_exclusive() && st.grants.len() <= 1 && st.delays.len() <= 1);
     assert_eq!(
-        st.holder.as_ref().map(grant_view),
+        st.grants.first().map(grant_view),
         mk.holder,
         "step {step} ({what}): holder of key {k}"
     );
     assert_eq!(
-        st.delay.map(|d| (d.mono_us, d.wall_ms)),
+        st.delays.first().map(|d| (d.mono_us, d.wall_ms)),
         mk.delay,
         "step {step} ({what}): lock-delay of key {k}"
     );
     if let Some(s) = Snapshot::of(st) {
         assert_eq!(
-            real.replica[k].as_ref().and_then(Snapshot::of),
-            Some(s),
+            real.replica[k]
+                .as_ref()
+                .and_then(Snapshot::of)
+                .map(Snapshot::image),
+            Some(s.image()),
             "step {step} ({what}): the replica disagrees on key {k} (G7)"
         );
     }
     // G1: the live holder is one owner; CHECK agrees with it.
-    let live = st.live_holder(now);
+    let live = st.live(now).next();
     assert_eq!(live.map(grant_view).as_ref(), model.live(k, now));
     if let Some(g) = live {
         let left = st.check(g.token, now);
@@ -347,7 +360,8 @@ fn assert_same(real: &Server, model: &Model, k: usize, now: Now, step: usize, wh
         assert_eq!(st.check(g.token + 1, now), 0);
     }
     // G6: after a write command, a free key has nobody waiting (unless tokens ran out).
-    if what == "write" && st.is_free(now) && real.tokens.high_water() < MAX_TOKEN {
+    let free = st.fits(Mode::Exclusive, now, u32::MAX);
+    if what == "write" && free && real.tokens.high_water() < MAX_TOKEN {
         assert!(
             real.queues[k].is_empty(),
             "step {step}: key {k} is free with {} waiters",
@@ -443,10 +457,12 @@ pub fn state_machine_target(data: &[u8]) {
                 let block = (op >= 2).then_some(0);
                 let before = real.states[k]
                     .as_ref()
-                    .and_then(|s| s.live_holder(now).cloned());
+                    .and_then(|s| s.live(now).next().cloned());
                 let args = AcquireArgs {
                     owner: &owner,
                     ttl_ms,
+                    mode: Mode::Exclusive,
+                    bound: false,
                     block,
                 };
                 let (got, out) = real
@@ -489,6 +505,8 @@ pub fn state_machine_target(data: &[u8]) {
                 let want = match (want, block) {
                     (Reply::Null, Some(_)) => {
                         let id = out.blocked.expect("blocked");
+                        // An owner waits at most once: its earlier request gives way.
+                        model.keys[k].queue.retain(|w| w.owner != owner);
                         model.keys[k].queue.push_back(MWaiter {
                             id,
                             owner: owner.clone(),
@@ -519,7 +537,7 @@ pub fn state_machine_target(data: &[u8]) {
             4..=7 => {
                 let before = real.states[k]
                     .as_ref()
-                    .and_then(|s| s.live_holder(now).cloned());
+                    .and_then(|s| s.live(now).next().cloned());
                 let ran = match op {
                     4 | 5 => real.run(k, now, lock_delay_ms, false, |s, env, host| {
                         engine::release(s, env, host, &owner, None)
@@ -581,8 +599,8 @@ pub fn state_machine_target(data: &[u8]) {
                     // G2: a call that did nothing changed no grant.
                     if let Some(st) = &real.states[k] {
                         if let Some(h) = &before {
-                            if st.live_holder(now).is_some_and(|g| g.token == h.token) {
-                                assert_eq!(st.live_holder(now).map(|g| &g.owner), Some(&h.owner));
+                            if st.live(now).next().is_some_and(|g| g.token == h.token) {
+                                assert_eq!(st.live(now).next().map(|g| &g.owner), Some(&h.owner));
                             }
                         }
                     }
@@ -741,10 +759,8 @@ pub fn state_machine_target(data: &[u8]) {
 /// by the local wall clock now. A replica resyncs from the same data.
 fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
     if let Some(st) = &real.states[k] {
-        let (token, deadline, owner) = Snapshot::rdb_fields(st);
-        let owner = owner.to_vec();
-        let snapshot = Snapshot::from_rdb(token, deadline, &owner).expect("a saved lock loads");
-        let loaded = engine::load(snapshot, now, &mut real.tokens);
+        let image = LockImage::of(st).validate().expect("a saved lock loads");
+        let loaded = engine::load(image, now, &mut real.tokens);
         real.replica[k] = Some(loaded.clone());
         real.states[k] = Some(loaded);
     } else {
@@ -765,9 +781,6 @@ fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
         mk.delay = None;
     } else if let Some((_, wall)) = mk.delay {
         mk.delay = Some((left(wall), wall));
-    } else {
-        // Nothing to carry is written as a lock-delay that ended at time 0.
-        mk.delay = Some((left(0), 0));
     }
     model.high_water = model.high_water.max(mk.last_token);
 }

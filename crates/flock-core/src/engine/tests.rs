@@ -33,10 +33,23 @@ impl Host for Recorder {
             Effect::Notify(ev) => ev.name().trim_start_matches("flock.").to_string(),
             Effect::Count(Count::Renewed) => "renewed".into(),
             Effect::Count(Count::Contended) => "contended".into(),
-            Effect::Replicate(Snapshot::Held { owner, .. }) => {
-                format!("repl grant {}", String::from_utf8_lossy(owner))
+            Effect::Replicate(Snapshot::Held(g)) => {
+                format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
+            Effect::Replicate(Snapshot::Full(s)) => {
+                let owners: Vec<String> = s
+                    .grants
+                    .iter()
+                    .map(|g| String::from_utf8_lossy(&g.owner).into_owned())
+                    .collect();
+                format!(
+                    "repl {} [{}] delays {}",
+                    s.mode.name(),
+                    owners.join(" "),
+                    s.delays.len()
+                )
+            }
             Effect::ReplicateDelete => "repl del".into(),
             Effect::ReplicateVerbatim => "repl verbatim".into(),
             Effect::DeleteKey => {
@@ -51,8 +64,11 @@ impl Host for Recorder {
     fn waiting(&mut self) -> usize {
         self.queue.len()
     }
-    fn next_waiter(&mut self) -> Option<Waiter> {
-        self.queue.pop()
+    fn waiting_mode(&mut self) -> Option<Mode> {
+        self.queue.shared_mode()
+    }
+    fn next_waiter_if(&mut self, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
+        self.queue.pop_if(fits)
     }
     fn deliver(&mut self, w: &Waiter, token: u64) -> bool {
         if self.vanished.contains(&w.id) {
@@ -62,17 +78,21 @@ impl Host for Recorder {
         self.delivered.push((w.id, token));
         true
     }
-    fn block(&mut self, owner: &[u8], ttl_ms: u64, _timeout: u64) -> Result<(), BlockRefused> {
+    fn block(&mut self, args: &AcquireArgs<'_>, _timeout: u64) -> Result<(), BlockRefused> {
         if self.queue.len() >= self.max_waiters {
             return Err(BlockRefused::TooMany);
         }
         let id = self.blocked.len() as u64 + 1;
-        self.blocked.push(owner.to_vec());
-        self.queue.push(Waiter {
+        self.blocked.push(args.owner.to_vec());
+        let replaced = self.queue.push(Waiter {
             id,
-            owner: owner.into(),
-            ttl_ms,
+            owner: args.owner.into(),
+            ttl_ms: args.ttl_ms,
+            mode: args.mode,
         });
+        if let Some(r) = replaced {
+            self.log.push(format!("replaced {}", r.id));
+        }
         Ok(())
     }
 }
@@ -81,6 +101,9 @@ impl Host for Recorder {
 enum Op {
     Acquire(&'static str, u64),
     AcquireBlock(&'static str, u64),
+    /// ACQUIRE in a mode, with BLOCK when the flag says so.
+    Kind(&'static str, Mode, u64, bool),
+    RevokeOwner(&'static str),
     Release(&'static str),
     Renew(&'static str, u64),
     Revoke,
@@ -105,26 +128,38 @@ impl Key {
         let mut env = Env {
             now,
             lock_delay_ms,
+            max_holders: 3,
             master: true,
             tokens: &mut self.tokens,
         };
         let host = &mut self.host;
         // Commands that need an existing lock answer for a missing key without the engine,
         // as the module does; ACQUIRE starts from a fresh state.
-        let needs_lock = !matches!(op, Op::Acquire(..) | Op::AcquireBlock(..) | Op::Vanish(_));
+        let needs_lock = !matches!(
+            op,
+            Op::Acquire(..) | Op::AcquireBlock(..) | Op::Kind(..) | Op::Vanish(_)
+        );
         if needs_lock && self.state.is_none() {
             return ("missing".into(), Vec::new());
         }
         let state = self.state.get_or_insert_with(LockState::default);
         let reply = match op {
-            Op::Acquire(o, ttl) | Op::AcquireBlock(o, ttl) => {
-                let block = matches!(op, Op::AcquireBlock(..)).then_some(0);
+            Op::Acquire(o, ttl) | Op::AcquireBlock(o, ttl) | Op::Kind(o, _, ttl, _) => {
+                let (mode, block) = match op {
+                    Op::Kind(_, mode, _, block) => (mode, block),
+                    _ => (Mode::Exclusive, matches!(op, Op::AcquireBlock(..))),
+                };
                 let args = AcquireArgs {
                     owner: o.as_bytes(),
                     ttl_ms: ttl,
-                    block,
+                    mode,
+                    bound: false,
+                    block: block.then_some(0),
                 };
                 format!("{:?}", acquire(state, &mut env, host, &args, true))
+            }
+            Op::RevokeOwner(o) => {
+                format!("{:?}", revoke(state, &mut env, host, Some(o.as_bytes())))
             }
             Op::Release(o) => format!("{:?}", release(state, &mut env, host, o.as_bytes(), None)),
             Op::Renew(o, ttl) => {
@@ -164,6 +199,10 @@ impl Key {
 #[test]
 fn engine_table() {
     use Op::*;
+    const X: Mode = Mode::Exclusive;
+    const S: Mode = Mode::Shared;
+    const P2: Mode = Mode::Permits(2);
+    const P3: Mode = Mode::Permits(3);
     // (name, lock-delay ms, steps of (time ms, operation, reply, effects))
     type Step = (u64, Op, &'static str, &'static [&'static str]);
     let cases: &[(&str, u64, &[Step])] = &[
@@ -344,6 +383,282 @@ fn engine_table() {
                 (32, Expire, "-", &["acquired", "repl grant b", "arm"]),
             ],
         ),
+        (
+            "readers share, a waiting writer is never starved by later readers",
+            0,
+            &[
+                (
+                    0,
+                    Kind("r1", S, 100, false),
+                    "Int(token)",
+                    &["repl shared [r1] delays 0", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Kind("r2", S, 100, false),
+                    "Int(token)",
+                    &["repl shared [r1 r2] delays 0", "arm", "acquired"],
+                ),
+                (2, Kind("w", X, 100, true), "Blocked", &["contended", "arm"]),
+                (3, Kind("r3", S, 100, false), "Null", &["contended", "arm"]),
+                (
+                    4,
+                    Kind("r3", S, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    5,
+                    Release("r1"),
+                    "Int(1)",
+                    &["arm", "released", "repl shared [r2] delays 0", "arm"],
+                ),
+                (
+                    6,
+                    Release("r2"),
+                    "Int(1)",
+                    &["arm", "released", "acquired", "repl grant w", "arm"],
+                ),
+                (
+                    7,
+                    Release("w"),
+                    "Int(1)",
+                    &[
+                        "arm",
+                        "released",
+                        "acquired",
+                        "repl shared [r3] delays 0",
+                        "arm",
+                    ],
+                ),
+            ],
+        ),
+        (
+            "a run of readers is handed the key together, up to a writer",
+            0,
+            &[
+                (
+                    0,
+                    Acquire("w1", 100),
+                    "Int(token)",
+                    &["repl grant w1", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Kind("r1", S, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    2,
+                    Kind("r2", S, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    3,
+                    Kind("w2", X, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    4,
+                    Kind("r3", S, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    5,
+                    Release("w1"),
+                    "Int(1)",
+                    &[
+                        "arm",
+                        "released",
+                        "acquired",
+                        "acquired",
+                        "repl shared [r1 r2] delays 0",
+                        "arm",
+                    ],
+                ),
+            ],
+        ),
+        (
+            "permits: at most the limit, then FIFO; limits and modes must match",
+            0,
+            &[
+                (
+                    0,
+                    Kind("p1", P2, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1] delays 0", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Kind("p2", P2, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1 p2] delays 0", "arm", "acquired"],
+                ),
+                (2, Kind("p3", P2, 100, false), "Null", &["contended", "arm"]),
+                (
+                    3,
+                    Kind("p3", P3, 100, false),
+                    "Error(LimitMismatch(Permits(2)))",
+                    &["arm"],
+                ),
+                (
+                    3,
+                    Kind("p3", S, 100, false),
+                    "Error(LimitMismatch(Permits(2)))",
+                    &["arm"],
+                ),
+                (
+                    3,
+                    Kind("p1", X, 100, false),
+                    "Error(OwnerHolds(Permits(2)))",
+                    &["arm"],
+                ),
+                (
+                    3,
+                    Kind("p1", P3, 100, false),
+                    "Error(OwnerHolds(Permits(2)))",
+                    &["arm"],
+                ),
+                (
+                    4,
+                    Kind("p1", P2, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1 p2] delays 0", "arm"],
+                ),
+                (
+                    5,
+                    Kind("p3", P2, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    6,
+                    Release("p2"),
+                    "Int(1)",
+                    &[
+                        "arm",
+                        "released",
+                        "acquired",
+                        "repl permits [p1 p3] delays 0",
+                        "arm",
+                    ],
+                ),
+                (
+                    7,
+                    Revoke,
+                    "Int(2)",
+                    &["arm", "revoked", "revoked", "repl del", "delete"],
+                ),
+            ],
+        ),
+        (
+            "waiting shared requests give the key its limit",
+            0,
+            &[
+                (
+                    0,
+                    Acquire("w", 100),
+                    "Int(token)",
+                    &["repl grant w", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Kind("p1", P2, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    2,
+                    Kind("p2", P3, 100, true),
+                    "Error(LimitMismatch(Permits(2)))",
+                    &["arm"],
+                ),
+                (
+                    3,
+                    Kind("p1", P2, 100, true),
+                    "Blocked",
+                    &["contended", "replaced 1", "arm"],
+                ),
+            ],
+        ),
+        (
+            "lock-delay per slot: an expired permit keeps its slot, the others go on",
+            50,
+            &[
+                (
+                    0,
+                    Kind("p1", P2, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1] delays 0", "arm", "acquired"],
+                ),
+                (
+                    10,
+                    Kind("p2", P2, 200, false),
+                    "Int(token)",
+                    &["repl permits [p1 p2] delays 0", "arm", "acquired"],
+                ),
+                (
+                    100,
+                    Expire,
+                    "-",
+                    &["expired", "repl permits [p2] delays 1", "arm"],
+                ),
+                (
+                    120,
+                    Kind("p3", P2, 100, false),
+                    "Null",
+                    &["contended", "arm"],
+                ),
+                (
+                    150,
+                    Kind("p3", P2, 100, false),
+                    "Int(token)",
+                    &["repl permits [p2 p3] delays 0", "arm", "acquired"],
+                ),
+                (
+                    160,
+                    RevokeOwner("p2"),
+                    "Int(1)",
+                    &["arm", "revoked", "repl permits [p3] delays 1", "arm"],
+                ),
+                (160, RevokeOwner("zz"), "Int(0)", &["arm"]),
+            ],
+        ),
+        (
+            "a delayed shared slot holds off only exclusive requests",
+            50,
+            &[
+                (
+                    0,
+                    Kind("r1", S, 100, false),
+                    "Int(token)",
+                    &["repl shared [r1] delays 0", "arm", "acquired"],
+                ),
+                (
+                    1,
+                    Revoke,
+                    "Int(1)",
+                    &["arm", "revoked", "repl shared [] delays 1", "arm"],
+                ),
+                (2, Acquire("w", 100), "Null", &["contended", "arm"]),
+                (
+                    3,
+                    Kind("r2", S, 100, false),
+                    "Int(token)",
+                    &["repl shared [r2] delays 1", "arm", "acquired"],
+                ),
+                (
+                    4,
+                    Kind("p", P2, 100, false),
+                    "Error(LimitMismatch(Shared))",
+                    &["arm"],
+                ),
+            ],
+        ),
     ];
     for (name, lock_delay, steps) in cases {
         let mut key = Key {
@@ -370,12 +685,15 @@ fn block_refused_by_max_waiters_and_context() {
     let mut env = Env {
         now: T0,
         lock_delay_ms: 0,
+        max_holders: 3,
         master: true,
         tokens: &mut tokens,
     };
     let a = AcquireArgs {
         owner: b"a",
         ttl_ms: 100,
+        mode: Mode::Exclusive,
+        bound: false,
         block: None,
     };
     assert!(matches!(
@@ -385,6 +703,8 @@ fn block_refused_by_max_waiters_and_context() {
     let b = AcquireArgs {
         owner: b"b",
         ttl_ms: 100,
+        mode: Mode::Exclusive,
+        bound: false,
         block: Some(0),
     };
     assert_eq!(
@@ -406,14 +726,11 @@ fn a_replica_settles_nothing_on_its_own() {
     let mut env = Env {
         now: T0,
         lock_delay_ms: 0,
+        max_holders: 3,
         master: false,
         tokens: &mut tokens,
     };
-    let held = Snapshot::Held {
-        owner: b"a",
-        token: 7,
-        deadline_wall_ms: T0.wall_ms + 100,
-    };
+    let held = crate::snapshot::LockImage::from_rdb_v1(7, T0.wall_ms + 100, b"a").expect("valid");
     assert_eq!(apply(&mut state, &mut env, &mut host, held), Reply::Ok);
     assert_eq!(host.log, ["repl verbatim"]);
     assert_eq!(
@@ -427,7 +744,7 @@ fn a_replica_settles_nothing_on_its_own() {
     revisit(&mut state, &mut env, &mut host, Some(7));
     assert!(host.log.is_empty(), "{:?}", host.log);
     assert!(
-        state.holder.is_some(),
+        !state.grants.is_empty(),
         "the master's DEL ends it, not the replica's clock"
     );
     assert_eq!(check(Some(&state), 7, at(200)), Reply::Int(0));
@@ -437,34 +754,42 @@ fn a_replica_settles_nothing_on_its_own() {
 fn info_and_check_read_without_settling() {
     let mut tokens = TokenIssuer::new();
     let mut state = LockState::default();
-    state.acquire(b"a", 100, T0, 0, &mut tokens);
+    state.acquire(b"a", Mode::Exclusive, 100, T0, 0, || None, 3, &mut tokens);
     let t = state.last_token;
     assert_eq!(check(Some(&state), t, at(40)), Reply::Int(60));
     assert_eq!(check(None, t, at(40)), Reply::Int(0));
     assert_eq!(
-        info(Some(&state), 2, at(40)),
-        Reply::Info {
+        info(Some(&state), 2, None, at(40)),
+        Reply::Info(Info {
             owner: Some(b"a"),
             token: t,
             ttl_ms: 60,
-            waiters: 2
-        }
+            waiters: 2,
+            mode: Some(Mode::Exclusive),
+            holders: 1,
+            limit: 0,
+            delayed: 0,
+        })
     );
     assert_eq!(
-        info(Some(&state), 0, at(100)),
+        info(Some(&state), 0, None, at(100)),
         Reply::Null,
         "run out, nobody waits"
     );
     assert_eq!(
-        info(Some(&state), 1, at(100)),
-        Reply::Info {
+        info(Some(&state), 1, Some(Mode::Permits(4)), at(100)),
+        Reply::Info(Info {
             owner: None,
             token: t,
             ttl_ms: 0,
-            waiters: 1
-        }
+            waiters: 1,
+            mode: None,
+            holders: 0,
+            limit: 4,
+            delayed: 0,
+        })
     );
-    assert_eq!(info(None, 0, T0), Reply::Null);
+    assert_eq!(info(None, 0, None, T0), Reply::Null);
 }
 
 #[test]
