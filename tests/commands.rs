@@ -779,8 +779,8 @@ fn command_docs_and_arity() {
         (
             "flock.acquire",
             -4,
-            &["key", "owner", "ttl", "block"],
-            &["block"],
+            &["key", "owner", "ttl", "kind", "bound", "block"],
+            &["kind", "bound", "block"],
         ),
         ("flock.release", -3, &["key", "owner", "token"], &["token"]),
         (
@@ -791,6 +791,7 @@ fn command_docs_and_arity() {
         ),
         ("flock.check", 3, &["key", "token"], &[]),
         ("flock.info", 2, &["key"], &[]),
+        ("flock.holders", 2, &["key"], &[]),
         ("flock.revoke", -2, &["key", "owner"], &["owner"]),
         (
             "flock.fenced",
