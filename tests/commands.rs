@@ -897,7 +897,7 @@ fn command_docs_and_arity() {
         .expect("redis-cli");
     let help = String::from_utf8_lossy(&cli.stdout);
     assert!(
-        help.contains("key owner ttl [BLOCK timeout]"),
+        help.contains("key owner ttl [SHARED|LIMIT n] [BOUND] [BLOCK timeout]"),
         "HELP FLOCK.ACQUIRE: {help}"
     );
     assert!(help.contains("fencing token"), "HELP FLOCK.ACQUIRE: {help}");
