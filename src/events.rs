@@ -79,7 +79,7 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
             }
             if matches!(event, b"rename_to" | b"move_to") {
                 // The binding followed the value: the index must find it under its new name.
-                for g in &rec.state.grants {
+                for g in rec.state.grants().iter() {
                     if let Some(client) = g.bound_client() {
                         bindings::moved(client, g.token, waiters::key_id(ctx, key));
                     }

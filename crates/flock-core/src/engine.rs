@@ -244,7 +244,7 @@ fn unbind(host: &mut impl Host, grant: &Grant) {
 fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
     let now = env.now;
     let mut changed = false;
-    if !state.grants.is_empty()
+    if !state.grants().is_empty()
         && state.expire(now, env.lock_delay_ms, |g| {
             let event = if g.binding == Binding::Lost {
                 Event::Closed
@@ -356,15 +356,10 @@ pub fn acquire(
         (false, 0)
     };
     let now = env.now;
-    // The connection the owner's grant is bound to now, if any (asked only when bindings are
-    // in play, to keep the plain path plain).
-    let bound_before = if bind_to.is_some() || state.grants.iter().any(|g| g.bound) {
-        state
-            .owner_grant(args.owner, now)
-            .and_then(Grant::bound_client)
-    } else {
-        None
-    };
+    // The connection the owner's grant is bound to now, if any (an indexed look-up).
+    let bound_before = state
+        .owner_grant(args.owner, now)
+        .and_then(Grant::bound_client);
     let outcome = state.acquire(
         args.owner,
         args.mode,
@@ -569,7 +564,10 @@ pub fn info(
 /// `FLOCK.HOLDERS key` (read-only; `None`: no lock key).
 pub fn holders(state: Option<&LockState>, now: Now) -> Reply<'_> {
     Reply::Holders(state.map_or_else(Vec::new, |s| {
-        s.live(now)
+        s.grants()
+            .by_token()
+            .into_iter()
+            .filter(|g| g.is_live(now))
             .map(|g| (&*g.owner, g.token, g.remaining_ms(now)))
             .collect()
     }))
@@ -590,12 +588,7 @@ pub fn revisit(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, g
     }
     let mut changed = false;
     if let Some(token) = ghost {
-        if let Some(i) = state
-            .grants
-            .iter()
-            .position(|g| g.token == token && g.is_live(env.now))
-        {
-            let grant = state.grants.remove(i);
+        if let Some(grant) = state.take_token(token, env.now) {
             host.effect(Effect::Notify(Event::Released {
                 held_ms: held_ms(&grant, env.now),
             }));

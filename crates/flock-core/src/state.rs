@@ -6,6 +6,7 @@
 //! order a command needs and turns their outcomes into replies and effects.
 
 use crate::clock::{Deadline, Now};
+use crate::grants::Grants;
 use crate::tokens::TokenIssuer;
 use smallvec::SmallVec;
 
@@ -166,9 +167,9 @@ pub enum Acquired {
 
 /// The state of one lock key.
 ///
-/// Grants are kept in token order (a new grant always has the largest token), so HOLDERS
-/// lists them oldest first and RENEW never moves one. An exclusive key has at most one grant
-/// or one delayed slot; the inline capacity of one keeps such a key in one allocation.
+/// The grants live in [`Grants`] (unordered, indexed by owner past a few, with a due hint),
+/// so that commands on a key with many readers cost about what they cost on a key with one.
+/// An exclusive key has at most one grant or one delayed slot, kept inline: one allocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockState {
     /// The kind of the key's grants and delayed slots (all alike, G1); meaningless when it
@@ -176,7 +177,7 @@ pub struct LockState {
     pub mode: Mode,
     /// The grants, live or run out (a run-out grant is cleared lazily, by the next command
     /// that touches the key, or actively by the expiry timer on a master).
-    pub grants: SmallVec<[Grant; 1]>,
+    grants: Grants,
     /// Lock-delay: slots of grants that expired or were revoked, each taken until its end.
     pub delays: SmallVec<[Deadline; 1]>,
     /// The token of the latest grant of this key (shown by FLOCK.INFO when nobody holds it).
@@ -206,13 +207,34 @@ impl LockState {
         state
     }
 
-    /// The live grants, oldest first.
+    /// The grants, live or not, in no particular order ([`Grants::by_token`] sorts).
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// Add a grant that arrived from outside (a loaded image).
+    pub fn push_grant(&mut self, grant: Grant) {
+        self.grants.push(grant);
+    }
+
+    /// Keep only the grants `keep` says to keep (COPY leaves bound grants out).
+    pub fn retain_grants(&mut self, keep: impl FnMut(&Grant) -> bool) {
+        self.grants.retain(keep, |_| {});
+    }
+
+    /// The live grants, in no particular order.
     pub fn live(&self, now: Now) -> impl Iterator<Item = &Grant> + '_ {
         self.grants.iter().filter(move |g| g.is_live(now))
     }
 
+    /// How many grants are live. O(1) when no grant can have stopped being live yet (the
+    /// common case: a settled key), else a count.
     pub fn live_count(&self, now: Now) -> usize {
-        self.live(now).count()
+        if self.grants.maybe_due(now) {
+            self.live(now).count()
+        } else {
+            self.grants.len()
+        }
     }
 
     /// The only live grant when the key is exclusive (what INFO shows as `owner`).
@@ -225,17 +247,21 @@ impl LockState {
 
     /// `owner`'s live grant, if it holds one.
     pub fn owner_grant(&self, owner: &[u8], now: Now) -> Option<&Grant> {
-        self.live(now).find(|g| *g.owner == *owner)
+        let at = self.grants.position_of(owner)?;
+        self.grants.get(at).filter(|g| g.is_live(now))
     }
 
     /// Delayed slots still running at `now`.
     pub fn active_delays(&self, now: Now) -> usize {
+        if self.delays.is_empty() {
+            return 0;
+        }
         self.delays.iter().filter(|d| !d.passed(now)).count()
     }
 
     /// The mode that the key's live grants and running delayed slots give it, if any.
     pub fn held_mode(&self, now: Now) -> Option<Mode> {
-        let taken = self.live(now).next().is_some() || self.active_delays(now) > 0;
+        let taken = self.live_count(now) > 0 || self.active_delays(now) > 0;
         taken.then_some(self.mode)
     }
 
@@ -266,34 +292,29 @@ impl LockState {
         self.grants.is_empty() && self.active_delays(now) == 0
     }
 
-    /// When this key next needs attention: the earliest end of a lease or delayed slot.
+    /// When this key next needs attention: the earliest end of a lease or delayed slot (at
+    /// once for a grant that lost its connection). It may come early (see [`Grants`]), never
+    /// late.
     pub fn next_deadline(&self) -> Option<Deadline> {
         self.grants
-            .iter()
-            // A grant that lost its connection is due at once.
-            .map(|g| match g.binding {
-                Binding::Lost => Deadline::default(),
-                _ => g.deadline,
-            })
+            .next_due()
+            .into_iter()
             .chain(self.delays.iter().copied())
             .min_by_key(|d| d.mono_us)
     }
 
     /// Clear the grants that are no longer live, each leaving a delayed slot of
     /// `lock_delay_ms` counted from its deadline (a lease that ran out) or from `now` (a
-    /// bound grant whose connection is gone). Calls `ended` with each, oldest first.
+    /// bound grant whose connection is gone). Calls `ended` with each.
     pub fn expire(&mut self, now: Now, lock_delay_ms: u64, mut ended: impl FnMut(&Grant)) -> usize {
-        let before = self.grants.len();
-        if self.grants.iter().all(|g| g.is_live(now)) {
+        if !self.grants.maybe_due(now) {
             return 0;
         }
-        let mut kept: SmallVec<[Grant; 1]> = SmallVec::new();
-        for g in std::mem::take(&mut self.grants) {
-            if g.is_live(now) {
-                kept.push(g);
-                continue;
-            }
-            ended(&g);
+        let mut gone: SmallVec<[Grant; 1]> = SmallVec::new();
+        self.grants.retain(|g| g.is_live(now), |g| gone.push(g));
+        gone.sort_unstable_by_key(|g| g.token);
+        for g in &gone {
+            ended(g);
             if lock_delay_ms > 0 {
                 let from = if g.binding == Binding::Lost && !g.deadline.passed(now) {
                     Deadline::after(0, now)
@@ -303,8 +324,7 @@ impl LockState {
                 self.push_delay(from.plus(lock_delay_ms));
             }
         }
-        self.grants = kept;
-        before - self.grants.len()
+        gone.len()
     }
 
     /// Add a delayed slot. Exclusive and permit keys have at most one slot per grant they
@@ -348,27 +368,15 @@ impl LockState {
     /// The connection `client` closed: its bound grants are no longer live (the next settle
     /// ends them). Returns how many.
     pub fn close(&mut self, client: u64) -> usize {
-        let mut n = 0;
-        for g in self.grants.iter_mut() {
-            if g.binding == Binding::Client(client) {
-                g.binding = Binding::Lost;
-                n += 1;
-            }
-        }
-        n
+        self.grants
+            .mark_lost(|g| g.binding == Binding::Client(client))
     }
 
     /// On a master: bound grants that have no binding in this process (loaded, restored,
     /// promoted) lose their connection. Returns how many.
     pub fn orphan_bound(&mut self) -> usize {
-        let mut n = 0;
-        for g in self.grants.iter_mut() {
-            if g.bound && g.binding == Binding::None {
-                g.binding = Binding::Lost;
-                n += 1;
-            }
-        }
-        n
+        self.grants
+            .mark_lost(|g| g.bound && g.binding == Binding::None)
     }
 
     /// Take back the newest grant (its waiter vanished before it could be told).
@@ -396,18 +404,17 @@ impl LockState {
         bind_to: Option<u64>,
         tokens: &mut TokenIssuer,
     ) -> Acquired {
-        if let Some(g) = self
-            .grants
-            .iter_mut()
-            .find(|g| g.is_live(now) && *g.owner == *owner)
-        {
+        if let Some(at) = self.live_position(owner, None, now) {
             if self.mode != mode {
                 return Acquired::OwnerHolds(self.mode);
             }
-            g.deadline = Deadline::after(ttl_ms, now);
             // The repeat sets the binding anew: to this connection with BOUND, else none.
-            g.bind(bind_to);
-            return Acquired::Refreshed(g.token);
+            self.grants
+                .refresh(at, Deadline::after(ttl_ms, now), Some(bind_to));
+            return match self.grants.get(at) {
+                Some(g) => Acquired::Refreshed(g.token),
+                None => Acquired::Busy,
+            };
         }
         if let Some(key_mode) = self.limit_of_key(now, waiting_mode) {
             if !mode.is_exclusive() && key_mode != mode {
@@ -424,6 +431,15 @@ impl LockState {
             }
             None => Acquired::TokensExhausted,
         }
+    }
+
+    /// Where `owner`'s live grant is (with `token`, when given).
+    fn live_position(&self, owner: &[u8], token: Option<u64>, now: Now) -> Option<usize> {
+        let at = self.grants.position_of(owner)?;
+        self.grants
+            .get(at)
+            .filter(|g| g.is_live(now) && g.is(owner, token))
+            .map(|_| at)
     }
 
     /// The shared mode (and so the limit) the key has: that of its live shared grants and
@@ -444,11 +460,18 @@ impl LockState {
     /// late retry of an earlier grant's release never ends a later one). Returns the ended
     /// grant; a released slot frees at once (no lock-delay).
     pub fn release(&mut self, owner: &[u8], token: Option<u64>, now: Now) -> Option<Grant> {
-        let i = self
-            .grants
-            .iter()
-            .position(|g| g.is_live(now) && g.is(owner, token))?;
-        Some(self.grants.remove(i))
+        let at = self.live_position(owner, token, now)?;
+        self.grants.take(at)
+    }
+
+    /// Take out the live grant with `token`, whoever holds it (a grant made to a client that
+    /// went away before its reply).
+    pub fn take_token(&mut self, token: u64, now: Now) -> Option<Grant> {
+        let at = self.grants.position_of_token(token)?;
+        if !self.grants.get(at).is_some_and(|g| g.is_live(now)) {
+            return None;
+        }
+        self.grants.take(at)
     }
 
     /// FLOCK.REVOKE: end every live grant (only `owner`'s, when given) now, each leaving a
@@ -460,25 +483,26 @@ impl LockState {
         lock_delay_ms: u64,
         mut ended: impl FnMut(&Grant),
     ) -> usize {
-        let hit = |g: &Grant| g.is_live(now) && owner.is_none_or(|o| *g.owner == *o);
-        if !self.grants.iter().any(hit) {
-            return 0;
-        }
-        let mut kept: SmallVec<[Grant; 1]> = SmallVec::new();
-        let mut n = 0;
-        for g in std::mem::take(&mut self.grants) {
-            if !hit(&g) {
-                kept.push(g);
-                continue;
+        let mut gone: SmallVec<[Grant; 1]> = SmallVec::new();
+        match owner {
+            Some(o) => {
+                if let Some(g) = self
+                    .live_position(o, None, now)
+                    .and_then(|at| self.grants.take(at))
+                {
+                    gone.push(g);
+                }
             }
-            ended(&g);
-            n += 1;
+            None => self.grants.retain(|g| !g.is_live(now), |g| gone.push(g)),
+        }
+        gone.sort_unstable_by_key(|g| g.token);
+        for g in &gone {
+            ended(g);
             if lock_delay_ms > 0 {
                 self.push_delay(Deadline::after(lock_delay_ms, now));
             }
         }
-        self.grants = kept;
-        n
+        gone.len()
     }
 
     /// FLOCK.RENEW: the token when `owner` holds a live grant (with `token`, when given),
@@ -491,12 +515,9 @@ impl LockState {
         token: Option<u64>,
         now: Now,
     ) -> Option<u64> {
-        let g = self
-            .grants
-            .iter_mut()
-            .find(|g| g.is_live(now) && g.is(owner, token))?;
-        g.deadline = Deadline::after(ttl_ms, now);
-        Some(g.token)
+        let at = self.live_position(owner, token, now)?;
+        self.grants.refresh(at, Deadline::after(ttl_ms, now), None);
+        self.grants.get(at).map(|g| g.token)
     }
 
     /// The live grant with `token`.

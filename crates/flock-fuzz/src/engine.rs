@@ -340,9 +340,9 @@ fn assert_same(real: &Server, model: &Model, k: usize, now: Now, step: usize, wh
         );
         return;
     };
-    assert!(st.mode.is_exclusive() && st.grants.len() <= 1 && st.delays.len() <= 1);
+    assert!(st.mode.is_exclusive() && st.grants().len() <= 1 && st.delays.len() <= 1);
     assert_eq!(
-        st.grants.first().map(grant_view),
+        st.grants().as_slice().first().map(grant_view),
         mk.holder,
         "step {step} ({what}): holder of key {k}"
     );

@@ -37,13 +37,14 @@ impl Host for Recorder {
                 format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
-            Effect::Replicate(Snapshot::Full(s)) if s.grants.iter().any(|g| g.bound) => {
+            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound) => {
                 "repl state".into()
             }
             Effect::Replicate(Snapshot::Full(s)) => {
                 let owners: Vec<String> = s
-                    .grants
-                    .iter()
+                    .grants()
+                    .by_token()
+                    .into_iter()
                     .map(|g| String::from_utf8_lossy(&g.owner).into_owned())
                     .collect();
                 format!(
@@ -855,7 +856,7 @@ fn a_replica_settles_nothing_on_its_own() {
     revisit(&mut state, &mut env, &mut host, Some(7));
     assert!(host.log.is_empty(), "{:?}", host.log);
     assert!(
-        !state.grants.is_empty(),
+        !state.grants().is_empty(),
         "the master's DEL ends it, not the replica's clock"
     );
     assert_eq!(check(Some(&state), 7, at(200)), Reply::Int(0));

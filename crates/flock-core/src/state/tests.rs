@@ -270,7 +270,7 @@ fn tokens_stop_below_2_pow_53() {
         acq(&mut state, "a", 10, T0, &mut tokens),
         Acquired::TokensExhausted
     );
-    assert!(state.grants.is_empty());
+    assert!(state.grants().is_empty());
 }
 
 #[test]
