@@ -270,3 +270,61 @@ def test_a_bound_scoped_lock_is_freed_at_once_when_its_process_dies(server):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_readers_waiting_behind_a_writer_are_granted_together(server):
+    r = server.client(decode_responses=True)
+    flock = Flock(server.client())
+    writer = flock.acquire("rg", 10_000)
+    got = [{} for _ in range(3)]
+    threads = []
+    for i in range(3):
+        threads.append(waiting(flock, "rg", 450, got[i], shared=True))
+        wait_until(lambda: server.blocked_clients() == i + 1, f"reader {i} waits")
+    assert writer.release() is True
+    for t in threads:
+        t.join(SOON_S)
+    readers = [g.get("lease") for g in got]
+    assert all(lease is not None for lease in readers), got
+    tokens = [lease.token for lease in readers]
+    # granted in the order they waited, each after the writer's token, all at once
+    assert tokens == sorted(tokens) and tokens[0] > writer.token
+    assert [h[:2] for h in r.execute_command("FLOCK.HOLDERS", "rg")] == \
+        [[lease.owner, lease.token] for lease in readers]
+    # each was renewed at once after its wait (rule 1), and the watchdogs go on
+    base = int(flock_info(server)["flock_renewals"])
+    wait_until(lambda: int(flock_info(server)["flock_renewals"]) >= base + 6,
+               "two renewals per reader")
+    assert not any(lease.lost for lease in readers)
+    for lease in readers:
+        assert lease.release() is True
+    assert r.exists("rg") == 0
+
+
+def blocked_acquirers(admin, name):
+    return [c for c in admin.client_list() if c.get("name") == name
+            and c.get("cmd") == "flock.acquire" and "b" in c.get("flags", "")]
+
+
+def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the_new_one(server):
+    admin = server.client(decode_responses=True)
+    flock = Flock(server.client(client_name="bound-waiter"))
+    holder = Flock(server.client()).acquire("bwk", 20_000)
+    got: dict = {}
+    t = waiting(flock, "bwk", 3000, got, bound=True)
+    first = wait_until(lambda: blocked_acquirers(admin, "bound-waiter"), "the bound wait")
+    assert admin.execute_command("CLIENT", "KILL", "ID", first[0]["id"]) == 1
+    second = wait_until(lambda: [c for c in blocked_acquirers(admin, "bound-waiter")
+                                 if c["id"] != first[0]["id"]], "the wait on a new connection")
+    assert t.is_alive()
+    assert holder.release() is True
+    t.join(SOON_S)
+    lease = got.get("lease")
+    assert lease is not None and lease.bound and not lease.lost, got
+    assert int(flock_info(server)["flock_bound_grants"]) == 1
+    # The grant lives on the connection that waited for it: killing that one ends it.
+    assert admin.execute_command("CLIENT", "KILL", "ID", second[0]["id"]) == 1
+    wait_until(lambda: admin.execute_command("FLOCK.CHECK", "bwk", lease.token) == 0,
+               "the bound grant ends with its connection")
+    assert lease.wait_lost(3000 / 3 + 400)
+    assert lease.release() is False

@@ -166,3 +166,36 @@ def test_aio_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock
         assert again is not None and await again.release() is True
         await admin.aclose()
     run(main())
+
+
+def test_aio_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the_new_one(
+        server):
+    async def main():
+        admin = aclient(server, decode_responses=True)
+
+        async def waits():
+            return [c for c in await admin.client_list() if c.get("name") == "aio-bw"
+                    and c.get("cmd") == "flock.acquire" and "b" in c.get("flags", "")]
+        holder = await Flock(aclient(server)).acquire("a:bwk", 20_000)
+        waiter = timed_wait(Flock(aclient(server, client_name="aio-bw")), "a:bwk", 3000,
+                            bound=True)
+        first = await until(waits, "the bound wait")
+        assert await admin.execute_command("CLIENT", "KILL", "ID", first[0]["id"]) == 1
+
+        async def rewaited():
+            return [c for c in await waits() if c["id"] != first[0]["id"]]
+        second = await until(rewaited, "the wait on a new connection")
+        assert not waiter.done()
+        assert await holder.release() is True
+        lease, _ = await asyncio.wait_for(waiter, SOON_S)
+        assert lease is not None and lease.bound and not lease.lost
+        assert await flock_info(admin, "flock_bound_grants") == 1
+        assert await admin.execute_command("CLIENT", "KILL", "ID", second[0]["id"]) == 1
+
+        async def ended():
+            return await admin.execute_command("FLOCK.CHECK", "a:bwk", lease.token) == 0
+        await until(ended, "the bound grant ends with its connection")
+        assert await lease.wait_lost(3000 / 3 + 400)
+        assert await lease.release() is False
+        await admin.aclose()
+    run(main())
