@@ -285,6 +285,93 @@ export function kindsSuite(lib: Lib): void {
       }
     });
 
+    test("readers waiting behind a writer are granted together, in wait order, each renewed at once", async () => {
+      const k = key();
+      const writer = await flock.acquire(k, { ttlMs: 10000 });
+      assert.ok(writer);
+      const waits: Array<Promise<Lease | null>> = [];
+      for (let i = 1; i <= 3; i++) {
+        waits.push(flock.acquire(k, { ttlMs: 450, shared: true, waitMs: 20000 }));
+        await server.waitBlocked(i);
+      }
+      assert.equal(await writer.release(), true);
+      const readers = await Promise.all(waits);
+      assert.ok(readers.every((l) => l !== null));
+      const rs = readers as Lease[];
+      const tokens = rs.map((l) => l.token);
+      assert.ok(tokens[0] > writer.token && tokens[0] < tokens[1] && tokens[1] < tokens[2], String(tokens));
+      const holders = (await server.admin.call("FLOCK.HOLDERS", k)) as unknown[][];
+      assert.deepEqual(holders.map((h) => [h[0], h[1]]), rs.map((l) => [l.owner, l.token]));
+      const base = await stat(server, "renewals");
+      await until("two renewals per reader", async () => (await stat(server, "renewals")) >= base + 6);
+      assert.ok(rs.every((l) => !l.lost));
+      for (const l of rs) assert.equal(await l.release(), true);
+      assert.equal(await server.admin.exists(k), 0);
+    });
+
+    test("a bound wait across a killed connection waits again; its grant is bound to the new connection", async () => {
+      const k = key();
+      const holder = await flock.acquire(k, { ttlMs: 20000 });
+      assert.ok(holder);
+      const waiting = flock.acquire(k, { ttlMs: 3000, bound: true, waitMs: 20000 });
+      const acquirers = async () =>
+        (await clientList(server)).filter((c) => c.cmd === "flock.acquire" && c.flags.includes("b")).map((c) => c.id);
+      await until("the bound wait", async () => (await acquirers()).length === 1);
+      const [first] = await acquirers();
+      assert.equal(await server.admin.call("CLIENT", "KILL", "ID", first), 1);
+      await until("the wait on a new connection", async () => {
+        const now = await acquirers();
+        return now.length === 1 && now[0] !== first;
+      });
+      const [second] = await acquirers();
+      assert.equal(await holder.release(), true);
+      const lease = await waiting;
+      assert.ok(lease);
+      assert.equal(lease.bound, true);
+      assert.equal(lease.lost, false);
+      assert.equal(await stat(server, "bound_grants"), 1);
+      assert.equal(await server.admin.call("CLIENT", "KILL", "ID", second), 1);
+      await until("the bound grant ends with its connection", async () => Number(await server.admin.call("FLOCK.CHECK", k, lease.token)) === 0);
+      assert.equal(await lease.waitLost(1000), true);
+      assert.equal(await lease.release(), false);
+    });
+
+    test("a bound lease whose connection dies during its release: lost at once (the grant ended with the connection)", async () => {
+      const k = key();
+      const ttl = 6000;
+      const name = `bound-rel-${libKey(lib)}`;
+      const own = await lib.client(server.port, name);
+      try {
+        const f = new Flock(own);
+        const mainId = Number(await lib.raw(own, ["CLIENT", "ID"]));
+        const lease = await f.acquire(k, { ttlMs: ttl, bound: true });
+        assert.ok(lease);
+        const [mine] = (await clientList(server)).filter((c) => c.name === name && Number(c.id) !== mainId);
+        await server.admin.call("CLIENT", "PAUSE", "5000", "WRITE"); // the RELEASE waits in the server
+        let released: Promise<boolean>;
+        try {
+          released = lease.release();
+          await until("the RELEASE held by the pause", async () =>
+            (await clientList(server)).some((c) => c.id === mine.id && c.cmd === "flock.release" && c.flags.includes("b")),
+          );
+          const t0 = performance.now();
+          assert.equal(await server.admin.call("CLIENT", "KILL", "ID", mine.id), 1);
+          await server.admin.call("CLIENT", "UNPAUSE");
+          assert.equal(await released, false);
+          const took = performance.now() - t0;
+          assert.ok(took < ttl / 3, `release() resolved ${took.toFixed(0)} ms after the kill (ttl ${ttl})`);
+        } finally {
+          await server.admin.call("CLIENT", "UNPAUSE");
+        }
+        assert.equal(lease.lost, true);
+        assert.equal(lease.signal.aborted, true);
+        // The server ends it once the pause is over (never inside a client pause).
+        await until("the bound grant ends with its connection", async () => Number(await server.admin.call("FLOCK.CHECK", k, lease.token)) === 0);
+      } finally {
+        await lib.close(own);
+      }
+    });
+
     test("a bound withLock in a process that dies: a waiter gets the lock at once, not at the end of the lease", async () => {
       const k = key();
       const ttl = 30000;
