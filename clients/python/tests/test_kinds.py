@@ -328,3 +328,35 @@ def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
                "the bound grant ends with its connection")
     assert lease.wait_lost(3000 / 3 + 400)
     assert lease.release() is False
+
+
+def test_a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(server):
+    admin = server.client(decode_responses=True)
+    flock = Flock(server.client(client_name="bound-rel"))
+    ttl = 6000
+    lease = flock.acquire("brl", ttl, bound=True, renew=False)
+    [mine] = [c for c in admin.client_list() if c.get("name") == "bound-rel"]
+    got: dict = {}
+
+    def release():
+        got["ok"] = lease.release()
+        got["at"] = time.monotonic()
+
+    admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the RELEASE waits in the server
+    try:
+        t = threading.Thread(target=release, daemon=True)
+        t.start()
+        wait_until(lambda: [c for c in admin.client_list() if c["id"] == mine["id"]
+                            and c["cmd"] == "flock.release" and "b" in c["flags"]],
+                   "the RELEASE held by the pause")
+        t0 = time.monotonic()
+        assert admin.execute_command("CLIENT", "KILL", "ID", mine["id"]) == 1
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    t.join(SOON_S)
+    # The grant ended with its connection (as on expiry): not a clean release, and at once.
+    assert got.get("ok") is False, got
+    assert got["at"] - t0 < ttl / 3000
+    assert lease.lost and "connection" in lease.lost_reason
+    wait_until(lambda: admin.execute_command("FLOCK.CHECK", "brl", lease.token) == 0,
+               "the bound grant ends with its connection")

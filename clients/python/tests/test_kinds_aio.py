@@ -199,3 +199,33 @@ def test_aio_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to
         assert await lease.release() is False
         await admin.aclose()
     run(main())
+
+
+def test_aio_a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(server):
+    admin = server.client(decode_responses=True)
+
+    async def main():
+        ttl = 6000
+        lease = await Flock(aclient(server, client_name="aio-brl")).acquire(
+            "a:brl", ttl, bound=True, renew=False)
+        [mine] = [c for c in admin.client_list() if c.get("name") == "aio-brl"]
+        admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the RELEASE waits there
+        try:
+            releasing = asyncio.ensure_future(lease.release())
+
+            async def held():
+                return [c for c in admin.client_list() if c["id"] == mine["id"]
+                        and c["cmd"] == "flock.release" and "b" in c["flags"]]
+            await until(held, "the RELEASE held by the pause")
+            t0 = time.monotonic()
+            assert admin.execute_command("CLIENT", "KILL", "ID", mine["id"]) == 1
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        assert await asyncio.wait_for(releasing, SOON_S) is False
+        assert time.monotonic() - t0 < ttl / 3000
+        assert lease.lost and "connection" in lease.lost_reason
+
+        async def ended():
+            return admin.execute_command("FLOCK.CHECK", "a:brl", lease.token) == 0
+        await until(ended, "the bound grant ends with its connection")
+    run(main())

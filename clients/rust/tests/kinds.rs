@@ -589,3 +589,105 @@ async fn a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
     assert!(lease.wait_lost(MS(5000 / 3 + 400)).await);
     assert!(matches!(lease.release().await, Err(Error::Lost)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once() {
+    let srv = Server::start();
+    let mut raw = srv.raw().await;
+    let flock = Flock::new(srv.client());
+    let ttl = 6000;
+    let lease = flock
+        .lock("brl", opts(ttl).bound(true).renew(false))
+        .await
+        .expect("lock");
+    let token = lease.token();
+    let mine = other_clients(&mut raw).await;
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    let id = mine[0].clone();
+    // The RELEASE waits in the server while writes are paused; its connection is killed.
+    let _: () = q(&mut raw, &["CLIENT", "PAUSE", "5000", "WRITE"]).await;
+    let releasing = tokio::spawn(async move {
+        let r = lease.release().await;
+        (r, Instant::now())
+    });
+    let held = async {
+        wait_until("the RELEASE held by the pause", MS(10_000), || {
+            let mut c = raw.clone();
+            let id = id.clone();
+            async move {
+                let list: String = q(&mut c, &["CLIENT", "LIST", "ID", &id]).await;
+                list.contains("cmd=flock.release")
+                    && list
+                        .split_whitespace()
+                        .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+            }
+        })
+        .await
+    };
+    held.await;
+    let t0 = Instant::now();
+    let killed: i64 = q(&mut raw, &["CLIENT", "KILL", "ID", &id]).await;
+    let _: () = q(&mut raw, &["CLIENT", "UNPAUSE"]).await;
+    assert_eq!(killed, 1);
+    let (r, at) = releasing.await.expect("join");
+    // The grant ended with its connection (as on expiry): Lost, at once.
+    assert!(matches!(r, Err(Error::Lost)), "{r:?}");
+    assert!(at - t0 < MS(ttl / 3), "release took {:?}", at - t0);
+    wait_until(
+        "the bound grant ends with its connection",
+        MS(10_000),
+        || {
+            let mut c = raw.clone();
+            async move { q::<u64>(&mut c, &["FLOCK.CHECK", "brl", &token.to_string()]).await == 0 }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_waiting_behind_a_writer_are_granted_together_in_wait_order() {
+    let srv = Server::start();
+    let mut raw = srv.raw().await;
+    let flock = Flock::new(srv.client());
+    let writer = flock.lock("rg", opts(10_000)).await.expect("writer");
+    let mut waits = Vec::new();
+    for i in 1..=3 {
+        let f = flock.clone();
+        waits.push(tokio::spawn(async move {
+            f.lock(
+                "rg",
+                opts(450).mode(Mode::Shared).wait(Wait::For(MS(20_000))),
+            )
+            .await
+        }));
+        blocked(&raw, i).await;
+    }
+    let writer_token = writer.token();
+    writer.release().await.expect("release the writer");
+    let mut readers = Vec::new();
+    for w in waits {
+        readers.push(w.await.expect("join").expect("a reader"));
+    }
+    let tokens: Vec<u64> = readers.iter().map(|l| l.token()).collect();
+    assert!(
+        tokens[0] > writer_token && tokens.windows(2).all(|w| w[0] < w[1]),
+        "{tokens:?}"
+    );
+    let want: Vec<(String, u64)> = readers
+        .iter()
+        .map(|l| (l.owner().to_string(), l.token()))
+        .collect();
+    assert_eq!(holders(&mut raw, "rg").await, want);
+    // Each was renewed at once after its wait (rule 1), and the watchdogs go on.
+    let base = info_num(&mut raw, "flock", "flock_renewals").await;
+    wait_until("two renewals per reader", MS(10_000), || {
+        let mut c = raw.clone();
+        async move { info_num(&mut c, "flock", "flock_renewals").await >= base + 6 }
+    })
+    .await;
+    assert!(readers.iter().all(|l| !l.is_lost()));
+    for l in readers {
+        l.release().await.expect("release a reader");
+    }
+    assert_eq!(q::<i64>(&mut raw, &["EXISTS", "rg"]).await, 0);
+}
