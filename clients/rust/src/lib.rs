@@ -152,7 +152,9 @@ impl LockOptions {
         self
     }
     /// A grant bound to its connection (`BOUND`): it ends when that connection closes. The
-    /// lease then keeps a connection of its own, renews on it, and is lost when it fails.
+    /// lease then keeps a connection of its own, renews on it, and is lost when it fails: the
+    /// first call that finds it failed (the watchdog's next renewal at the latest) marks the
+    /// lease lost, and `release()` is then `Error::Lost`.
     pub fn bound(mut self, bound: bool) -> Self {
         self.bound = bound;
         self
@@ -1040,7 +1042,8 @@ impl LeaseHandle {
         Ok(())
     }
     /// FLOCK.CHECK on the server: the remaining lease there; zero (and the lease marked
-    /// lost) when the grant is no longer live.
+    /// lost) when the grant is no longer live. On a bound lease whose connection failed it is
+    /// the connection's error, and the lease is lost.
     pub async fn check(&self) -> Result<Duration> {
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(&self.st.key).arg(self.st.token);
