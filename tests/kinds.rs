@@ -1,0 +1,2129 @@
+//! Lock kinds end to end (issue #13, SPEC "Lock kinds", "Token-qualified calls"): exclusive,
+//! SHARED (read/write locks) and LIMIT n (semaphores whose every permit has its own owner,
+//! lease and token) against real servers: one FIFO queue for all kinds, owners unique per
+//! key (G4, a second wait replaces the first), the key's limit and its error texts, option
+//! syntax, flock.max-holders, per-slot lock-delay, HOLDERS and INFO, token-qualified calls,
+//! FENCED read-only under a shared token (G5), persistence (RDB v2, AOF, rewrite, DEBUG
+//! RELOAD, DUMP/RESTORE, COPY, the v1 fixtures), replication and promotion (G7), cluster slot
+//! migration, keyspace events and INFO counters per grant, ACL, and no residue (G10).
+//!
+//! Waiters are threads with their own connection; the order they queue in is fixed by
+//! waiting until the server counts each one blocked before the next one is sent.
+
+use flock_testkit::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------------------
+
+/// `FLOCK.ACQUIRE key owner ttl opts...`, the raw reply.
+fn acq(c: &mut redis::Connection, key: &str, owner: &str, ttl: i64, opts: &[&str]) -> Reply {
+    let ttl = ttl.to_string();
+    let mut args = vec!["FLOCK.ACQUIRE", key, owner, ttl.as_str()];
+    args.extend_from_slice(opts);
+    call(c, &args)
+}
+
+/// A token in (0, 2^53), or a panic naming `what`.
+#[track_caller]
+fn tok(r: &Reply, what: &str) -> i64 {
+    match r {
+        Reply::Int(t) if *t > 0 && *t < TWO_POW_53 => *t,
+        other => panic!("{what}: expected a token, got {other:?}"),
+    }
+}
+
+/// ACQUIRE that must be granted.
+#[track_caller]
+fn grant_kind(c: &mut redis::Connection, key: &str, owner: &str, ttl: i64, opts: &[&str]) -> i64 {
+    let r = acq(c, key, owner, ttl, opts);
+    tok(&r, &format!("ACQUIRE {key} {owner} {ttl} {opts:?}"))
+}
+
+/// ACQUIRE that must answer nil.
+#[track_caller]
+fn refused(c: &mut redis::Connection, key: &str, owner: &str, opts: &[&str], why: &str) {
+    let r = acq(c, key, owner, 10_000, opts);
+    assert!(
+        r.is_nil(),
+        "ACQUIRE {key} {owner} {opts:?}: expected nil ({why}), got {r:?}"
+    );
+}
+
+/// ACQUIRE that must fail with exactly `text`.
+#[track_caller]
+fn refused_with(c: &mut redis::Connection, key: &str, owner: &str, opts: &[&str], text: &str) {
+    let r = acq(c, key, owner, 10_000, opts);
+    assert_eq!(
+        r,
+        Reply::Err(text.to_string()),
+        "ACQUIRE {key} {owner} {opts:?}"
+    );
+}
+
+/// An ACQUIRE on its own connection in a thread (opts should hold BLOCK); a closed
+/// connection is `Reply::Other`.
+fn spawn_acq(srv: &Server, key: &str, owner: &str, ttl: i64, opts: &[&str]) -> JoinHandle<Reply> {
+    let mut con = srv.conn();
+    let (key, owner) = (key.to_string(), owner.to_string());
+    let opts: Vec<String> = opts.iter().map(|s| s.to_string()).collect();
+    thread::spawn(move || {
+        let ttl = ttl.to_string();
+        let mut args = vec!["FLOCK.ACQUIRE", key.as_str(), owner.as_str(), ttl.as_str()];
+        args.extend(opts.iter().map(String::as_str));
+        // A connection the test kills on purpose answers `Other`, not a panic.
+        call_raw(&mut con, &args).unwrap_or_else(Reply::Other)
+    })
+}
+
+#[track_caller]
+fn join(h: JoinHandle<Reply>, what: &str) -> Reply {
+    h.join()
+        .unwrap_or_else(|_| panic!("{what}: waiter thread panicked"))
+}
+
+fn blocked_clients(c: &mut redis::Connection) -> i64 {
+    info_field(c, "clients", "blocked_clients")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Wait until exactly `n` clients are blocked (so that the arrival order is known).
+#[track_caller]
+fn wait_blocked(c: &mut redis::Connection, n: i64) {
+    wait_until(&format!("{n} blocked clients"), || blocked_clients(c) == n);
+}
+
+/// FLOCK.INFO with the kinds' fields.
+#[derive(Clone, Debug, PartialEq)]
+struct K {
+    owner: Option<String>,
+    token: i64,
+    ttl: i64,
+    waiters: i64,
+    mode: String,
+    holders: i64,
+    limit: i64,
+    delayed: i64,
+}
+
+#[track_caller]
+fn parse_k(r: &Reply, what: &str) -> Option<K> {
+    let i = parse_info(r, what)?;
+    let field = |name: &str| -> Reply {
+        i.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{what}: FLOCK.INFO has no {name}: {r:?}"))
+    };
+    let int = |name: &str| -> i64 {
+        field(name)
+            .int()
+            .unwrap_or_else(|| panic!("{what}: {name} is not an integer: {r:?}"))
+    };
+    Some(K {
+        owner: i.owner.map(|o| String::from_utf8_lossy(&o).into_owned()),
+        token: i.token,
+        ttl: i.ttl,
+        waiters: i.waiters,
+        mode: field("mode")
+            .string()
+            .unwrap_or_else(|| panic!("{what}: mode is not a string: {r:?}")),
+        holders: int("holders"),
+        limit: int("limit"),
+        delayed: int("delayed"),
+    })
+}
+
+#[track_caller]
+fn kinfo(c: &mut redis::Connection, key: &str) -> K {
+    let r = call(c, &["FLOCK.INFO", key]);
+    parse_k(&r, &format!("FLOCK.INFO {key}"))
+        .unwrap_or_else(|| panic!("FLOCK.INFO {key}: nil, expected a lock"))
+}
+
+/// (mode, holders, limit, delayed, waiters) of a key that must exist.
+#[track_caller]
+fn shape(c: &mut redis::Connection, key: &str) -> (String, i64, i64, i64, i64) {
+    let k = kinfo(c, key);
+    (k.mode, k.holders, k.limit, k.delayed, k.waiters)
+}
+
+fn sh(
+    mode: &str,
+    holders: i64,
+    limit: i64,
+    delayed: i64,
+    waiters: i64,
+) -> (String, i64, i64, i64, i64) {
+    (mode.to_string(), holders, limit, delayed, waiters)
+}
+
+/// FLOCK.HOLDERS as (owner, token, ttl) triples; panics on any other shape.
+#[track_caller]
+fn parse_holders(r: &Reply, what: &str) -> Vec<(String, i64, i64)> {
+    let a = r
+        .array()
+        .unwrap_or_else(|| panic!("{what}: HOLDERS is not an array: {r:?}"));
+    a.iter()
+        .map(|t| match t.array() {
+            Some([o, Reply::Int(tk), Reply::Int(ttl)]) => {
+                let o = o
+                    .string()
+                    .unwrap_or_else(|| panic!("{what}: owner not a string: {r:?}"));
+                (o, *tk, *ttl)
+            }
+            _ => panic!("{what}: HOLDERS entry is not [owner, token, ttl]: {t:?}"),
+        })
+        .collect()
+}
+
+#[track_caller]
+fn holders(c: &mut redis::Connection, key: &str) -> Vec<(String, i64, i64)> {
+    let r = call(c, &["FLOCK.HOLDERS", key]);
+    parse_holders(&r, &format!("FLOCK.HOLDERS {key}"))
+}
+
+/// HOLDERS as (owner, token) pairs.
+#[track_caller]
+fn holder_tokens(c: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    holders(c, key)
+        .into_iter()
+        .map(|(o, t, _)| (o, t))
+        .collect()
+}
+
+/// Expected (owner, token) pairs.
+fn hv(v: &[(&str, i64)]) -> Vec<(String, i64)> {
+    v.iter().map(|(o, t)| (o.to_string(), *t)).collect()
+}
+
+#[track_caller]
+fn owners(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    holders(c, key).into_iter().map(|(o, _, _)| o).collect()
+}
+
+#[track_caller]
+fn rel(c: &mut redis::Connection, key: &str, owner: &str) {
+    assert_eq!(release(c, key, owner), 1, "RELEASE {key} {owner}");
+}
+
+#[track_caller]
+fn revoke(c: &mut redis::Connection, args: &[&str]) -> i64 {
+    let mut a = vec!["FLOCK.REVOKE"];
+    a.extend_from_slice(args);
+    call(c, &a)
+        .int()
+        .unwrap_or_else(|| panic!("FLOCK.REVOKE {args:?}: not an integer"))
+}
+
+/// A key's state that copies must reproduce: INFO without `ttl` and `waiters` (waiters are
+/// connections of one server) and HOLDERS' owners and tokens; plus the leases, compared with
+/// a tolerance by `assert_same_state`.
+#[derive(Debug, PartialEq)]
+struct Snap {
+    info: Option<(Option<String>, i64, String, i64, i64, i64)>,
+    grants: Vec<(String, i64)>,
+}
+
+fn snap(c: &mut redis::Connection, key: &str) -> (Snap, Vec<i64>) {
+    let r = call(c, &["FLOCK.INFO", key]);
+    let k = parse_k(&r, key);
+    let h = holders(c, key);
+    (
+        Snap {
+            info: k.map(|k| (k.owner, k.token, k.mode, k.holders, k.limit, k.delayed)),
+            grants: h.iter().map(|(o, t, _)| (o.clone(), *t)).collect(),
+        },
+        h.iter().map(|(_, _, ttl)| *ttl).collect(),
+    )
+}
+
+/// Same INFO (but leases and waiters), same holders and tokens, leases within 1 s.
+#[track_caller]
+fn assert_same_state(a: &(Snap, Vec<i64>), b: &(Snap, Vec<i64>), what: &str) {
+    assert_eq!(a.0, b.0, "{what}: state differs");
+    for (x, y) in a.1.iter().zip(&b.1) {
+        assert!(
+            (x - y).abs() < 1000,
+            "{what}: leases {:?} vs {:?}",
+            a.1,
+            b.1
+        );
+    }
+}
+
+fn set_config(c: &mut redis::Connection, name: &str, value: &str) {
+    let r = call(c, &["CONFIG", "SET", name, value]);
+    assert_eq!(r, Reply::Status("OK".into()), "CONFIG SET {name} {value}");
+}
+
+// ---------------------------------------------------------------------------------------
+// read/write locks and semaphores: who gets the key, in which order
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn readers_share_a_waiting_writer_holds_later_readers_back_and_a_run_of_readers_goes_together() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let t1 = grant_kind(&mut c, "rw", "r1", 30_000, &["SHARED"]);
+    let t2 = grant_kind(&mut c, "rw", "r2", 30_000, &["SHARED"]);
+    assert!(t2 > t1, "each reader its own, larger token: {t1} {t2}");
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 2, 0, 0, 0));
+    refused(&mut c, "rw", "w", &[], "a writer while readers hold");
+
+    let w = spawn_acq(&srv, "rw", "w", 30_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    // Capacity for readers is free, but a writer waits: nobody jumps the queue.
+    refused(
+        &mut c,
+        "rw",
+        "r3",
+        &["SHARED"],
+        "a reader behind a waiting writer",
+    );
+    let r3 = spawn_acq(&srv, "rw", "r3", 30_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 2);
+    let r4 = spawn_acq(&srv, "rw", "r4", 30_000, &["BLOCK", "0", "SHARED"]);
+    wait_blocked(&mut c, 3);
+    let w2 = spawn_acq(&srv, "rw", "w2", 30_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 4);
+    let r5 = spawn_acq(&srv, "rw", "r5", 30_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 5);
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 2, 0, 0, 5));
+
+    // One reader leaves: the writer still waits for the other.
+    rel(&mut c, "rw", "r1");
+    assert_eq!(owners(&mut c, "rw"), ["r2"]);
+    assert_eq!(kinfo(&mut c, "rw").waiters, 5, "nobody granted yet");
+    rel(&mut c, "rw", "r2");
+    let tw = tok(&join(w, "w"), "the writer after the readers left");
+    assert!(tw > t2);
+    let k = kinfo(&mut c, "rw");
+    assert_eq!(
+        (k.mode.as_str(), k.owner.as_deref(), k.holders, k.waiters),
+        ("exclusive", Some("w"), 1, 4)
+    );
+
+    // The writer leaves: the run of readers behind it (r3, r4) goes together; w2 stops the
+    // run, and r5 behind w2 waits although it is a reader.
+    rel(&mut c, "rw", "w");
+    let t3 = tok(&join(r3, "r3"), "r3");
+    let t4 = tok(&join(r4, "r4"), "r4");
+    assert!(t3 > tw && t4 > t3, "FIFO tokens: w {tw}, r3 {t3}, r4 {t4}");
+    assert_eq!(holder_tokens(&mut c, "rw"), hv(&[("r3", t3), ("r4", t4)]));
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 2, 0, 0, 2));
+    assert_eq!(blocked_clients(&mut c), 2, "w2 and r5 still wait");
+
+    rel(&mut c, "rw", "r3");
+    rel(&mut c, "rw", "r4");
+    let tw2 = tok(&join(w2, "w2"), "w2");
+    assert_eq!(owners(&mut c, "rw"), ["w2"]);
+    rel(&mut c, "rw", "w2");
+    let t5 = tok(&join(r5, "r5"), "r5");
+    assert!(
+        tw2 > t4 && t5 > tw2,
+        "tokens in grant order: {t4} {tw2} {t5}"
+    );
+    rel(&mut c, "rw", "r5");
+    assert_eq!(exists(&mut c, "rw"), 0, "nothing held or waiting: no key");
+}
+
+#[test]
+fn a_waiter_that_times_out_or_disconnects_leaves_the_mixed_queue() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    grant_kind(&mut c, "rw", "r1", 30_000, &["SHARED"]);
+    let w = spawn_acq(&srv, "rw", "w", 30_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    // A reader behind the writer with a timeout: nil at its timeout.
+    let t0 = Instant::now();
+    let r = acq(&mut c, "rw", "late", 30_000, &["SHARED", "BLOCK", "150"]);
+    assert!(r.is_nil(), "timed-out reader: {r:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(140),
+        "answered before its timeout"
+    );
+    assert_eq!(
+        kinfo(&mut c, "rw").waiters,
+        1,
+        "the timed-out reader left the queue"
+    );
+    // A reader that disconnects while waiting leaves the queue too.
+    let mut gone = srv.conn();
+    let id = call(&mut gone, &["CLIENT", "ID"]).int().expect("CLIENT ID");
+    let h = thread::spawn(move || {
+        call_raw(
+            &mut gone,
+            &[
+                "FLOCK.ACQUIRE",
+                "rw",
+                "gone",
+                "30000",
+                "SHARED",
+                "BLOCK",
+                "0",
+            ],
+        )
+    });
+    wait_blocked(&mut c, 2);
+    assert_eq!(kinfo(&mut c, "rw").waiters, 2);
+    let r = call(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+    assert_eq!(r, Reply::Int(1), "CLIENT KILL");
+    assert!(
+        h.join().expect("thread").is_err(),
+        "the killed waiter's connection is closed"
+    );
+    wait_until("the killed reader leaves the queue", || {
+        kinfo(&mut c, "rw").waiters == 1
+    });
+    rel(&mut c, "rw", "r1");
+    tok(&join(w, "w"), "the writer, next in the queue");
+    assert_eq!(
+        owners(&mut c, "rw"),
+        ["w"],
+        "no grant went to a reader that left"
+    );
+    assert_eq!(shape(&mut c, "rw"), sh("exclusive", 1, 0, 0, 0));
+}
+
+#[test]
+fn a_semaphore_admits_at_most_n_and_hands_off_in_order_on_release_expiry_and_revoke() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let t1 = grant_kind(&mut c, "sem", "p1", 60_000, &["LIMIT", "2"]);
+    let t2 = grant_kind(&mut c, "sem", "p2", 60_000, &["LIMIT", "2"]);
+    refused(&mut c, "sem", "p3", &["LIMIT", "2"], "a third permit of 2");
+    refused(
+        &mut c,
+        "sem",
+        "x",
+        &[],
+        "an exclusive request on a semaphore in use",
+    );
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 2, 2, 0, 0));
+    assert_eq!(
+        kinfo(&mut c, "sem").owner,
+        None,
+        "no single owner of permits"
+    );
+
+    let w1 = spawn_acq(&srv, "sem", "w1", 60_000, &["LIMIT", "2", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let w2 = spawn_acq(&srv, "sem", "w2", 60_000, &["BLOCK", "0", "LIMIT", "2"]);
+    wait_blocked(&mut c, 2);
+    let w3 = spawn_acq(&srv, "sem", "w3", 60_000, &["LIMIT", "2", "BLOCK", "0"]);
+    wait_blocked(&mut c, 3);
+
+    // Release: the head waiter only.
+    rel(&mut c, "sem", "p1");
+    let tw1 = tok(&join(w1, "w1"), "w1 after a release");
+    assert_eq!(holder_tokens(&mut c, "sem"), hv(&[("p2", t2), ("w1", tw1)]));
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 2, 2, 0, 2));
+    refused(
+        &mut c,
+        "sem",
+        "p4",
+        &["LIMIT", "2"],
+        "a newcomer while others wait",
+    );
+
+    // Revoke of one owner: the next waiter.
+    assert_eq!(revoke(&mut c, &["sem", "w1"]), 1);
+    let tw2 = tok(&join(w2, "w2"), "w2 after a revoke");
+    assert_eq!(owners(&mut c, "sem"), ["p2", "w2"]);
+    assert_eq!(check(&mut c, "sem", tw1), 0, "the revoked permit is stale");
+
+    // Expiry (p2's lease shortened to 200 ms): the last waiter, at the lease's end.
+    assert_eq!(renew(&mut c, "sem", "p2", 200), Some(t2));
+    let t0 = Instant::now();
+    let tw3 = tok(&join(w3, "w3"), "w3 after an expiry");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "handed off at the lease's end"
+    );
+    assert_eq!(owners(&mut c, "sem"), ["w2", "w3"]);
+    assert_eq!(check(&mut c, "sem", t2), 0);
+
+    let all = [t1, t2, tw1, tw2, tw3];
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "tokens grow: {all:?}");
+    assert_eq!(
+        revoke(&mut c, &["sem"]),
+        2,
+        "REVOKE key counts the grants it ended"
+    );
+    assert_eq!(exists(&mut c, "sem"), 0);
+}
+
+#[test]
+fn every_grant_of_every_kind_gets_a_larger_token() {
+    // G3 across kinds, through release, expiry, revoke and DEL of the key.
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let mut last = 0;
+    let kinds: [&[&str]; 3] = [&[], &["SHARED"], &["LIMIT", "3"]];
+    for round in 0..4 {
+        for opts in kinds {
+            let n = if opts.is_empty() { 1 } else { 3 };
+            for i in 0..n {
+                let t = grant_kind(&mut c, "k", &format!("o{i}"), 60_000, opts);
+                assert!(t > last, "round {round} {opts:?}: {t} not above {last}");
+                last = t;
+            }
+            match round {
+                0 => {
+                    for i in 0..n {
+                        rel(&mut c, "k", &format!("o{i}"));
+                    }
+                }
+                1 => assert_eq!(revoke(&mut c, &["k"]), n),
+                2 => assert_eq!(call(&mut c, &["DEL", "k"]), Reply::Int(1)),
+                _ => {
+                    for i in 0..n {
+                        assert!(
+                            renew(&mut c, "k", &format!("o{i}"), 30).is_some(),
+                            "renew o{i}"
+                        );
+                    }
+                    wait_until("the short leases expire", || exists(&mut c, "k") == 0);
+                }
+            }
+            assert_eq!(exists(&mut c, "k"), 0, "round {round} {opts:?}: key left");
+        }
+    }
+}
+
+#[test]
+fn the_holder_repeating_its_mode_gets_its_token_and_a_fresh_lease_other_modes_are_errors() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    // G4 for a reader: same token, fresh lease, and its place in HOLDERS kept.
+    let ta = grant_kind(&mut c, "rw", "a", 1_000, &["SHARED"]);
+    let tb = grant_kind(&mut c, "rw", "b", 60_000, &["SHARED"]);
+    assert_eq!(grant_kind(&mut c, "rw", "a", 60_000, &["SHARED"]), ta);
+    let h = holders(&mut c, "rw");
+    assert_eq!(
+        (h[0].0.as_str(), h[0].1),
+        ("a", ta),
+        "the repeat does not move the grant"
+    );
+    assert!(
+        h[0].2 > 50_000,
+        "fresh lease after the repeat: {} ms",
+        h[0].2
+    );
+    // With BLOCK too: the holder's repeat answers at once.
+    assert_eq!(
+        grant_kind(&mut c, "rw", "b", 60_000, &["BLOCK", "0", "SHARED"]),
+        tb
+    );
+    // Another mode: no upgrade, no downgrade; checks the owner's mode before anything else.
+    refused_with(
+        &mut c,
+        "rw",
+        "a",
+        &[],
+        "ERR owner already holds a shared grant of rw",
+    );
+    refused_with(
+        &mut c,
+        "rw",
+        "a",
+        &["LIMIT", "2"],
+        "ERR owner already holds a shared grant of rw",
+    );
+    refused_with(
+        &mut c,
+        "rw",
+        "a",
+        &["BLOCK", "0"],
+        "ERR owner already holds a shared grant of rw",
+    );
+    assert_eq!(
+        holder_tokens(&mut c, "rw"),
+        hv(&[("a", ta), ("b", tb)]),
+        "errors change nothing"
+    );
+
+    let tx = grant_kind(&mut c, "x", "a", 60_000, &[]);
+    refused_with(
+        &mut c,
+        "x",
+        "a",
+        &["SHARED"],
+        "ERR owner already holds an exclusive grant of x",
+    );
+    refused_with(
+        &mut c,
+        "x",
+        "a",
+        &["LIMIT", "1"],
+        "ERR owner already holds an exclusive grant of x",
+    );
+    assert_eq!(grant_kind(&mut c, "x", "a", 60_000, &["BLOCK", "10"]), tx);
+
+    let tp = grant_kind(&mut c, "sem", "a", 1_000, &["LIMIT", "3"]);
+    assert_eq!(grant_kind(&mut c, "sem", "a", 60_000, &["LIMIT", "3"]), tp);
+    assert!(
+        holders(&mut c, "sem")[0].2 > 50_000,
+        "the permit's lease is fresh"
+    );
+    // The owner's own limit is checked before the key's: another limit names the permit.
+    refused_with(
+        &mut c,
+        "sem",
+        "a",
+        &["LIMIT", "4"],
+        "ERR owner already holds a permit grant of sem",
+    );
+    refused_with(
+        &mut c,
+        "sem",
+        "a",
+        &["SHARED"],
+        "ERR owner already holds a permit grant of sem",
+    );
+    refused_with(
+        &mut c,
+        "sem",
+        "a",
+        &[],
+        "ERR owner already holds a permit grant of sem",
+    );
+    assert_eq!(holder_tokens(&mut c, "sem"), hv(&[("a", tp)]));
+    assert_eq!(flock_stat(&mut c, "grants"), 4, "repeats are no new grants");
+}
+
+#[test]
+fn a_key_has_one_limit_and_other_limits_get_the_mismatch_texts() {
+    let srv = Server::builder()
+        .module_args(&["lock-delay-ms", "60000"])
+        .start();
+    let mut c = srv.conn();
+    // With live permits.
+    grant_kind(&mut c, "sem", "p1", 60_000, &["LIMIT", "2"]);
+    let m2 = "ERR limit mismatch: sem admits 2 shared holders";
+    refused_with(&mut c, "sem", "p2", &["LIMIT", "3"], m2);
+    refused_with(&mut c, "sem", "p2", &["SHARED"], m2);
+    refused_with(&mut c, "sem", "p2", &["SHARED", "BLOCK", "0"], m2);
+    assert_eq!(
+        shape(&mut c, "sem"),
+        sh("permits", 1, 2, 0, 0),
+        "a mismatch does not queue"
+    );
+    // With live shared grants.
+    grant_kind(&mut c, "rw", "r1", 60_000, &["SHARED"]);
+    let many = "ERR limit mismatch: rw admits any number of shared holders";
+    refused_with(&mut c, "rw", "p", &["LIMIT", "2"], many);
+    refused_with(&mut c, "rw", "p", &["LIMIT", "2", "BLOCK", "0"], many);
+    // Exclusive requests have no limit: nil, not a mismatch.
+    refused(&mut c, "rw", "w", &[], "a writer while a reader holds");
+
+    // With only waiters: an exclusive holder, a permit request waiting gives the key its limit.
+    grant_kind(&mut c, "wq", "x", 60_000, &[]);
+    let h = spawn_acq(&srv, "wq", "p1", 60_000, &["LIMIT", "2", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    assert_eq!(
+        shape(&mut c, "wq"),
+        sh("exclusive", 1, 2, 0, 1),
+        "limit in every mode"
+    );
+    let mq = "ERR limit mismatch: wq admits 2 shared holders";
+    refused_with(&mut c, "wq", "p2", &["LIMIT", "3"], mq);
+    refused_with(&mut c, "wq", "p2", &["SHARED", "BLOCK", "0"], mq);
+    refused(
+        &mut c,
+        "wq",
+        "y",
+        &[],
+        "an exclusive request behind a holder",
+    );
+    // Checks come in order: syntax, limit range, then the key's limit.
+    refused_with(
+        &mut c,
+        "wq",
+        "p2",
+        &["LIMIT", "0"],
+        "ERR invalid limit: must be an integer from 1 to 10000 (flock.max-holders)",
+    );
+    refused_with(
+        &mut c,
+        "wq",
+        "p2",
+        &["LIMIT", "0", "SHARED"],
+        "ERR syntax error",
+    );
+    assert_eq!(revoke(&mut c, &["wq", "x"]), 1);
+    // x's revoked slot is delayed (exclusive): the permit waiter still waits for it.
+    assert_eq!(shape(&mut c, "wq"), sh("none", 0, 2, 1, 1));
+    assert_eq!(
+        call(
+            &mut c,
+            &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]
+        )
+        .int()
+        .map(|n| n >= 1),
+        Some(true)
+    );
+    let _ = h.join();
+
+    // With only delayed slots: a revoked permit keeps the key's limit.
+    grant_kind(&mut c, "dl", "p1", 60_000, &["LIMIT", "3"]);
+    assert_eq!(revoke(&mut c, &["dl"]), 1);
+    assert_eq!(shape(&mut c, "dl"), sh("none", 0, 3, 1, 0));
+    refused_with(
+        &mut c,
+        "dl",
+        "p2",
+        &["LIMIT", "2"],
+        "ERR limit mismatch: dl admits 3 shared holders",
+    );
+    refused_with(
+        &mut c,
+        "dl",
+        "p2",
+        &["SHARED"],
+        "ERR limit mismatch: dl admits 3 shared holders",
+    );
+    tok(
+        &acq(&mut c, "dl", "p2", 60_000, &["LIMIT", "3"]),
+        "a permit beside a delayed slot",
+    );
+    // A delayed shared slot keeps "any number".
+    grant_kind(&mut c, "ds", "r1", 60_000, &["SHARED"]);
+    assert_eq!(revoke(&mut c, &["ds", "r1"]), 1);
+    assert_eq!(shape(&mut c, "ds"), sh("none", 0, 0, 1, 0));
+    refused_with(
+        &mut c,
+        "ds",
+        "p",
+        &["LIMIT", "5"],
+        "ERR limit mismatch: ds admits any number of shared holders",
+    );
+}
+
+#[test]
+fn options_come_in_any_order_once_each_and_bad_ones_are_clear_errors() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let syntax = "ERR syntax error";
+    let range = "ERR invalid limit: must be an integer from 1 to 10000 (flock.max-holders)";
+    let bad: &[(&[&str], &str)] = &[
+        (&["SHARED", "LIMIT", "2"], syntax),
+        (&["LIMIT", "2", "SHARED"], syntax),
+        (&["SHARED", "SHARED"], syntax),
+        (&["LIMIT", "2", "LIMIT", "2"], syntax),
+        (&["BLOCK", "0", "BLOCK", "0"], syntax),
+        (&["LIMIT"], syntax),
+        (&["SHARED", "BLOCK"], syntax),
+        (&["EXCLUSIVE"], syntax),
+        (&["LIMIT", "0"], range),
+        (&["LIMIT", "-1"], range),
+        (&["LIMIT", "abc"], range),
+        (&["LIMIT", "02"], range),
+        (&["LIMIT", "10001"], range),
+        (&["LIMIT", "99999999999999999999"], range),
+        (
+            &["LIMIT", "2", "BLOCK", "-1"],
+            "ERR invalid timeout: must be an integer of milliseconds, 0 or more",
+        ),
+    ];
+    for (opts, text) in bad {
+        refused_with(&mut c, "k", "o", opts, text);
+    }
+    assert_eq!(exists(&mut c, "k"), 0, "bad options change nothing");
+    assert_eq!(flock_stat(&mut c, "grants"), 0);
+
+    // Any order, any case.
+    grant_kind(&mut c, "a", "o", 10_000, &["BLOCK", "100", "SHARED"]);
+    grant_kind(&mut c, "b", "o", 10_000, &["block", "0", "limit", "4"]);
+    grant_kind(&mut c, "c", "o", 10_000, &["LIMIT", "4", "BLOCK", "0"]);
+    grant_kind(&mut c, "d", "o", 10_000, &["Shared"]);
+    grant_kind(&mut c, "e", "o", 10_000, &["LIMIT", "10000"]);
+    assert_eq!(shape(&mut c, "a"), sh("shared", 1, 0, 0, 0));
+    assert_eq!(shape(&mut c, "b"), sh("permits", 1, 4, 0, 0));
+    assert_eq!(shape(&mut c, "c"), sh("permits", 1, 4, 0, 0));
+    assert_eq!(shape(&mut c, "d"), sh("shared", 1, 0, 0, 0));
+    assert_eq!(shape(&mut c, "e"), sh("permits", 1, 10000, 0, 0));
+    // The range follows flock.max-holders.
+    set_config(&mut c, "flock.max-holders", "7");
+    refused_with(
+        &mut c,
+        "k",
+        "o",
+        &["LIMIT", "8"],
+        "ERR invalid limit: must be an integer from 1 to 7 (flock.max-holders)",
+    );
+    grant_kind(&mut c, "f", "o", 10_000, &["LIMIT", "7"]);
+}
+
+#[test]
+fn max_holders_caps_readers_and_lowering_it_keeps_a_live_keys_limit() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    set_config(&mut c, "flock.max-holders", "2");
+    grant_kind(&mut c, "rw", "r1", 60_000, &["SHARED"]);
+    grant_kind(&mut c, "rw", "r2", 60_000, &["SHARED"]);
+    refused(
+        &mut c,
+        "rw",
+        "r3",
+        &["SHARED"],
+        "a third reader with max-holders 2",
+    );
+    let r3 = spawn_acq(&srv, "rw", "r3", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    rel(&mut c, "rw", "r1");
+    tok(&join(r3, "r3"), "the waiting reader when a reader left");
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 2, 0, 0, 0));
+
+    // A semaphore of 5 made while max-holders is 5 keeps its limit when max-holders drops.
+    set_config(&mut c, "flock.max-holders", "5");
+    for i in 0..5 {
+        grant_kind(&mut c, "sem", &format!("p{i}"), 60_000, &["LIMIT", "5"]);
+    }
+    let p5 = spawn_acq(&srv, "sem", "p5", 60_000, &["LIMIT", "5", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    set_config(&mut c, "flock.max-holders", "2");
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 5, 5, 0, 1));
+    rel(&mut c, "sem", "p0");
+    tok(
+        &join(p5, "p5"),
+        "the waiting permit of a limit above today's max-holders",
+    );
+    assert_eq!(
+        shape(&mut c, "sem"),
+        sh("permits", 5, 5, 0, 0),
+        "5 permits live, limit kept"
+    );
+    // New requests: the range check comes first, then the key's limit.
+    refused_with(
+        &mut c,
+        "sem",
+        "q",
+        &["LIMIT", "5"],
+        "ERR invalid limit: must be an integer from 1 to 2 (flock.max-holders)",
+    );
+    refused_with(
+        &mut c,
+        "sem",
+        "q",
+        &["LIMIT", "2"],
+        "ERR limit mismatch: sem admits 5 shared holders",
+    );
+    // Readers above a lowered max-holders stay; a new one waits until fewer than 2 live.
+    set_config(&mut c, "flock.max-holders", "10");
+    for i in 0..3 {
+        grant_kind(&mut c, "many", &format!("r{i}"), 60_000, &["SHARED"]);
+    }
+    set_config(&mut c, "flock.max-holders", "2");
+    assert_eq!(shape(&mut c, "many"), sh("shared", 3, 0, 0, 0));
+    refused(
+        &mut c,
+        "many",
+        "r3",
+        &["SHARED"],
+        "3 live readers, max-holders 2",
+    );
+    rel(&mut c, "many", "r0");
+    refused(
+        &mut c,
+        "many",
+        "r3",
+        &["SHARED"],
+        "2 live readers, max-holders 2",
+    );
+    rel(&mut c, "many", "r1");
+    grant_kind(&mut c, "many", "r3", 60_000, &["SHARED"]);
+}
+
+#[test]
+fn an_owner_waits_at_most_once_and_a_second_block_takes_the_first_ones_place() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    // A reader behind a writer retries its wait: the first request gets nil, one wait is left.
+    grant_kind(&mut c, "rw", "w", 60_000, &[]);
+    let r1 = spawn_acq(&srv, "rw", "r", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let r2 = spawn_acq(&srv, "rw", "r", 60_000, &["SHARED", "BLOCK", "0"]);
+    assert!(join(r1, "first r").is_nil(), "the replaced wait gets nil");
+    wait_blocked(&mut c, 1);
+    assert_eq!(kinfo(&mut c, "rw").waiters, 1, "r waits once");
+    assert_eq!(
+        release(&mut c, "rw", "r"),
+        0,
+        "a waiter holds nothing to release"
+    );
+    rel(&mut c, "rw", "w");
+    let t = tok(&join(r2, "second r"), "the reader's retried wait");
+    assert_eq!(holder_tokens(&mut c, "rw"), hv(&[("r", t)]));
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 1, 0, 0, 0));
+
+    // With another waiter behind it: the retry takes the earlier request's place (SPEC:
+    // "takes the earlier request's place"), so it stays ahead of `other`.
+    grant_kind(&mut c, "x", "holder", 60_000, &[]);
+    let first = spawn_acq(&srv, "x", "dup", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let other = spawn_acq(&srv, "x", "other", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 2);
+    let second = spawn_acq(&srv, "x", "dup", 60_000, &["BLOCK", "0"]);
+    assert!(
+        join(first, "first dup").is_nil(),
+        "the replaced wait gets nil"
+    );
+    wait_blocked(&mut c, 2);
+    assert_eq!(
+        kinfo(&mut c, "x").waiters,
+        2,
+        "other and dup wait, dup once"
+    );
+    // The hand-off happens inside RELEASE: HOLDERS shows who got the key at once.
+    rel(&mut c, "x", "holder");
+    assert_eq!(
+        owners(&mut c, "x"),
+        ["dup"],
+        "the retried wait of dup must keep the earlier request's place, ahead of other"
+    );
+    let t = tok(&join(second, "second dup"), "the retried wait");
+    rel(&mut c, "x", "dup");
+    let t2 = tok(&join(other, "other"), "other after dup");
+    assert!(t2 > t);
+}
+
+// ---------------------------------------------------------------------------------------
+// HOLDERS, INFO and lock-delay per slot
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn holders_lists_live_grants_in_token_order_in_both_protocols() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    assert_eq!(
+        call(&mut c, &["FLOCK.HOLDERS", "none"]),
+        Reply::Array(vec![])
+    );
+    call(&mut c, &["SET", "str", "v"]);
+    assert_err_prefix(
+        &call(&mut c, &["FLOCK.HOLDERS", "str"]),
+        "WRONGTYPE",
+        "HOLDERS of a string",
+    );
+    assert_err_prefix(
+        &call(&mut c, &["FLOCK.HOLDERS"]),
+        "ERR wrong number of arguments",
+        "arity",
+    );
+    assert_err_prefix(
+        &call(&mut c, &["FLOCK.HOLDERS", "a", "b"]),
+        "ERR wrong number of arguments",
+        "arity",
+    );
+
+    let ta = grant_kind(&mut c, "rw", "a", 10_000, &["SHARED"]);
+    let tb = grant_kind(&mut c, "rw", "b", 20_000, &["SHARED"]);
+    let tc = grant_kind(&mut c, "rw", "c", 30_000, &["SHARED"]);
+    // RENEW and a repeat do not move a grant.
+    assert_eq!(renew(&mut c, "rw", "a", 50_000), Some(ta));
+    assert_eq!(grant_kind(&mut c, "rw", "b", 40_000, &["SHARED"]), tb);
+    let h = holders(&mut c, "rw");
+    assert_eq!(
+        h.iter()
+            .map(|(o, t, _)| (o.as_str(), *t))
+            .collect::<Vec<_>>(),
+        [("a", ta), ("b", tb), ("c", tc)]
+    );
+    for ((o, _, ttl), want) in h.iter().zip([50_000, 40_000, 30_000]) {
+        assert!(
+            *ttl > want - 5_000 && *ttl <= want,
+            "{o}: ttl {ttl}, asked {want}"
+        );
+    }
+    rel(&mut c, "rw", "b");
+    assert_eq!(owners(&mut c, "rw"), ["a", "c"]);
+    // RESP3: the same array of [owner, token, ttl] (no map, ints stay ints).
+    let mut c3 = srv.conn_resp3();
+    let r3 = call(&mut c3, &["FLOCK.HOLDERS", "rw"]);
+    let h3 = parse_holders(&r3, "HOLDERS over RESP3");
+    assert_eq!(
+        h3.iter()
+            .map(|(o, t, _)| (o.clone(), *t))
+            .collect::<Vec<_>>(),
+        [("a".to_string(), ta), ("c".to_string(), tc)]
+    );
+    assert_eq!(
+        call(&mut c3, &["FLOCK.HOLDERS", "none"]),
+        Reply::Array(vec![])
+    );
+    // An exclusive key: one triple. A binary-safe owner comes back as given.
+    let tx = grant_kind(&mut c, "x", "owner with spaces", 10_000, &[]);
+    assert_eq!(holder_tokens(&mut c, "x"), hv(&[("owner with spaces", tx)]));
+    // An expired grant is not listed even before the key is reaped.
+    grant_kind(&mut c, "short", "s", 30, &["LIMIT", "2"]);
+    wait_until("the short permit expires", || {
+        holders(&mut c, "short").is_empty()
+    });
+}
+
+#[test]
+fn info_shows_mode_holders_limit_and_delayed_in_every_mode() {
+    let srv = Server::builder()
+        .module_args(&["lock-delay-ms", "60000"])
+        .start();
+    let mut c = srv.conn();
+    let tx = grant_kind(&mut c, "x", "a", 30_000, &[]);
+    let k = kinfo(&mut c, "x");
+    assert_eq!(
+        (
+            k.owner.as_deref(),
+            k.token,
+            k.mode.as_str(),
+            k.holders,
+            k.limit,
+            k.delayed,
+            k.waiters
+        ),
+        (Some("a"), tx, "exclusive", 1, 0, 0, 0)
+    );
+
+    let t1 = grant_kind(&mut c, "rw", "r1", 50_000, &["SHARED"]);
+    let t2 = grant_kind(&mut c, "rw", "r2", 20_000, &["SHARED"]);
+    let k = kinfo(&mut c, "rw");
+    // token: the largest live token; ttl: the longest lease; owner: nil.
+    assert_eq!(
+        (k.owner, k.token, k.mode.as_str(), k.holders, k.limit),
+        (None, t2, "shared", 2, 0)
+    );
+    assert!(
+        k.ttl > 40_000 && k.ttl <= 50_000,
+        "longest lease, got {}",
+        k.ttl
+    );
+    rel(&mut c, "rw", "r2");
+    assert_eq!(
+        kinfo(&mut c, "rw").token,
+        t1,
+        "the largest live token after t2 left"
+    );
+
+    let tp1 = grant_kind(&mut c, "sem", "p1", 30_000, &["LIMIT", "3"]);
+    let tp = grant_kind(&mut c, "sem", "p2", 30_000, &["LIMIT", "3"]);
+    let k = kinfo(&mut c, "sem");
+    assert_eq!(
+        (
+            k.owner,
+            k.token,
+            k.mode.as_str(),
+            k.holders,
+            k.limit,
+            k.delayed
+        ),
+        (None, tp, "permits", 2, 3, 0)
+    );
+    // A revoked permit: its slot is delayed, the key still "permits".
+    assert_eq!(revoke(&mut c, &["sem", "p2"]), 1);
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 1, 3, 1, 0));
+    assert_eq!(
+        kinfo(&mut c, "sem").token,
+        tp1,
+        "token: the largest live one"
+    );
+
+    // Only delayed slots and waiters: mode none, nil owner, the last token, ttl 0.
+    assert_eq!(revoke(&mut c, &["x"]), 1);
+    let w = spawn_acq(&srv, "x", "b", 30_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let k = kinfo(&mut c, "x");
+    assert_eq!(
+        (
+            k.owner,
+            k.token,
+            k.ttl,
+            k.mode.as_str(),
+            k.holders,
+            k.limit,
+            k.delayed,
+            k.waiters
+        ),
+        (None, tx, 0, "none", 0, 0, 1, 1)
+    );
+    // RESP3: a map with the same fields.
+    let mut c3 = srv.conn_resp3();
+    let r = call(&mut c3, &["FLOCK.INFO", "x"]);
+    assert!(matches!(r, Reply::Map(_)), "INFO is a map in RESP3: {r:?}");
+    assert_eq!(
+        parse_k(&r, "RESP3 INFO").map(|k| k.mode),
+        Some("none".into())
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]
+        )
+        .int()
+        .map(|n| n >= 1),
+        Some(true)
+    );
+    let _ = w.join();
+}
+
+#[test]
+fn lock_delay_applies_per_slot() {
+    let srv = Server::builder()
+        .module_args(&["lock-delay-ms", "600"])
+        .start();
+    let mut c = srv.conn();
+    // A semaphore of 2: an expired permit keeps its slot, so the key has one permit fewer.
+    let t1 = grant_kind(&mut c, "sem", "p1", 100, &["LIMIT", "2"]);
+    grant_kind(&mut c, "sem", "p2", 60_000, &["LIMIT", "2"]);
+    wait_until("p1 expires", || check(&mut c, "sem", t1) == 0);
+    let expired_at = Instant::now();
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 1, 2, 1, 0));
+    refused(
+        &mut c,
+        "sem",
+        "p3",
+        &["LIMIT", "2"],
+        "one slot live, one delayed",
+    );
+    refused(
+        &mut c,
+        "sem",
+        "p1",
+        &["LIMIT", "2"],
+        "the old owner during its delay",
+    );
+    // A waiter is granted when the delayed slot frees, not before.
+    let r = acq(
+        &mut c,
+        "sem",
+        "p3",
+        60_000,
+        &["LIMIT", "2", "BLOCK", "5000"],
+    );
+    tok(&r, "p3 after the delayed slot");
+    assert!(
+        expired_at.elapsed() >= Duration::from_millis(350),
+        "granted {:?} after the expiry, the slot's delay is 600 ms from the deadline",
+        expired_at.elapsed()
+    );
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 2, 2, 0, 0));
+    // A released permit frees its slot at once.
+    rel(&mut c, "sem", "p2");
+    grant_kind(&mut c, "sem", "p4", 60_000, &["LIMIT", "2"]);
+    // A revoked permit keeps its slot from the revoke.
+    assert_eq!(revoke(&mut c, &["sem", "p3"]), 1);
+    assert_eq!(shape(&mut c, "sem"), sh("permits", 1, 2, 1, 0));
+    refused(&mut c, "sem", "p5", &["LIMIT", "2"], "right after a revoke");
+    wait_until("the revoked slot frees", || {
+        acq(&mut c, "sem", "p5", 60_000, &["LIMIT", "2"])
+            .int()
+            .is_some()
+    });
+
+    // An unlimited shared key: a delayed slot holds off only exclusive requests.
+    grant_kind(&mut c, "rw", "r1", 60_000, &["SHARED"]);
+    assert_eq!(revoke(&mut c, &["rw"]), 1);
+    assert_eq!(shape(&mut c, "rw"), sh("none", 0, 0, 1, 0));
+    assert_eq!(exists(&mut c, "rw"), 1, "a key in lock-delay exists");
+    refused(
+        &mut c,
+        "rw",
+        "w",
+        &[],
+        "a writer during a reader's delayed slot",
+    );
+    grant_kind(&mut c, "rw", "r2", 60_000, &["SHARED"]);
+    assert_eq!(shape(&mut c, "rw"), sh("shared", 1, 0, 1, 0));
+    // The writer waits for both: the delay's end and the reader's release.
+    let w = spawn_acq(&srv, "rw", "w", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    rel(&mut c, "rw", "r2");
+    tok(&join(w, "w"), "the writer after the delay and the reader");
+    assert_eq!(shape(&mut c, "rw"), sh("exclusive", 1, 0, 0, 0));
+    // Delayed slots alone: the key leaves the keyspace when they end.
+    assert_eq!(revoke(&mut c, &["rw"]), 1);
+    assert_eq!(revoke(&mut c, &["sem"]), 2);
+    assert_eq!(shape(&mut c, "sem"), sh("none", 0, 2, 2, 0));
+    wait_until("delayed keys leave the keyspace", || dbsize(&mut c) == 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// token-qualified calls, REVOKE, FENCED
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn check_renew_release_and_revoke_treat_shared_grants_and_permits_alike() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    for opts in [&["SHARED"][..], &["LIMIT", "5"]] {
+        let t1 = grant_kind(&mut c, "k", "o1", 60_000, opts);
+        let t2 = grant_kind(&mut c, "k", "o2", 60_000, opts);
+        assert!(check(&mut c, "k", t1) > 50_000 && check(&mut c, "k", t2) > 50_000);
+        assert_eq!(check(&mut c, "k", t2 + 1), 0);
+        // Token-qualified RENEW: only the grant with that token.
+        let r = call(&mut c, &["FLOCK.RENEW", "k", "o1", "5000", &t2.to_string()]);
+        assert!(r.is_nil(), "{opts:?}: o1 renewing o2's token: {r:?}");
+        let r = call(&mut c, &["FLOCK.RENEW", "k", "o1", "5000", &t1.to_string()]);
+        assert_eq!(r, Reply::Int(t1));
+        let left = check(&mut c, "k", t1);
+        assert!(
+            left <= 5000 && left > 3000,
+            "{opts:?}: RENEW set the lease: {left}"
+        );
+        // Token-qualified RELEASE.
+        let r = call(&mut c, &["FLOCK.RELEASE", "k", "o1", &t2.to_string()]);
+        assert_eq!(r, Reply::Int(0), "{opts:?}: o1 releasing o2's token");
+        let r = call(&mut c, &["FLOCK.RELEASE", "k", "o1", &t1.to_string()]);
+        assert_eq!(r, Reply::Int(1));
+        assert_eq!(check(&mut c, "k", t1), 0);
+        assert!(
+            check(&mut c, "k", t2) > 0,
+            "{opts:?}: the other grant lives on"
+        );
+        // A late release of o1's earlier grant never ends its later one.
+        let t3 = grant_kind(&mut c, "k", "o1", 60_000, opts);
+        let r = call(&mut c, &["FLOCK.RELEASE", "k", "o1", &t1.to_string()]);
+        assert_eq!(
+            r,
+            Reply::Int(0),
+            "{opts:?}: a stale token released a newer grant"
+        );
+        let r = call(&mut c, &["FLOCK.RENEW", "k", "o1", "5000", &t1.to_string()]);
+        assert!(r.is_nil(), "{opts:?}: a stale token renewed a newer grant");
+        assert!(check(&mut c, "k", t3) > 50_000);
+        // Untokened calls act on the owner's live grant; another owner changes nothing.
+        assert_eq!(release(&mut c, "k", "nobody"), 0);
+        assert_eq!(renew(&mut c, "k", "o2", 60_000), Some(t2));
+        // REVOKE key owner: only that owner's grant; REVOKE key: the count of the rest.
+        grant_kind(&mut c, "k", "o4", 60_000, opts);
+        assert_eq!(revoke(&mut c, &["k", "o2"]), 1);
+        assert_eq!(revoke(&mut c, &["k", "o2"]), 0, "nothing left of o2");
+        assert_eq!(revoke(&mut c, &["k", "nobody"]), 0);
+        assert_eq!(check(&mut c, "k", t2), 0);
+        assert_eq!(owners(&mut c, "k"), ["o1", "o4"]);
+        assert_eq!(revoke(&mut c, &["k"]), 2);
+        assert_eq!(revoke(&mut c, &["k"]), 0);
+        assert_eq!(exists(&mut c, "k"), 0);
+    }
+}
+
+#[test]
+fn fenced_under_a_shared_token_runs_only_reads() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    call(&mut c, &["SET", "data", "v0"]);
+    let ts = grant_kind(&mut c, "rw", "r", 60_000, &["SHARED"]).to_string();
+    let fenced = |c: &mut redis::Connection, tok: &str, cmd: &[&str]| {
+        let mut a = vec!["FLOCK.FENCED", "rw", tok];
+        a.extend_from_slice(cmd);
+        call(c, &a)
+    };
+    let ro = "ERR FLOCK.FENCED with a shared grant runs read-only commands only";
+    let rejected0 = flock_stat(&mut c, "fenced_rejected");
+    for cmd in [
+        &["SET", "data", "v1"][..],
+        &["INCR", "n"],
+        &["DEL", "data"],
+        &["HSET", "h", "f", "v"],
+        &["EXPIRE", "data", "100"],
+    ] {
+        assert_eq!(
+            fenced(&mut c, &ts, cmd),
+            Reply::Err(ro.into()),
+            "{cmd:?} under a read lock"
+        );
+    }
+    assert_eq!(
+        flock_stat(&mut c, "fenced_rejected") - rejected0,
+        5,
+        "each refusal counted"
+    );
+    assert_eq!(
+        call(&mut c, &["GET", "data"]).string().as_deref(),
+        Some("v0"),
+        "nothing written"
+    );
+    assert_eq!(
+        exists(&mut c, "n") + exists(&mut c, "h"),
+        0,
+        "nothing written"
+    );
+    // Reads run, in the caller's protocol.
+    assert_eq!(
+        fenced(&mut c, &ts, &["GET", "data"]).string().as_deref(),
+        Some("v0")
+    );
+    assert_eq!(fenced(&mut c, &ts, &["EXISTS", "data"]), Reply::Int(1));
+    let mut c3 = srv.conn_resp3();
+    call(&mut c, &["HSET", "hh", "f", "v"]);
+    let r = fenced(&mut c3, &ts, &["HGETALL", "hh"]);
+    assert!(matches!(r, Reply::Map(_)), "RESP3 reply of the read: {r:?}");
+    // Scripts are refused anyway, read-only ones too.
+    let r = fenced(&mut c, &ts, &["EVAL_RO", "return 1", "0"]);
+    assert!(
+        r.is_err() && r != Reply::Err(ro.into()),
+        "EVAL_RO refused as a script: {r:?}"
+    );
+    // A permit's token and an exclusive token write.
+    let tp = grant_kind(&mut c, "sem", "p", 60_000, &["LIMIT", "2"]).to_string();
+    let r = call(
+        &mut c,
+        &["FLOCK.FENCED", "sem", &tp, "SET", "data", "by-permit"],
+    );
+    assert_eq!(r, Reply::Status("OK".into()), "a permit writes");
+    let tx = grant_kind(&mut c, "x", "w", 60_000, &[]).to_string();
+    let r = call(
+        &mut c,
+        &["FLOCK.FENCED", "x", &tx, "SET", "data", "by-writer"],
+    );
+    assert_eq!(r, Reply::Status("OK".into()), "an exclusive grant writes");
+    assert_eq!(
+        call(&mut c, &["GET", "data"]).string().as_deref(),
+        Some("by-writer")
+    );
+    // A released shared token reads nothing.
+    rel(&mut c, "rw", "r");
+    assert_err_prefix(
+        &fenced(&mut c, &ts, &["GET", "data"]),
+        "FENCED",
+        "a stale shared token",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// persistence
+// ---------------------------------------------------------------------------------------
+
+/// The keys every persistence test carries: `rw` (readers r1, r2 live, r3 revoked: a delayed
+/// slot), `sem` (LIMIT 3: p1, p2 live, p3 revoked), `x` (exclusive). Needs a lock-delay long
+/// enough to outlast the test. Returns the largest token issued.
+fn kinds_setup(c: &mut redis::Connection) -> i64 {
+    grant_kind(c, "rw", "r1", 60_000, &["SHARED"]);
+    grant_kind(c, "rw", "r2", 50_000, &["SHARED"]);
+    grant_kind(c, "rw", "r3", 60_000, &["SHARED"]);
+    assert_eq!(revoke(c, &["rw", "r3"]), 1);
+    grant_kind(c, "sem", "p1", 60_000, &["LIMIT", "3"]);
+    grant_kind(c, "sem", "p2", 40_000, &["LIMIT", "3"]);
+    grant_kind(c, "sem", "p3", 60_000, &["LIMIT", "3"]);
+    assert_eq!(revoke(c, &["sem", "p3"]), 1);
+    let t = grant_kind(c, "x", "a", 60_000, &[]);
+    assert_eq!(shape(c, "rw"), sh("shared", 2, 0, 1, 0));
+    assert_eq!(shape(c, "sem"), sh("permits", 2, 3, 1, 0));
+    t
+}
+
+type State3 = Vec<(Snap, Vec<i64>)>;
+
+fn kinds_state(c: &mut redis::Connection, keys: &[&str]) -> State3 {
+    keys.iter().map(|k| snap(c, k)).collect()
+}
+
+/// The state is as before, behaves as before (the delayed slots still count) and new tokens
+/// are above `max`. Changes nothing of rw, sem, x.
+#[track_caller]
+fn assert_kinds_survived(c: &mut redis::Connection, before: &State3, max: i64, what: &str) {
+    let keys = ["rw", "sem", "x"];
+    let now = kinds_state(c, &keys);
+    for ((k, a), b) in keys.iter().zip(before).zip(&now) {
+        assert_same_state(a, b, &format!("{what}: {k}"));
+    }
+    for (o, t) in before[0].0.grants.iter().chain(&before[1].0.grants) {
+        assert!(
+            check(c, if o.starts_with('r') { "rw" } else { "sem" }, *t) > 0,
+            "{what}: {o}'s token"
+        );
+    }
+    refused(
+        c,
+        "sem",
+        "p4",
+        &["LIMIT", "3"],
+        &format!("{what}: 2 live permits and a delayed slot"),
+    );
+    refused(
+        c,
+        "rw",
+        "w",
+        &[],
+        &format!("{what}: a writer on a read-locked key"),
+    );
+    refused_with(
+        c,
+        "sem",
+        "p4",
+        &["LIMIT", "2"],
+        "ERR limit mismatch: sem admits 3 shared holders",
+    );
+    let r = acq(c, "rw", "r1", 60_000, &[]);
+    assert_eq!(
+        r,
+        Reply::Err("ERR owner already holds a shared grant of rw".into()),
+        "{what}"
+    );
+    let fresh = format!("fresh:{}", now_us());
+    let t = grant_kind(c, &fresh, "n", 10_000, &["SHARED"]);
+    assert!(t > max, "{what}: new token {t} not above {max}");
+    call(c, &["DEL", &fresh]);
+}
+
+#[test]
+fn shared_and_permit_keys_survive_debug_reload_rdb_restart_dump_restore_and_copy() {
+    let mut srv = Server::builder()
+        .module_args(&["lock-delay-ms", "300000"])
+        .start();
+    let mut c = srv.conn();
+    let max = kinds_setup(&mut c);
+    let keys = ["rw", "sem", "x"];
+    let before = kinds_state(&mut c, &keys);
+
+    assert_eq!(
+        call(&mut c, &["DEBUG", "RELOAD"]),
+        Reply::Status("OK".into())
+    );
+    assert_kinds_survived(&mut c, &before, max, "DEBUG RELOAD");
+
+    assert_eq!(call(&mut c, &["SAVE"]), Reply::Status("OK".into()));
+    srv.restart(); // SIGKILL: only the RDB of SAVE is left
+    let mut c = srv.conn();
+    assert_kinds_survived(&mut c, &before, max, "RDB restart");
+
+    // DUMP/RESTORE onto the same server (another name) and onto another server.
+    let srv2 = Server::builder()
+        .module_args(&["lock-delay-ms", "300000"])
+        .start();
+    let mut c2 = srv2.conn();
+    for k in ["rw", "sem"] {
+        let payload = call(&mut c, &["DUMP", k]).bytes().expect("DUMP").to_vec();
+        let copy = format!("{k}-restored");
+        let r = call(
+            &mut c,
+            &[b"RESTORE".as_slice(), copy.as_bytes(), b"0", &payload],
+        );
+        assert_eq!(r, Reply::Status("OK".into()), "RESTORE {copy}");
+        let a = snap(&mut c, k);
+        assert_same_state(&a, &snap(&mut c, &copy), &format!("RESTORE of {k}"));
+        let r = call(
+            &mut c2,
+            &[b"RESTORE".as_slice(), k.as_bytes(), b"0", &payload],
+        );
+        assert_eq!(r, Reply::Status("OK".into()), "RESTORE {k} on server 2");
+        assert_same_state(
+            &a,
+            &snap(&mut c2, k),
+            &format!("RESTORE of {k} on server 2"),
+        );
+        let fresh = grant_kind(&mut c2, "fresh", "n", 10_000, &["SHARED"]);
+        assert!(
+            fresh > max,
+            "server 2 issues above restored tokens: {fresh} vs {max}"
+        );
+        assert_eq!(release(&mut c2, "fresh", "n"), 1);
+    }
+    // The restored semaphore still counts its delayed slot on server 2.
+    refused(
+        &mut c2,
+        "sem",
+        "p4",
+        &["LIMIT", "3"],
+        "restored semaphore with a delayed slot",
+    );
+    // COPY duplicates grants and delayed slots; the copy is independent.
+    assert_eq!(call(&mut c, &["COPY", "sem", "sem-copy"]), Reply::Int(1));
+    assert_same_state(
+        &snap(&mut c, "sem"),
+        &snap(&mut c, "sem-copy"),
+        "COPY of sem",
+    );
+    assert_eq!(call(&mut c, &["COPY", "rw", "rw-copy"]), Reply::Int(1));
+    assert_same_state(&snap(&mut c, "rw"), &snap(&mut c, "rw-copy"), "COPY of rw");
+    rel(&mut c, "sem-copy", "p1");
+    assert_eq!(
+        owners(&mut c, "sem"),
+        ["p1", "p2"],
+        "the original after releasing the copy's p1"
+    );
+    assert_kinds_survived(&mut c, &before, max, "after RESTORE and COPY");
+}
+
+#[test]
+fn shared_and_permit_keys_survive_aof_restart_and_rewrite() {
+    let mut srv = Server::builder()
+        .module_args(&["lock-delay-ms", "300000"])
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let mut c = srv.conn();
+    let max = kinds_setup(&mut c);
+    let before = kinds_state(&mut c, &["rw", "sem", "x"]);
+    srv.restart();
+    let mut c = srv.conn();
+    assert_kinds_survived(&mut c, &before, max, "AOF restart");
+    rewrite_aof(&mut c);
+    srv.restart();
+    let mut c = srv.conn();
+    assert_kinds_survived(&mut c, &before, max, "AOF rewrite and restart");
+    // A hand-off after the reload is written too: r1 and r2 leave, the writer comes in.
+    rel(&mut c, "rw", "r1");
+    rel(&mut c, "rw", "r2");
+    assert_eq!(
+        shape(&mut c, "rw"),
+        sh("none", 0, 0, 1, 0),
+        "only r3's delayed slot left"
+    );
+    srv.restart();
+    let mut c = srv.conn();
+    assert_eq!(
+        shape(&mut c, "rw"),
+        sh("none", 0, 0, 1, 0),
+        "after the third restart"
+    );
+    refused(
+        &mut c,
+        "rw",
+        "w",
+        &[],
+        "the delayed reader slot still holds off a writer",
+    );
+}
+
+/// Copy the v1 fixtures (read-only files) into a fresh dir the server may write to.
+fn fixture_dir(what: &str) -> PathBuf {
+    let src = Path::new("/work/shared/fixtures/v1");
+    let dir = temp_dir(what);
+    std::fs::copy(src.join("dump.rdb"), dir.join("dump.rdb")).expect("copy dump.rdb");
+    std::fs::create_dir_all(dir.join("aof")).expect("mkdir aof");
+    for e in std::fs::read_dir(src.join("aof"))
+        .expect("read aof dir")
+        .flatten()
+    {
+        let to = dir.join("aof").join(e.file_name());
+        std::fs::copy(e.path(), &to).expect("copy aof file");
+        let mut p = std::fs::metadata(&to).expect("stat").permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        p.set_readonly(false);
+        std::fs::set_permissions(&to, p).expect("chmod");
+    }
+    let mut p = std::fs::metadata(dir.join("dump.rdb"))
+        .expect("stat")
+        .permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    p.set_readonly(false);
+    std::fs::set_permissions(dir.join("dump.rdb"), p).expect("chmod");
+    dir
+}
+
+#[test]
+fn the_v1_fixtures_still_load_as_exclusive_locks() {
+    let expected = [
+        ("fx:held", b"worker-a".to_vec(), 1796112043312069i64),
+        (
+            "{fx}:tagged",
+            b"owner with spaces".to_vec(),
+            1796112043315934,
+        ),
+        ("fx:binary", b"bin\x00owner\xff".to_vec(), 1796112050324158),
+        ("fx:renewed", b"worker-r".to_vec(), 1796112043324004),
+    ];
+    let high_water = 1796112050324158i64;
+    for aof in [false, true] {
+        let mut b = Server::builder()
+            .module_args(&["max-ttl-ms", "315360000000"])
+            .dir(fixture_dir(if aof { "v1-aof" } else { "v1-rdb" }));
+        if aof {
+            b = b.arg("appendonly", "yes").arg("appenddirname", "aof");
+        } else {
+            b = b.arg("dbfilename", "dump.rdb");
+        }
+        let srv = b.start();
+        let mut c = srv.conn();
+        let what = if aof { "v1 AOF" } else { "v1 RDB" };
+        assert_eq!(dbsize(&mut c), 4, "{what}: four locks");
+        assert_eq!(exists(&mut c, "fx:released"), 0, "{what}");
+        for (key, owner, token) in &expected {
+            let i = info(&mut c, key).unwrap_or_else(|| panic!("{what}: {key} missing"));
+            assert_eq!(
+                (i.owner.as_deref(), i.token),
+                (Some(owner.as_slice()), *token),
+                "{what}: {key}"
+            );
+            assert_eq!(
+                shape(&mut c, key),
+                sh("exclusive", 1, 0, 0, 0),
+                "{what}: {key}"
+            );
+            let h = call(&mut c, &["FLOCK.HOLDERS", key]);
+            let h = h.array().expect("HOLDERS array");
+            assert_eq!(h.len(), 1, "{what}: {key}: one holder");
+            assert!(check(&mut c, key, *token) > 0, "{what}: {key}: live");
+        }
+        // New grants of any kind are above the fixture's high-water mark.
+        let t = grant_kind(&mut c, "fx:released", "n", 10_000, &["SHARED"]);
+        assert!(t > high_water, "{what}: {t} not above {high_water}");
+        let t2 = grant_kind(&mut c, "new", "n", 10_000, &["LIMIT", "2"]);
+        assert!(t2 > t, "{what}");
+        srv.assert_log_clean();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// replication, cluster
+// ---------------------------------------------------------------------------------------
+
+/// After each step the replica shows what the master shows: INFO (but waiters), HOLDERS,
+/// and the same DEBUG DIGEST-VALUE.
+#[track_caller]
+fn assert_mirrored(
+    m: &mut redis::Connection,
+    r: &mut redis::Connection,
+    keys: &[&str],
+    what: &str,
+) {
+    wait_replica(m);
+    for k in keys {
+        assert_same_state(&snap(m, k), &snap(r, k), &format!("{what}: {k}"));
+        let dm = call(m, &["DEBUG", "DIGEST-VALUE", k]);
+        let dr = call(r, &["DEBUG", "DIGEST-VALUE", k]);
+        assert_eq!(dm, dr, "{what}: {k}: DEBUG DIGEST-VALUE differs");
+    }
+}
+
+#[test]
+fn a_replica_mirrors_every_kind_step_by_step_and_keeps_it_when_promoted() {
+    let master = Server::builder()
+        .module_args(&["lock-delay-ms", "300000"])
+        .start();
+    let replica = Server::start_replica_of(&master);
+    let (mut m, mut r) = (master.conn(), replica.conn());
+    let keys = ["rw", "sem"];
+    let mut issued = Vec::new();
+    let mut note = |t: i64| issued.push(t);
+
+    note(grant_kind(&mut m, "rw", "r1", 60_000, &["SHARED"]));
+    note(grant_kind(&mut m, "rw", "r2", 60_000, &["SHARED"]));
+    assert_mirrored(&mut m, &mut r, &keys, "two readers");
+    let w = spawn_acq(&master, "rw", "w", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut m, 1);
+    let r3 = spawn_acq(&master, "rw", "r3", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut m, 2);
+    let r4 = spawn_acq(&master, "rw", "r4", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut m, 3);
+    assert_mirrored(&mut m, &mut r, &keys, "waiters queued (not replicated)");
+    rel(&mut m, "rw", "r1");
+    assert_mirrored(&mut m, &mut r, &keys, "one reader left");
+    rel(&mut m, "rw", "r2");
+    note(tok(&join(w, "w"), "w"));
+    assert_mirrored(&mut m, &mut r, &keys, "the writer handed the key");
+    assert_eq!(kinfo(&mut r, "rw").owner.as_deref(), Some("w"));
+    rel(&mut m, "rw", "w");
+    note(tok(&join(r3, "r3"), "r3"));
+    note(tok(&join(r4, "r4"), "r4"));
+    assert_mirrored(&mut m, &mut r, &keys, "a run of readers handed the key");
+    assert_eq!(owners(&mut r, "rw"), ["r3", "r4"]);
+    assert!(renew(&mut m, "rw", "r3", 30_000).is_some(), "renew r3");
+    assert_mirrored(&mut m, &mut r, &keys, "renew");
+
+    note(grant_kind(&mut m, "sem", "p1", 60_000, &["LIMIT", "2"]));
+    let t2 = grant_kind(&mut m, "sem", "p2", 200, &["LIMIT", "2"]);
+    note(t2);
+    assert_mirrored(&mut m, &mut r, &keys, "two permits");
+    wait_until("p2 expires on the master", || check(&mut m, "sem", t2) == 0);
+    wait_until("the master ended p2", || kinfo(&mut m, "sem").delayed == 1);
+    assert_mirrored(&mut m, &mut r, &keys, "an expired permit's delayed slot");
+    assert_eq!(shape(&mut r, "sem"), sh("permits", 1, 2, 1, 0));
+    assert_eq!(revoke(&mut m, &["sem", "p1"]), 1);
+    assert_mirrored(&mut m, &mut r, &keys, "a revoked permit");
+    assert_eq!(shape(&mut r, "sem"), sh("none", 0, 2, 2, 0));
+    assert_eq!(revoke(&mut m, &["rw", "r4"]), 1);
+    assert_mirrored(&mut m, &mut r, &keys, "a revoked reader");
+    assert_eq!(shape(&mut r, "rw"), sh("shared", 1, 0, 1, 0));
+    // The replica refuses writes; reads work there.
+    assert_err_prefix(
+        &acq(&mut r, "rw", "x", 1000, &["SHARED"]),
+        "READONLY",
+        "ACQUIRE on a replica",
+    );
+    assert_eq!(owners(&mut r, "rw"), ["r3"]);
+
+    let max = issued.iter().copied().max().unwrap_or(0);
+    let before: Vec<_> = keys.iter().map(|k| snap(&mut r, k)).collect();
+    drop(master);
+    assert_eq!(
+        call(&mut r, &["REPLICAOF", "NO", "ONE"]),
+        Reply::Status("OK".into())
+    );
+    for (k, b) in keys.iter().zip(&before) {
+        assert_same_state(b, &snap(&mut r, k), &format!("after promotion: {k}"));
+    }
+    // The promoted replica keeps the rules and issues larger tokens.
+    refused(
+        &mut r,
+        "sem",
+        "p3",
+        &["LIMIT", "2"],
+        "both slots delayed after promotion",
+    );
+    refused(
+        &mut r,
+        "rw",
+        "w",
+        &[],
+        "a writer while r3 holds and r4's slot is delayed",
+    );
+    let t = grant_kind(&mut r, "rw", "r5", 60_000, &["SHARED"]);
+    assert!(
+        t > max,
+        "promoted replica issued {t}, master had issued up to {max}"
+    );
+    assert_eq!(owners(&mut r, "rw"), ["r3", "r5"]);
+}
+
+fn slot(c: &mut redis::Connection, key: &str) -> u16 {
+    call(c, &["CLUSTER", "KEYSLOT", key])
+        .int()
+        .expect("KEYSLOT") as u16
+}
+
+/// Move `slot` from `from` to `to` the way `redis-cli --cluster reshard` does (as in
+/// tests/cluster.rs).
+fn migrate_slot(cluster: &Cluster, slot: u16, from: &Node, to: &Node) {
+    let s = slot.to_string();
+    let mut src = from.srv.conn();
+    let mut dst = to.srv.conn();
+    assert_eq!(
+        call(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]),
+        Reply::Status("OK".into())
+    );
+    assert_eq!(
+        call(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]),
+        Reply::Status("OK".into())
+    );
+    loop {
+        let keys = call(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+        let keys: Vec<String> = keys
+            .array()
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(|k| k.string())
+            .collect();
+        if keys.is_empty() {
+            break;
+        }
+        let port = to.srv.port().to_string();
+        let mut args = vec![
+            "MIGRATE",
+            "127.0.0.1",
+            port.as_str(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        assert_eq!(
+            call(&mut src, &args),
+            Reply::Status("OK".into()),
+            "MIGRATE {keys:?}"
+        );
+    }
+    for n in &cluster.nodes {
+        if nodes_text(&n.srv)
+            .lines()
+            .any(|l| l.contains("myself") && l.contains("master"))
+        {
+            call(
+                &mut n.srv.conn(),
+                &["CLUSTER", "SETSLOT", &s, "NODE", &to.id],
+            );
+        }
+    }
+}
+
+#[test]
+fn slot_migration_moves_readers_and_permits_whole_and_answers_a_waiting_writer() {
+    let cluster = Cluster::start();
+    let mut any = cluster.nodes[0].srv.conn();
+    let (rw, sem) = ("{kmig}:rw", "{kmig}:sem");
+    let s = slot(&mut any, rw);
+    let from = cluster.master_of(s);
+    let to = cluster
+        .nodes
+        .iter()
+        .find(|n| {
+            n.id != from.id
+                && nodes_text(&n.srv)
+                    .lines()
+                    .any(|l| l.contains("myself") && l.contains("master"))
+        })
+        .expect("another master");
+    let mut src = from.srv.conn();
+    let t1 = grant_kind(&mut src, rw, "r1", 20_000, &["SHARED"]);
+    let t2 = grant_kind(&mut src, rw, "r2", 20_000, &["SHARED"]);
+    let tp = grant_kind(&mut src, sem, "p1", 20_000, &["LIMIT", "2"]);
+    let w = spawn_acq(&from.srv, rw, "w", 10_000, &["BLOCK", "0"]);
+    wait_blocked(&mut src, 1);
+    let before = (snap(&mut src, rw), snap(&mut src, sem));
+    migrate_slot(&cluster, s, from, to);
+    // The writer is told at once, with an error cluster clients retry.
+    assert_err_prefix(
+        &join(w, "w"),
+        "TRYAGAIN",
+        "the writer waiting on a key that moved",
+    );
+    let mut dst = to.srv.conn();
+    assert_same_state(&before.0, &snap(&mut dst, rw), "readers after migration");
+    assert_same_state(&before.1, &snap(&mut dst, sem), "permits after migration");
+    assert_eq!(holder_tokens(&mut dst, rw), hv(&[("r1", t1), ("r2", t2)]));
+    assert!(check(&mut dst, rw, t1) > 10_000 && check(&mut dst, sem, tp) > 10_000);
+    // The rules hold at the target, and its tokens are above the source's.
+    refused(&mut dst, rw, "w", &[], "a writer on the migrated read lock");
+    refused_with(
+        &mut dst,
+        sem,
+        "p2",
+        &["LIMIT", "3"],
+        "ERR limit mismatch: {kmig}:sem admits 2 shared holders",
+    );
+    let t3 = grant_kind(&mut dst, rw, "r3", 10_000, &["SHARED"]);
+    let t4 = grant_kind(&mut dst, sem, "p2", 10_000, &["LIMIT", "2"]);
+    assert!(
+        t3 > t2.max(tp) && t4 > t3,
+        "target tokens {t3} {t4} vs source {t2} {tp}"
+    );
+    refused(
+        &mut dst,
+        sem,
+        "p3",
+        &["LIMIT", "2"],
+        "the migrated semaphore is full",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// events, counters, ACL
+// ---------------------------------------------------------------------------------------
+
+/// A RESP2 PSUBSCRIBE connection that collects what it is sent.
+struct Sub {
+    s: TcpStream,
+    seen: Vec<u8>,
+}
+
+impl Sub {
+    fn new(srv: &Server) -> Sub {
+        let mut s = TcpStream::connect(("127.0.0.1", srv.port())).expect("connect");
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let p = "__keyspace@0__:*";
+        s.write_all(format!("*2\r\n$10\r\nPSUBSCRIBE\r\n${}\r\n{p}\r\n", p.len()).as_bytes())
+            .expect("subscribe");
+        let mut sub = Sub {
+            s,
+            seen: Vec::new(),
+        };
+        sub.read_until(b"psubscribe");
+        sub
+    }
+    /// Read until `needle` was seen (10 s at most).
+    #[track_caller]
+    fn read_until(&mut self, needle: &[u8]) {
+        let deadline = Instant::now() + DEADLINE;
+        let mut buf = [0u8; 4096];
+        while !contains_bytes(&self.seen, needle) && Instant::now() < deadline {
+            if let Ok(n) = self.s.read(&mut buf) {
+                self.seen.extend_from_slice(&buf[..n]);
+            }
+        }
+        assert!(
+            contains_bytes(&self.seen, needle),
+            "no {:?} in {:?}",
+            String::from_utf8_lossy(needle),
+            String::from_utf8_lossy(&self.seen)
+        );
+    }
+    /// How often `event` was sent for `key`.
+    fn count(&self, key: &str, event: &str) -> usize {
+        let needle = format!("__keyspace@0__:{key}\r\n${}\r\n{event}\r\n", event.len());
+        let n = needle.as_bytes();
+        self.seen.windows(n.len()).filter(|w| *w == n).count()
+    }
+}
+
+#[test]
+fn keyspace_events_and_info_counters_come_once_per_grant() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    set_config(&mut c, "notify-keyspace-events", "Kd");
+    let mut sub = Sub::new(&srv);
+    let base: Vec<i64> = [
+        "grants",
+        "releases",
+        "revokes",
+        "expirations",
+        "blocked_acquires",
+    ]
+    .iter()
+    .map(|n| flock_stat(&mut c, n))
+    .collect();
+    grant_kind(&mut c, "rw", "w", 60_000, &[]);
+    let r1 = spawn_acq(&srv, "rw", "r1", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let r2 = spawn_acq(&srv, "rw", "r2", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 2);
+    rel(&mut c, "rw", "w");
+    tok(&join(r1, "r1"), "r1");
+    tok(&join(r2, "r2"), "r2");
+    grant_kind(&mut c, "rw", "r3", 60_000, &["SHARED"]);
+    grant_kind(&mut c, "rw", "r3", 60_000, &["SHARED"]); // a repeat: no new grant
+    assert_eq!(revoke(&mut c, &["rw"]), 3);
+    let t = grant_kind(&mut c, "sem", "p1", 60_000, &["LIMIT", "2"]);
+    grant_kind(&mut c, "sem", "p2", 40, &["LIMIT", "2"]);
+    wait_until("p2 expires", || owners(&mut c, "sem") == ["p1"]);
+    assert_eq!(
+        call(&mut c, &["FLOCK.RELEASE", "sem", "p1", &t.to_string()]),
+        Reply::Int(1)
+    );
+    // A sentinel: every event before it has arrived once it is seen.
+    grant_kind(&mut c, "sentinel", "s", 60_000, &[]);
+    sub.read_until(b"__keyspace@0__:sentinel");
+    let counts: Vec<(&str, &str, usize)> = [
+        ("rw", "flock.acquired"),
+        ("rw", "flock.released"),
+        ("rw", "flock.revoked"),
+        ("sem", "flock.acquired"),
+        ("sem", "flock.expired"),
+        ("sem", "flock.released"),
+    ]
+    .iter()
+    .map(|(k, e)| (*k, *e, sub.count(k, e)))
+    .collect();
+    assert_eq!(
+        counts,
+        [
+            ("rw", "flock.acquired", 4),
+            ("rw", "flock.released", 1),
+            ("rw", "flock.revoked", 3),
+            ("sem", "flock.acquired", 2),
+            ("sem", "flock.expired", 1),
+            ("sem", "flock.released", 1),
+        ]
+    );
+    let now: Vec<i64> = [
+        "grants",
+        "releases",
+        "revokes",
+        "expirations",
+        "blocked_acquires",
+    ]
+    .iter()
+    .map(|n| flock_stat(&mut c, n))
+    .collect();
+    let delta: Vec<i64> = now.iter().zip(&base).map(|(a, b)| a - b).collect();
+    // grants: w, r1, r2, r3, p1, p2, sentinel; releases: w, p1; revokes: 3; expirations: p2.
+    assert_eq!(
+        delta,
+        [7, 2, 3, 1, 2],
+        "INFO flock grants/releases/revokes/expirations/blocked"
+    );
+}
+
+#[test]
+fn a_read_only_user_lists_holders_and_changes_nothing() {
+    let srv = Server::start();
+    let mut admin = srv.conn();
+    for (user, keys) in [("reader", "%R~orders:*"), ("writer", "%W~orders:*")] {
+        let r = call(
+            &mut admin,
+            &[
+                "ACL",
+                "SETUSER",
+                user,
+                "on",
+                ">pw",
+                keys,
+                "+flock.holders",
+                "+flock.info",
+                "+flock.acquire",
+                "+flock.release",
+            ],
+        );
+        assert_ok(&r, "ACL SETUSER");
+    }
+    let t = grant_kind(&mut admin, "orders:lock", "a", 60_000, &["SHARED"]);
+    let mut reader = srv.conn_as("reader", "pw");
+    assert_eq!(holder_tokens(&mut reader, "orders:lock"), hv(&[("a", t)]));
+    assert_eq!(kinfo(&mut reader, "orders:lock").mode, "shared");
+    let r = acq(&mut reader, "orders:lock", "b", 1000, &["SHARED"]);
+    assert_err_prefix(&r, "NOPERM", "ACQUIRE by a read-only user");
+    assert_err_prefix(
+        &call(&mut reader, &["FLOCK.HOLDERS", "other"]),
+        "NOPERM",
+        "HOLDERS outside the pattern",
+    );
+    let mut writer = srv.conn_as("writer", "pw");
+    assert_err_prefix(
+        &call(&mut writer, &["FLOCK.HOLDERS", "orders:lock"]),
+        "NOPERM",
+        "HOLDERS by a write-only user",
+    );
+    let dry = call(
+        &mut admin,
+        &["ACL", "DRYRUN", "reader", "FLOCK.HOLDERS", "orders:lock"],
+    );
+    assert_eq!(dry, Reply::Status("OK".into()), "ACL DRYRUN agrees");
+    assert_eq!(owners(&mut admin, "orders:lock"), ["a"], "nothing changed");
+}
+
+// ---------------------------------------------------------------------------------------
+// G10
+// ---------------------------------------------------------------------------------------
+
+fn used_memory(c: &mut RawConn) -> i64 {
+    info_i64(c, "memory", "used_memory")
+}
+
+/// Take `n` grants on keys of `holders` grants each (SHARED, or LIMIT `holders`), `batch`
+/// keys at a time, and end them: most released, every tenth key revoked.
+fn churn_kinds(c: &mut RawConn, round: &str, n: usize, holders: usize, limit: bool) {
+    let keys = n / holders;
+    let batch = 2_000;
+    let lim = holders.to_string();
+    let mut done = 0;
+    while done < keys {
+        let this = batch.min(keys - done);
+        let mut take: Vec<Vec<String>> = Vec::with_capacity(this * holders);
+        for k in done..done + this {
+            for h in 0..holders {
+                let mut cmd: Vec<String> = [
+                    "FLOCK.ACQUIRE",
+                    &format!("g10:{round}:{k}"),
+                    &format!("owner-{h}"),
+                    "60000",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                if limit {
+                    cmd.extend(["LIMIT".to_string(), lim.clone()]);
+                } else {
+                    cmd.push("SHARED".into());
+                }
+                take.push(cmd);
+            }
+        }
+        for r in c.pipeline(&take).expect("pipeline") {
+            assert!(matches!(r, Reply::Int(t) if t > 0), "ACQUIRE: {r:?}");
+        }
+        let mut end: Vec<Vec<String>> = Vec::new();
+        for k in done..done + this {
+            let key = format!("g10:{round}:{k}");
+            if k % 10 == 9 {
+                end.push(vec!["FLOCK.REVOKE".into(), key]);
+            } else {
+                for h in 0..holders {
+                    end.push(vec![
+                        "FLOCK.RELEASE".into(),
+                        key.clone(),
+                        format!("owner-{h}"),
+                    ]);
+                }
+            }
+        }
+        for r in c.pipeline(&end).expect("pipeline") {
+            assert!(
+                matches!(r, Reply::Int(1)) || r == Reply::Int(holders as i64),
+                "RELEASE/REVOKE: {r:?}"
+            );
+        }
+        done += this;
+    }
+}
+
+/// `rounds` times: 10,000 (the default flock.max-holders) readers of one key, then all
+/// released (the holders of one value grow and shrink as one key's index).
+fn wide_key(c: &mut RawConn, rounds: usize) {
+    for round in 0..rounds {
+        let take: Vec<Vec<String>> = (0..10_000)
+            .map(|h| {
+                [
+                    "FLOCK.ACQUIRE",
+                    "g10:wide",
+                    &format!("reader-{h}"),
+                    "60000",
+                    "SHARED",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+            })
+            .collect();
+        for r in c.pipeline(&take).expect("pipeline") {
+            assert!(
+                matches!(r, Reply::Int(t) if t > 0),
+                "round {round}: ACQUIRE: {r:?}"
+            );
+        }
+        let end: Vec<Vec<String>> = (0..10_000)
+            .map(|h| {
+                vec![
+                    "FLOCK.RELEASE".into(),
+                    "g10:wide".into(),
+                    format!("reader-{h}"),
+                ]
+            })
+            .collect();
+        for r in c.pipeline(&end).expect("pipeline") {
+            assert_eq!(r, Reply::Int(1), "round {round}: RELEASE");
+        }
+    }
+}
+
+#[test]
+fn shared_grants_and_permits_taken_and_ended_return_used_memory() {
+    // FLOCK_G10_KINDS: shared grants (and as many permits) to take; a million each by default
+    // (about 6 s on a 2-core box), plus 100,000 readers of one key, 10,000 at a time.
+    let n: usize = std::env::var("FLOCK_G10_KINDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let srv = Server::start();
+    let mut c = RawConn::connect(srv.port()).expect("connect");
+    // Warm up the allocator, the keyspace's tables and the module's state.
+    churn_kinds(&mut c, "warm", 20_000, 4, false);
+    churn_kinds(&mut c, "warm", 20_000, 4, true);
+    wide_key(&mut c, 1);
+    assert_eq!(c.call(&["DBSIZE"]).expect("DBSIZE"), Reply::Int(0));
+    let base = used_memory(&mut c);
+    let t0 = Instant::now();
+    churn_kinds(&mut c, "main", n, 8, false);
+    churn_kinds(&mut c, "main", n, 4, true);
+    wide_key(&mut c, 10);
+    let took = t0.elapsed();
+    assert_eq!(
+        c.call(&["DBSIZE"]).expect("DBSIZE"),
+        Reply::Int(0),
+        "no key left"
+    );
+    let slack = 256 * 1024;
+    let mut after = used_memory(&mut c);
+    poll_until(Duration::from_secs(20), || {
+        after = used_memory(&mut c);
+        after - base < slack
+    });
+    eprintln!(
+        "G10 kinds: {n} shared grants, {n} permits and 100,000 readers of one key taken and ended in {:.1} s; used_memory \
+         {base} before, {after} after ({:+} bytes)",
+        took.as_secs_f64(),
+        after - base
+    );
+    assert!(
+        after - base < slack,
+        "used_memory grew by {} bytes",
+        after - base
+    );
+}
