@@ -1301,7 +1301,8 @@ fn fenced_under_a_shared_token_runs_only_reads() {
 // ---------------------------------------------------------------------------------------
 
 /// The keys every persistence test carries: `rw` (readers r1, r2 live, r3 revoked: a delayed
-/// slot), `sem` (LIMIT 3: p1, p2 live, p3 revoked), `x` (exclusive). Needs a lock-delay long
+/// slot), `sem` (LIMIT 3: p1, p2 live, p3 revoked), `x` (exclusive), `dl` (LIMIT 2, only a
+/// delayed slot). Needs a lock-delay long
 /// enough to outlast the test. Returns the largest token issued.
 fn kinds_setup(c: &mut redis::Connection) -> i64 {
     grant_kind(c, "rw", "r1", 60_000, &["SHARED"]);
@@ -1312,7 +1313,11 @@ fn kinds_setup(c: &mut redis::Connection) -> i64 {
     grant_kind(c, "sem", "p2", 40_000, &["LIMIT", "3"]);
     grant_kind(c, "sem", "p3", 60_000, &["LIMIT", "3"]);
     assert_eq!(revoke(c, &["sem", "p3"]), 1);
+    // A key that only a delayed slot keeps.
+    grant_kind(c, "dl", "p", 60_000, &["LIMIT", "2"]);
+    assert_eq!(revoke(c, &["dl"]), 1);
     let t = grant_kind(c, "x", "a", 60_000, &[]);
+    assert_eq!(shape(c, "dl"), sh("none", 0, 2, 1, 0));
     assert_eq!(shape(c, "rw"), sh("shared", 2, 0, 1, 0));
     assert_eq!(shape(c, "sem"), sh("permits", 2, 3, 1, 0));
     t
@@ -1328,7 +1333,7 @@ fn kinds_state(c: &mut redis::Connection, keys: &[&str]) -> State3 {
 /// are above `max`. Changes nothing of rw, sem, x.
 #[track_caller]
 fn assert_kinds_survived(c: &mut redis::Connection, before: &State3, max: i64, what: &str) {
-    let keys = ["rw", "sem", "x"];
+    let keys = ["rw", "sem", "x", "dl"];
     let now = kinds_state(c, &keys);
     for ((k, a), b) in keys.iter().zip(before).zip(&now) {
         assert_same_state(a, b, &format!("{what}: {k}"));
@@ -1379,7 +1384,7 @@ fn shared_and_permit_keys_survive_debug_reload_rdb_restart_dump_restore_and_copy
         .start();
     let mut c = srv.conn();
     let max = kinds_setup(&mut c);
-    let keys = ["rw", "sem", "x"];
+    let keys = ["rw", "sem", "x", "dl"];
     let before = kinds_state(&mut c, &keys);
 
     assert_eq!(
@@ -1460,7 +1465,7 @@ fn shared_and_permit_keys_survive_aof_restart_and_rewrite() {
         .start();
     let mut c = srv.conn();
     let max = kinds_setup(&mut c);
-    let before = kinds_state(&mut c, &["rw", "sem", "x"]);
+    let before = kinds_state(&mut c, &["rw", "sem", "x", "dl"]);
     srv.restart();
     let mut c = srv.conn();
     assert_kinds_survived(&mut c, &before, max, "AOF restart");
@@ -2446,4 +2451,112 @@ fn grants_that_expire_together_each_count_and_each_hand_off() {
     assert_eq!(sub.count("sem", "flock.expired"), 3);
     assert_eq!(sub.count("sem", "flock.acquired"), 6);
     assert_eq!(flock_stat(&mut c, "expirations") - e0, 3);
+}
+
+// ---------------------------------------------------------------------------------------
+// keyspace changes under waiters, delayed slots' end on a replica, RENEW after expiry
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn waiters_are_served_by_what_their_key_name_holds_after_rename_and_swapdb() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    // RENAME of a read-locked key: the waiting writer gets the free name; the readers move.
+    let t1 = grant_kind(&mut c, "lk", "r1", 60_000, &["SHARED"]);
+    let w = spawn_acq(&srv, "lk", "w", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    assert_eq!(
+        call(&mut c, &["RENAME", "lk", "moved"]),
+        Reply::Status("OK".into())
+    );
+    let tw = tok(&join(w, "w"), "the writer after RENAME");
+    assert!(tw > t1);
+    assert_eq!(holder_tokens(&mut c, "moved"), hv(&[("r1", t1)]));
+    assert_eq!(shape(&mut c, "moved"), sh("shared", 1, 0, 0, 0));
+    // SWAPDB brings a read-locked key under the name a reader waits for (behind an
+    // exclusive holder): the reader fits now and is granted.
+    call(&mut c, &["SELECT", "1"]);
+    grant_kind(&mut c, "lk", "s1", 60_000, &["SHARED"]);
+    call(&mut c, &["SELECT", "0"]);
+    let r = spawn_acq(&srv, "lk", "r2", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    assert_eq!(
+        call(&mut c, &["SWAPDB", "0", "1"]),
+        Reply::Status("OK".into())
+    );
+    let ok = poll_until(Duration::from_secs(2), || owners(&mut c, "lk").len() == 2);
+    assert!(
+        ok,
+        "after SWAPDB the waiting reader fits the read-locked key but was not granted within \
+         2 s: HOLDERS {:?}, INFO {:?}",
+        owners(&mut c, "lk"),
+        kinfo(&mut c, "lk")
+    );
+    tok(&join(r, "r2"), "the reader after SWAPDB");
+    assert_eq!(owners(&mut c, "lk"), ["s1", "r2"]);
+}
+
+#[test]
+fn a_replica_follows_delayed_slots_to_their_end() {
+    let master = Server::builder()
+        .module_args(&["lock-delay-ms", "400"])
+        .start();
+    let replica = Server::start_replica_of(&master);
+    let (mut m, mut r) = (master.conn(), replica.conn());
+    grant_kind(&mut m, "sem", "p1", 60_000, &["LIMIT", "2"]);
+    grant_kind(&mut m, "sem", "p2", 60_000, &["LIMIT", "2"]);
+    grant_kind(&mut m, "only", "p", 60_000, &["LIMIT", "2"]);
+    assert_eq!(revoke(&mut m, &["sem", "p1"]), 1);
+    assert_eq!(revoke(&mut m, &["only"]), 1);
+    assert_mirrored(&mut m, &mut r, &["sem", "only"], "two delayed slots");
+    assert_eq!(shape(&mut r, "sem"), sh("permits", 1, 2, 1, 0));
+    assert_eq!(shape(&mut r, "only"), sh("none", 0, 2, 1, 0));
+    // The master drops a key that only a delayed slot kept; the replica follows.
+    wait_until("the delayed-only key leaves the master", || {
+        exists(&mut m, "only") == 0
+    });
+    wait_replica(&mut m);
+    wait_until("the delayed-only key leaves the replica", || {
+        exists(&mut r, "only") == 0
+    });
+    // The slot of sem frees: both agree, and the freed slot is usable on the master.
+    wait_until("sem's delayed slot ends", || {
+        kinfo(&mut m, "sem").delayed == 0
+    });
+    grant_kind(&mut m, "sem", "p3", 60_000, &["LIMIT", "2"]);
+    assert_mirrored(&mut m, &mut r, &["sem"], "after the slot freed");
+    assert_eq!(shape(&mut r, "sem"), sh("permits", 2, 2, 0, 0));
+    assert_eq!(
+        call(&mut m, &["DEBUG", "DIGEST"]),
+        call(&mut r, &["DEBUG", "DIGEST"]),
+        "datasets differ"
+    );
+}
+
+#[test]
+fn renew_never_revives_an_expired_shared_grant_or_permit() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    for opts in [&["SHARED"][..], &["LIMIT", "2"]] {
+        let keep = grant_kind(&mut c, "k", "keep", 60_000, opts);
+        let t = grant_kind(&mut c, "k", "short", 50, opts);
+        wait_until("the short grant expires", || check(&mut c, "k", t) == 0);
+        assert_eq!(
+            renew(&mut c, "k", "short", 60_000),
+            None,
+            "{opts:?}: RENEW revived"
+        );
+        let r = call(
+            &mut c,
+            &["FLOCK.RENEW", "k", "short", "60000", &t.to_string()],
+        );
+        assert!(r.is_nil(), "{opts:?}: token-qualified RENEW revived: {r:?}");
+        assert_eq!(
+            release(&mut c, "k", "short"),
+            0,
+            "{opts:?}: RELEASE of an expired grant"
+        );
+        assert_eq!(holder_tokens(&mut c, "k"), hv(&[("keep", keep)]));
+        assert_eq!(revoke(&mut c, &["k"]), 1);
+    }
 }
