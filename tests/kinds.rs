@@ -1075,7 +1075,7 @@ fn info_shows_mode_holders_limit_and_delayed_in_every_mode() {
 #[test]
 fn lock_delay_applies_per_slot() {
     let srv = Server::builder()
-        .module_args(&["lock-delay-ms", "600"])
+        .module_args(&["lock-delay-ms", "1000"])
         .start();
     let mut c = srv.conn();
     // A semaphore of 2: an expired permit keeps its slot, so the key has one permit fewer.
@@ -1108,8 +1108,8 @@ fn lock_delay_applies_per_slot() {
     );
     tok(&r, "p3 after the delayed slot");
     assert!(
-        expired_at.elapsed() >= Duration::from_millis(350),
-        "granted {:?} after the expiry, the slot's delay is 600 ms from the deadline",
+        expired_at.elapsed() >= Duration::from_millis(600),
+        "granted {:?} after the expiry, the slot's delay is 1000 ms from the deadline (we saw the expiry at most a few hundred ms late)",
         expired_at.elapsed()
     );
     assert_eq!(shape(&mut c, "sem"), sh("permits", 2, 2, 0, 0));
@@ -1634,9 +1634,11 @@ fn a_replica_mirrors_every_kind_step_by_step_and_keeps_it_when_promoted() {
     assert_mirrored(&mut m, &mut r, &keys, "renew");
 
     note(grant_kind(&mut m, "sem", "p1", 60_000, &["LIMIT", "2"]));
-    let t2 = grant_kind(&mut m, "sem", "p2", 200, &["LIMIT", "2"]);
+    let t2 = grant_kind(&mut m, "sem", "p2", 60_000, &["LIMIT", "2"]);
     note(t2);
     assert_mirrored(&mut m, &mut r, &keys, "two permits");
+    // p2's lease shortened after the comparison, so that it cannot end in the middle of one.
+    assert_eq!(renew(&mut m, "sem", "p2", 100), Some(t2));
     wait_until("p2 expires on the master", || check(&mut m, "sem", t2) == 0);
     wait_until("the master ended p2", || kinfo(&mut m, "sem").delayed == 1);
     assert_mirrored(&mut m, &mut r, &keys, "an expired permit's delayed slot");
@@ -2156,7 +2158,7 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
     let mut head = srv.conn();
     let id = call(&mut head, &["CLIENT", "ID"]).int().expect("CLIENT ID");
     let block = if matches!(how, Leave::Timeout) {
-        "300"
+        "1000"
     } else {
         "0"
     };
@@ -2426,7 +2428,7 @@ fn grants_that_expire_together_each_count_and_each_hand_off() {
     let mut sub = Sub::new(&srv);
     let e0 = flock_stat(&mut c, "expirations");
     for i in 0..3 {
-        grant_kind(&mut c, "sem", &format!("p{i}"), 150, &["LIMIT", "3"]);
+        grant_kind(&mut c, "sem", &format!("p{i}"), 60_000, &["LIMIT", "3"]);
     }
     let mut ws = Vec::new();
     for i in 0..3 {
@@ -2438,6 +2440,11 @@ fn grants_that_expire_together_each_count_and_each_hand_off() {
             &["LIMIT", "3", "BLOCK", "0"],
         ));
         wait_blocked(&mut c, i + 1);
+    }
+    // The three leases end together (shortened once the waiters queued: a short lease from
+    // the start could end before they are in the queue).
+    for i in 0..3 {
+        assert!(renew(&mut c, "sem", &format!("p{i}"), 100).is_some());
     }
     let mut last = 0;
     for (i, w) in ws.into_iter().enumerate() {
@@ -2498,8 +2505,10 @@ fn waiters_are_served_by_what_their_key_name_holds_after_rename_and_swapdb() {
 
 #[test]
 fn a_replica_follows_delayed_slots_to_their_end() {
+    // 1.5 s of lock-delay: long enough that the slots are still running when the first
+    // comparisons are made on a loaded machine, short enough to wait for their end.
     let master = Server::builder()
-        .module_args(&["lock-delay-ms", "400"])
+        .module_args(&["lock-delay-ms", "1500"])
         .start();
     let replica = Server::start_replica_of(&master);
     let (mut m, mut r) = (master.conn(), replica.conn());
