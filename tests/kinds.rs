@@ -2193,8 +2193,9 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
     let granted = poll_until(Duration::from_secs(2), || owners(&mut c, "k").len() == 2);
     assert!(
         granted,
-        "{how:?}: holder {holder_opts:?}; the head waiter {head_opts:?} left; the waiter behind \
-         it {next_opts:?} fits but was not granted within 2 s: HOLDERS {:?}, INFO {:?}",
+        "{how:?}: holder {holder_opts:?}; the head waiter {head_opts:?} ([]: exclusive) left; \
+         the waiter behind it {next_opts:?} fits but was not granted within 2 s: HOLDERS {:?}, \
+         INFO {:?}",
         owners(&mut c, "k"),
         kinfo(&mut c, "k")
     );
@@ -2567,5 +2568,246 @@ fn renew_never_revives_an_expired_shared_grant_or_permit() {
         );
         assert_eq!(holder_tokens(&mut c, "k"), hv(&[("keep", keep)]));
         assert_eq!(revoke(&mut c, &["k"]), 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// runs of readers capped by max-holders, hand-offs by expiry/revoke/FLUSHALL, a model check
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_run_of_readers_stops_at_max_holders_and_the_rest_follow_in_order() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    set_config(&mut c, "flock.max-holders", "3");
+    grant_kind(&mut c, "rw", "w", 60_000, &[]);
+    let mut rs = Vec::new();
+    for i in 0..4 {
+        rs.push(spawn_acq(
+            &srv,
+            "rw",
+            &format!("r{i}"),
+            60_000,
+            &["SHARED", "BLOCK", "0"],
+        ));
+        wait_blocked(&mut c, i + 1);
+    }
+    rel(&mut c, "rw", "w");
+    let mut rs = rs.into_iter();
+    for i in 0..3 {
+        tok(&join(rs.next().unwrap(), "r"), &format!("r{i} in the run"));
+    }
+    assert_eq!(owners(&mut c, "rw"), ["r0", "r1", "r2"]);
+    assert_eq!(
+        shape(&mut c, "rw"),
+        sh("shared", 3, 0, 0, 1),
+        "r3 waits: max-holders 3"
+    );
+    rel(&mut c, "rw", "r1");
+    tok(&join(rs.next().unwrap(), "r3"), "r3 when a reader left");
+    assert_eq!(owners(&mut c, "rw"), ["r0", "r2", "r3"]);
+}
+
+#[test]
+fn expiry_revoke_and_flushall_of_a_writer_hand_the_key_to_the_run_of_readers() {
+    let srv = Server::builder()
+        .module_args(&["lock-delay-ms", "300"])
+        .start();
+    let mut c = srv.conn();
+    for how in ["expiry", "revoke", "flushall"] {
+        let tw = grant_kind(&mut c, "rw", "w", 60_000, &[]);
+        let r1 = spawn_acq(&srv, "rw", "r1", 60_000, &["SHARED", "BLOCK", "0"]);
+        wait_blocked(&mut c, 1);
+        let r2 = spawn_acq(&srv, "rw", "r2", 60_000, &["SHARED", "BLOCK", "0"]);
+        wait_blocked(&mut c, 2);
+        let w2 = spawn_acq(&srv, "rw", "w2", 60_000, &["BLOCK", "0"]);
+        wait_blocked(&mut c, 3);
+        let t0 = Instant::now();
+        match how {
+            "expiry" => assert_eq!(renew(&mut c, "rw", "w", 50), Some(tw)),
+            "revoke" => assert_eq!(revoke(&mut c, &["rw", "w"]), 1),
+            _ => assert_eq!(call(&mut c, &["FLUSHALL"]), Reply::Status("OK".into())),
+        }
+        let t1 = tok(&join(r1, "r1"), &format!("r1 after {how}"));
+        let t2 = tok(&join(r2, "r2"), &format!("r2 after {how}"));
+        let waited = t0.elapsed();
+        assert!(tw < t1 && t1 < t2, "{how}: tokens {tw} {t1} {t2}");
+        // lock-delay applies to expiry and revoke, not to a deleted key.
+        if how != "flushall" {
+            assert!(
+                waited >= Duration::from_millis(250),
+                "{how}: readers granted after {waited:?}, inside the lock-delay"
+            );
+        }
+        assert_eq!(owners(&mut c, "rw"), ["r1", "r2"], "{how}");
+        assert_eq!(
+            kinfo(&mut c, "rw").waiters,
+            1,
+            "{how}: w2 waits behind the run"
+        );
+        assert_eq!(revoke(&mut c, &["rw"]), 2);
+        tok(&join(w2, "w2"), &format!("w2 after {how}"));
+        assert_eq!(call(&mut c, &["FLUSHALL"]), Reply::Status("OK".into()));
+    }
+}
+
+/// What the model says an ACQUIRE without BLOCK answers.
+#[derive(Debug, PartialEq)]
+enum Want {
+    Token(i64),
+    New,
+    Nil,
+    Err(String),
+}
+
+#[test]
+fn random_calls_of_every_kind_match_a_model_of_the_rules() {
+    // Seeded (FLOCK_KINDS_SEED to repeat a run); no BLOCK and no expiry, so that a simple
+    // model of SPEC's rules predicts every reply: G1 (an exclusive grant alone, never more
+    // than the limit), G3 (tokens grow), G4 (the holder's repeat), the error texts, the
+    // token-qualified calls and REVOKE's count.
+    let seed = seed_from_env("FLOCK_KINDS_SEED");
+    eprintln!("FLOCK_KINDS_SEED={seed}");
+    let mut rng = Rng::new(seed);
+    let srv = Server::start();
+    let mut c = srv.conn();
+    set_config(&mut c, "flock.max-holders", "4");
+    let keys = ["k0", "k1"];
+    let owners_ = ["a", "b", "c", "d", "e", "f"];
+    // mode: "x", "s" or the limit as text; each key: (mode, [(owner, token)]).
+    let mut model: Vec<(String, Vec<(String, i64)>)> = vec![(String::new(), Vec::new()); 2];
+    let mut last = 0i64;
+    for step in 0..2_000 {
+        let ki = rng.below(2) as usize;
+        let key = keys[ki];
+        let owner = rng.pick(&owners_);
+        let (mode, grants) = &mut model[ki];
+        let held = grants.iter().position(|(o, _)| o == owner);
+        let what = format!("seed {seed} step {step}");
+        match rng.below(10) {
+            0..=4 => {
+                let m = rng.pick(&["x", "s", "2", "3"]);
+                let opts: Vec<&str> = match m {
+                    "x" => vec![],
+                    "s" => vec!["SHARED"],
+                    n => vec!["LIMIT", n],
+                };
+                let noun = |m: &str| match m {
+                    "x" => "an exclusive",
+                    "s" => "a shared",
+                    _ => "a permit",
+                };
+                let want = if let Some(i) = held {
+                    if *mode == m {
+                        Want::Token(grants[i].1)
+                    } else {
+                        Want::Err(format!(
+                            "ERR owner already holds {} grant of {key}",
+                            noun(mode)
+                        ))
+                    }
+                } else if !grants.is_empty() && *mode != "x" && m != "x" && *mode != m {
+                    Want::Err(if *mode == "s" {
+                        format!("ERR limit mismatch: {key} admits any number of shared holders")
+                    } else {
+                        format!("ERR limit mismatch: {key} admits {mode} shared holders")
+                    })
+                } else {
+                    let cap = match m {
+                        "x" => 1,
+                        "s" => 4,
+                        n => n.parse().unwrap(),
+                    };
+                    let fits = grants.is_empty() || (*mode == m && m != "x" && grants.len() < cap);
+                    if fits {
+                        Want::New
+                    } else {
+                        Want::Nil
+                    }
+                };
+                let r = acq(&mut c, key, owner, 600_000, &opts);
+                match (&want, &r) {
+                    (Want::Token(t), Reply::Int(g)) if g == t => {}
+                    (Want::New, Reply::Int(g)) if *g > last => {
+                        last = *g;
+                        *mode = m.to_string();
+                        grants.push((owner.to_string(), *g));
+                    }
+                    (Want::Nil, Reply::Nil) => {}
+                    (Want::Err(e), Reply::Err(g)) if e == g => {}
+                    _ => panic!("{what}: ACQUIRE {key} {owner} {opts:?}: want {want:?}, got {r:?} (model {mode} {grants:?}, last token {last})"),
+                }
+            }
+            5 | 6 => {
+                // RELEASE, half of the time with a token (right or wrong).
+                let tok_arg = match (held, rng.chance(50)) {
+                    (Some(i), true) if rng.chance(70) => Some(grants[i].1),
+                    (_, true) => Some(last + 1),
+                    _ => None,
+                };
+                let mut args = vec!["FLOCK.RELEASE".to_string(), key.into(), owner.into()];
+                args.extend(tok_arg.map(|t| t.to_string()));
+                let want = match held {
+                    Some(i) if tok_arg.is_none_or(|t| t == grants[i].1) => {
+                        grants.remove(i);
+                        1
+                    }
+                    _ => 0,
+                };
+                assert_eq!(call(&mut c, &args), Reply::Int(want), "{what}: {args:?}");
+            }
+            7 => {
+                let want = held.map(|i| grants[i].1);
+                let r = call(&mut c, &["FLOCK.RENEW", key, owner, "600000"]);
+                assert_eq!(r.int(), want, "{what}: RENEW {key} {owner}");
+            }
+            8 => {
+                if rng.chance(30) {
+                    let n = grants.len() as i64;
+                    grants.clear();
+                    assert_eq!(revoke(&mut c, &[key]), n, "{what}: REVOKE {key}");
+                } else {
+                    let n = held.map(|i| grants.remove(i)).is_some() as i64;
+                    let r = revoke(&mut c, &[key, owner]);
+                    assert_eq!(r, n, "{what}: REVOKE {key} {owner}");
+                }
+            }
+            _ => {
+                // CHECK of a random grant's token, live or not.
+                if let Some((_, t)) = grants.first() {
+                    assert!(check(&mut c, key, *t) > 0, "{what}: CHECK of a live token");
+                }
+                assert_eq!(
+                    check(&mut c, key, last + 1),
+                    0,
+                    "{what}: CHECK of a never issued token"
+                );
+            }
+        }
+        if grants.is_empty() {
+            mode.clear();
+        }
+        // The server agrees with the model: same grants in token order, same mode.
+        let (mode, grants) = &model[ki];
+        assert_eq!(&holder_tokens(&mut c, key), grants, "{what}: HOLDERS {key}");
+        if grants.is_empty() {
+            assert_eq!(
+                exists(&mut c, key),
+                0,
+                "{what}: {key} without grants exists"
+            );
+        } else {
+            let k = kinfo(&mut c, key);
+            let (m, limit) = match mode.as_str() {
+                "x" => ("exclusive", 0),
+                "s" => ("shared", 0),
+                n => ("permits", n.parse().unwrap()),
+            };
+            assert_eq!(
+                (k.mode.as_str(), k.limit, k.holders),
+                (m, limit, grants.len() as i64),
+                "{what}: INFO {key}"
+            );
+        }
     }
 }
