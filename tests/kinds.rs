@@ -3048,3 +3048,46 @@ fn random_waits_of_every_kind_follow_one_fifo_queue() {
         "the run hardly waited: {queued} queued, {handed} handed off"
     );
 }
+
+#[test]
+fn flock_stats_counts_every_grant_of_every_kind() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let map = |r: &Reply| -> Vec<(String, Reply)> {
+        r.pairs()
+            .unwrap_or_else(|| panic!("not a map: {r:?}"))
+            .into_iter()
+            .map(|(k, v)| (k.string().unwrap_or_default(), v))
+            .collect()
+    };
+    let get = |m: &[(String, Reply)], k: &str| -> Reply {
+        m.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {k} in {m:?}"))
+    };
+    // Three readers released, two permits revoked, one writer expired: one class.
+    for i in 0..3 {
+        grant_kind(&mut c, "job:1", &format!("r{i}"), 60_000, &["SHARED"]);
+    }
+    for i in 0..3 {
+        rel(&mut c, "job:1", &format!("r{i}"));
+    }
+    grant_kind(&mut c, "job:2", "p1", 60_000, &["LIMIT", "2"]);
+    grant_kind(&mut c, "job:2", "p2", 60_000, &["LIMIT", "2"]);
+    assert_eq!(revoke(&mut c, &["job:2"]), 2);
+    grant_kind(&mut c, "job:3", "w", 30, &[]);
+    wait_until("the writer's lease ends", || exists(&mut c, "job:3") == 0);
+    let top = map(&call(&mut c, &["FLOCK.STATS", "GET", "job:#"]));
+    let class = map(&get(&map(&get(&top, "classes")), "job:#"));
+    let n = |k: &str| {
+        get(&class, k)
+            .int()
+            .unwrap_or_else(|| panic!("{k}: {class:?}"))
+    };
+    assert_eq!(
+        (n("grants"), n("released"), n("revoked"), n("expired")),
+        (6, 3, 2, 1),
+        "FLOCK.STATS of job:#: {class:?}"
+    );
+}
