@@ -1127,10 +1127,17 @@ fn lock_delay_applies_per_slot() {
     });
 
     // An unlimited shared key: a delayed slot holds off only exclusive requests.
-    grant_kind(&mut c, "rw", "r1", 60_000, &["SHARED"]);
+    let tr = grant_kind(&mut c, "rw", "r1", 60_000, &["SHARED"]);
     assert_eq!(revoke(&mut c, &["rw"]), 1);
     assert_eq!(shape(&mut c, "rw"), sh("none", 0, 0, 1, 0));
     assert_eq!(exists(&mut c, "rw"), 1, "a key in lock-delay exists");
+    let k = kinfo(&mut c, "rw");
+    assert_eq!(
+        (k.owner, k.token, k.ttl),
+        (None, tr, 0),
+        "no live grant: the last token, ttl 0"
+    );
+    assert_eq!(holders(&mut c, "rw"), [], "a delayed slot is no holder");
     refused(
         &mut c,
         "rw",
@@ -3090,4 +3097,41 @@ fn flock_stats_counts_every_grant_of_every_kind() {
         (6, 3, 2, 1),
         "FLOCK.STATS of job:#: {class:?}"
     );
+}
+
+#[test]
+fn waiters_are_served_by_a_read_locked_value_restored_or_copied_over_their_key() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    grant_kind(&mut c, "src", "s1", 60_000, &["SHARED"]);
+    let payload = call(&mut c, &["DUMP", "src"])
+        .bytes()
+        .expect("DUMP")
+        .to_vec();
+    for how in ["RESTORE", "COPY"] {
+        grant_kind(&mut c, "lk", "w", 60_000, &[]);
+        let r = spawn_acq(&srv, "lk", "r", 60_000, &["SHARED", "BLOCK", "0"]);
+        wait_blocked(&mut c, 1);
+        let reply = if how == "RESTORE" {
+            call(
+                &mut c,
+                &[b"RESTORE".as_slice(), b"lk", b"0", &payload, b"REPLACE"],
+            )
+        } else {
+            call(&mut c, &["COPY", "src", "lk", "REPLACE"])
+        };
+        assert!(!reply.is_err(), "{how}: {reply:?}");
+        // The name now holds a read lock: the waiting reader fits and is granted.
+        let ok = poll_until(Duration::from_secs(2), || owners(&mut c, "lk").len() == 2);
+        assert!(
+            ok,
+            "{how} REPLACE put a read-locked value under the name a reader waits for; the \
+             reader was not granted within 2 s: HOLDERS {:?}, INFO {:?}",
+            owners(&mut c, "lk"),
+            kinfo(&mut c, "lk")
+        );
+        tok(&join(r, "r"), how);
+        assert_eq!(owners(&mut c, "lk"), ["s1", "r"], "{how}");
+        assert_eq!(call(&mut c, &["DEL", "lk"]), Reply::Int(1));
+    }
 }
