@@ -3135,3 +3135,41 @@ fn waiters_are_served_by_a_read_locked_value_restored_or_copied_over_their_key()
         assert_eq!(call(&mut c, &["DEL", "lk"]), Reply::Int(1));
     }
 }
+
+#[test]
+fn a_reader_granted_as_its_connection_closes_is_released_again_and_the_queue_goes_on() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    grant_kind(&mut c, "rw", "w", 60_000, &[]);
+    let mut gone = srv.conn();
+    let id = call(&mut gone, &["CLIENT", "ID"]).int().expect("CLIENT ID");
+    let h = thread::spawn(move || {
+        call_raw(
+            &mut gone,
+            &["FLOCK.ACQUIRE", "rw", "r1", "60000", "SHARED", "BLOCK", "0"],
+        )
+    });
+    wait_blocked(&mut c, 1);
+    let r2 = spawn_acq(&srv, "rw", "r2", 60_000, &["SHARED", "BLOCK", "0"]);
+    wait_blocked(&mut c, 2);
+    let w2 = spawn_acq(&srv, "rw", "w2", 60_000, &["BLOCK", "0"]);
+    wait_blocked(&mut c, 3);
+    // In one transaction: the release hands the key to r1 and r2, and r1's connection is
+    // killed before its reply can be written: the grant to a client that has just gone away
+    // is released again, r2 keeps its own.
+    assert_eq!(call(&mut c, &["MULTI"]), Reply::Status("OK".into()));
+    call(&mut c, &["FLOCK.RELEASE", "rw", "w"]);
+    call(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+    let r = call(&mut c, &["EXEC"]);
+    assert_eq!(r, Reply::Array(vec![Reply::Int(1), Reply::Int(1)]), "EXEC");
+    assert!(
+        h.join().expect("thread").is_err(),
+        "r1's connection is closed"
+    );
+    tok(&join(r2, "r2"), "r2 in the run");
+    wait_until("r1's orphaned grant is released", || {
+        owners(&mut c, "rw") == ["r2"]
+    });
+    rel(&mut c, "rw", "r2");
+    tok(&join(w2, "w2"), "w2 after r2 (r1's grant gone)");
+}
