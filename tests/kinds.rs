@@ -3173,3 +3173,124 @@ fn a_reader_granted_as_its_connection_closes_is_released_again_and_the_queue_goe
     rel(&mut c, "rw", "r2");
     tok(&join(w2, "w2"), "w2 after r2 (r1's grant gone)");
 }
+
+#[test]
+fn a_forged_aof_never_loads_a_state_that_breaks_the_kinds_rules() {
+    // G1/G8 against files: FLOCK.APPLY STATE lines that no master writes (too many permits,
+    // two exclusive grants, an owner twice, tokens out of order, bad limits, a last token
+    // below a grant's) are appended to the AOF. The server must come up, and whatever it
+    // loaded must obey the rules.
+    let mut srv = Server::builder()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let mut c = srv.conn();
+    grant_kind(&mut c, "good", "p1", 60_000, &["LIMIT", "2"]);
+    let t0 = now_us();
+    let dl = (now_ms() + 60_000).to_string();
+    let t = |i: i64| (t0 + 1_000 + i).to_string();
+    let g =
+        |o: &'static str, i: i64| -> Vec<String> { vec![o.into(), t(i), dl.clone(), "0".into()] };
+    let state = |key: &str,
+                 mode: &str,
+                 limit: &str,
+                 last: String,
+                 grants: Vec<Vec<String>>|
+     -> Vec<String> {
+        let mut v: Vec<String> = ["FLOCK.APPLY", key, "STATE", mode, limit]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(last);
+        v.push(grants.len().to_string());
+        v.extend(grants.into_iter().flatten());
+        v.push("0".into());
+        v
+    };
+    let forged = [
+        state(
+            "f:three-of-two",
+            "permits",
+            "2",
+            t(3),
+            vec![g("a", 1), g("b", 2), g("c", 3)],
+        ),
+        state(
+            "f:two-exclusive",
+            "exclusive",
+            "0",
+            t(5),
+            vec![g("a", 4), g("b", 5)],
+        ),
+        state(
+            "f:owner-twice",
+            "shared",
+            "0",
+            t(7),
+            vec![g("a", 6), g("a", 7)],
+        ),
+        state(
+            "f:out-of-order",
+            "shared",
+            "0",
+            t(9),
+            vec![g("a", 9), g("b", 8)],
+        ),
+        state("f:limit-zero", "permits", "0", t(10), vec![g("a", 10)]),
+        state(
+            "f:shared-with-limit",
+            "shared",
+            "5",
+            t(11),
+            vec![g("a", 11)],
+        ),
+        state("f:bad-mode", "readers", "0", t(12), vec![g("a", 12)]),
+        state("f:last-below", "permits", "3", t(0), vec![g("a", 13)]),
+    ];
+    srv.stop();
+    let incr = srv
+        .files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("an incremental AOF file");
+    let mut bytes = std::fs::read(&incr).expect("read AOF");
+    for f in &forged {
+        encode_command(&mut bytes, f);
+    }
+    std::fs::write(&incr, bytes).expect("write AOF");
+    srv.start_again();
+    let mut c = srv.conn();
+    srv.assert_log_clean();
+    assert_eq!(owners(&mut c, "good"), ["p1"], "the genuine key loaded");
+    let mut max = 0;
+    for f in &forged {
+        let key = f[1].as_str();
+        let h = holder_tokens(&mut c, key);
+        let Some(k) = parse_k(&call(&mut c, &["FLOCK.INFO", key]), key) else {
+            continue; // refused: fine
+        };
+        eprintln!("forged {key} loaded as {k:?} {h:?}");
+        let mut seen: Vec<&str> = h.iter().map(|(o, _)| o.as_str()).collect();
+        seen.dedup();
+        assert_eq!(seen.len(), h.len(), "{key}: an owner holds twice: {h:?}");
+        assert!(
+            h.windows(2).all(|w| w[0].1 < w[1].1),
+            "{key}: HOLDERS not in token order: {h:?}"
+        );
+        match k.mode.as_str() {
+            "exclusive" => assert_eq!(h.len(), 1, "{key}: G1: {h:?}"),
+            "permits" => assert!(
+                k.limit >= 1 && h.len() as i64 <= k.limit,
+                "{key}: G1: {k:?} {h:?}"
+            ),
+            "shared" => assert_eq!(k.limit, 0, "{key}: {k:?}"),
+            m => panic!("{key}: mode {m}"),
+        }
+        max = max.max(h.iter().map(|(_, t)| *t).max().unwrap_or(0));
+    }
+    let fresh = grant_kind(&mut c, "fresh", "n", 10_000, &["SHARED"]);
+    assert!(
+        fresh > max,
+        "G3: a new token {fresh} not above a loaded one {max}"
+    );
+}
