@@ -2198,9 +2198,14 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
         "{how:?}: the head waiter's answer: {r:?}"
     );
     let granted = poll_until(Duration::from_secs(2), || owners(&mut c, "k").len() == 2);
+    let head_kind = if head_opts.is_empty() {
+        "exclusive".to_string()
+    } else {
+        format!("{head_opts:?}")
+    };
     assert!(
         granted,
-        "{how:?}: holder {holder_opts:?}; the head waiter {head_opts:?} ([]: exclusive) left; \
+        "{how:?}: holder {holder_opts:?}; the head waiter ({head_kind}) left; \
          the waiter behind it {next_opts:?} fits but was not granted within 2 s: HOLDERS {:?}, \
          INFO {:?}",
         owners(&mut c, "k"),
