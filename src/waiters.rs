@@ -380,14 +380,22 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
     registry().get().queue(db, key).is_some()
 }
 
-/// Take waiter `waiter_id` out of its queue and the registry.
+/// Take waiter `waiter_id` out of its queue and the registry. When it was the head of its
+/// queue, those behind it may fit now (a reader behind a writer that timed out): the key is
+/// looked at again right after.
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
+    let mut look_again = false;
     if let Some(q) = reg.queue_mut(b.key.0, &b.key.1) {
+        let was_front = q.is_front(waiter_id);
         q.cancel(waiter_id);
+        look_again = was_front && !q.is_empty();
     }
     reg.drop_if_empty(b.key.0, &b.key.1);
+    if look_again {
+        jobs::schedule(Job::Revisit(b.key.clone()));
+    }
     Some(b)
 }
 
