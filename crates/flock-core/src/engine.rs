@@ -246,7 +246,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
     let mut changed = false;
     if !state.grants().is_empty()
         && state.expire(now, env.lock_delay_ms, |g| {
-            let event = if g.binding == Binding::Lost {
+            let event = if g.binding() == Binding::Lost {
                 Event::Closed
             } else {
                 Event::Expired

@@ -37,7 +37,7 @@ impl Host for Recorder {
                 format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
-            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound) => {
+            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound()) => {
                 "repl state".into()
             }
             Effect::Replicate(Snapshot::Full(s)) => {
