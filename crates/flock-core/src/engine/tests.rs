@@ -586,6 +586,40 @@ fn engine_table() {
             ],
         ),
         (
+            "a retried BLOCK that takes the head's place out lets the new head in (G6)",
+            0,
+            &[
+                (
+                    0,
+                    Kind("p1", P3, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1] delays 0", "arm", "acquired"],
+                ),
+                (1, Kind("w", X, 100, true), "Blocked", &["contended", "arm"]),
+                (
+                    2,
+                    Kind("r", P3, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                // "w" waits again, for a permit: its exclusive request (the head, which
+                // did not fit) leaves, and both permits now fit.
+                (
+                    3,
+                    Kind("w", P3, 100, true),
+                    "Blocked",
+                    &[
+                        "contended",
+                        "replaced 1",
+                        "acquired",
+                        "acquired",
+                        "repl permits [p1 r w] delays 0",
+                        "arm",
+                    ],
+                ),
+            ],
+        ),
+        (
             "lock-delay per slot: an expired permit keeps its slot, the others go on",
             50,
             &[
