@@ -1113,6 +1113,13 @@ pub fn state_machine_target(data: &[u8]) {
                     Reply::Int(want as i64),
                     "step {steps}: CHECK key {k} token {t}"
                 );
+                // FENCED runs under a live grant only, read-only under a shared one (G5).
+                let live = model.keys[k].live(now).any(|g| g.token == t);
+                assert_eq!(
+                    engine::fence(real.states[k].as_ref(), t, now),
+                    live.then_some(model.keys[k].mode),
+                    "step {steps}: FENCED key {k} token {t}"
+                );
             }
             // FLOCK.INFO and FLOCK.HOLDERS (read-only)
             11 => {
@@ -1269,16 +1276,28 @@ pub fn state_machine_target(data: &[u8]) {
                 }
             }
             // A restart or a failover: state travels, waiters are gone; the high-water mark
-            // comes along (RDB aux data, replication) or not (an AOF without preamble).
+            // comes along (RDB aux data; a failover has the replica's) or not (an AOF
+            // without preamble).
             _ => {
                 full = true;
-                let keep_mark = r.u8() & 3 != 0;
+                let how = r.u8() & 7;
+                let keep_mark = how >= 2;
                 let old_mark = real.tokens.high_water();
-                real.tokens = TokenIssuer::new();
-                if keep_mark {
-                    real.tokens.observe(old_mark);
-                } else {
+                if how == 7 {
+                    // A failover: the replica becomes the master with what it applied and
+                    // the token mark it raised on the way (G3 for grants that reached it).
+                    for kk in 0..KEYS {
+                        real.states[kk] = real.replica.keys[kk].clone();
+                    }
+                    real.tokens = std::mem::take(&mut real.replica.tokens);
                     model.high_water = 0;
+                } else {
+                    real.tokens = TokenIssuer::new();
+                    if keep_mark {
+                        real.tokens.observe(old_mark);
+                    } else {
+                        model.high_water = 0;
+                    }
                 }
                 for kk in 0..KEYS {
                     real.queues[kk] = WaitQueue::default();
@@ -1290,6 +1309,9 @@ pub fn state_machine_target(data: &[u8]) {
                 model.recent_handoffs.clear();
                 // Without the mark, G3 across the restart rests on the clock alone: the first
                 // token issued after it must be above the old mark when the clock is.
+                if how == 7 {
+                    model.high_water = real.tokens.high_water();
+                }
                 if !keep_mark {
                     model.high_water = real.tokens.high_water();
                     let floor = model.issued.clock_floor.unwrap_or(0).max(old_mark);
@@ -1352,6 +1374,10 @@ fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
     } else {
         real.replica.keys[k] = None;
     }
+    // A resync carries the master's token mark (RDB aux data); between resyncs the replica
+    // raises its own from the effects it applies.
+    let mark = real.tokens.high_water();
+    real.replica.tokens.observe(mark);
 
     let left = |wall_ms: i64| -> u64 {
         let ms = wall_ms.saturating_sub(now.wall_ms).max(0) as u64;
