@@ -938,6 +938,12 @@ fn others(real: &Server, k: usize, owner: Option<&[u8]>, now: Now) -> Vec<(u64, 
 
 /// libFuzzer target: a random sequence of operations on three keys.
 pub fn state_machine_target(data: &[u8]) {
+    state_machine_run(data);
+}
+
+/// [`state_machine_target`], returning the number of steps it ran (what the smoke test
+/// reports, so a driver that stops early shows).
+pub fn state_machine_run(data: &[u8]) -> usize {
     let mut r = Bytes::new(data);
     let mut wall_us: u64 = WALL0_US + u64::from(r.u32());
     let mut mono_us: u64 = 1_000_000 + u64::from(r.u16());
@@ -1359,6 +1365,7 @@ pub fn state_machine_target(data: &[u8]) {
             );
         }
     }
+    steps
 }
 
 /// The keyspace leaves this server and comes back through RDB: each key's kind, grants
