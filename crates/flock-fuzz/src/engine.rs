@@ -531,6 +531,8 @@ struct KeyHost<'s> {
     /// (waiter id, token) handed over in this operation.
     delivered: Vec<(u64, u64)>,
     blocked: Option<u64>,
+    /// The last timer the operation armed (its monotonic time; `None` inside: disarmed).
+    armed: Option<Option<u64>>,
     deleted: bool,
     deleted_then_touched: bool,
 }
@@ -562,7 +564,8 @@ impl Host for KeyHost<'_> {
             }
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
-            Effect::Notify(_) | Effect::Count(_) | Effect::ReplicateVerbatim | Effect::Arm(_) => {}
+            Effect::Arm(d) => self.armed = Some(d.map(|d| d.mono_us)),
+            Effect::Notify(_) | Effect::Count(_) | Effect::ReplicateVerbatim => {}
         }
     }
     fn waiting(&mut self) -> usize {
@@ -609,6 +612,7 @@ impl Host for KeyHost<'_> {
 struct Outcome {
     delivered: Vec<(u64, u64)>,
     blocked: Option<u64>,
+    armed: Option<Option<u64>>,
 }
 
 impl Server {
@@ -638,6 +642,7 @@ impl Server {
             max_waiters: set.max_waiters,
             delivered: Vec::new(),
             blocked: None,
+            armed: None,
             deleted: false,
             deleted_then_touched: false,
         };
@@ -655,6 +660,7 @@ impl Server {
             Outcome {
                 delivered: host.delivered,
                 blocked: host.blocked,
+                armed: host.armed,
             },
         );
         if deleted {
@@ -981,6 +987,8 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         model.handed.clear();
         // The engine's hand-offs in this step, to compare with the model's (FIFO, G6).
         let mut delivered: Vec<(u64, u64)> = Vec::new();
+        // The timer the engine armed for the key in this step.
+        let mut armed = None;
         let now = Now::new(wall_us, mono_us);
         let op = r.u8() % 21;
         let k = r.below(KEYS);
@@ -1048,6 +1056,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     })
                     .expect("ACQUIRE creates the key");
                 delivered = out.delivered;
+                armed = out.armed;
                 write = true;
                 let want = model.acquire(k, &a, now, set, out.blocked);
                 model.publish(k, now);
@@ -1089,6 +1098,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     continue;
                 };
                 delivered = out.delivered;
+                armed = out.armed;
                 write = true;
                 let want = match op {
                     6 | 7 => model.release(k, &owner, token, now, set),
@@ -1164,6 +1174,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 });
                 if let Some((_, out)) = ran {
                     delivered = out.delivered;
+                    armed = out.armed;
                     write = true;
                     model.settle(k, now, set);
                 }
@@ -1196,6 +1207,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                             })
                             .expect("revisit runs");
                         delivered = out.delivered;
+                        armed = out.armed;
                         write = true;
                         model.keys[k].exists = true;
                         model.settle(k, now, set);
@@ -1235,6 +1247,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                             })
                             .expect("the key exists");
                         delivered = out.delivered;
+                        armed = out.armed;
                         write = true;
                         let key = &mut model.keys[kk];
                         // Only a live grant is released (one that ran out expires instead).
@@ -1264,6 +1277,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                         })
                         .expect("revisit creates the key");
                     delivered = out.delivered;
+                    armed = out.armed;
                     write = true;
                     model.keys[k].exists = true;
                     model.settle(k, now, set);
@@ -1351,6 +1365,22 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             delivered, model.handed,
             "step {steps}: hand-offs of key {touched} (FIFO)"
         );
+        // G6: a key that stays is armed for its next lease or slot end, so that an expiry
+        // hands it on at once rather than at the next command.
+        if write && real.states[touched].is_some() {
+            let mk = &model.keys[touched];
+            let next = mk
+                .grants
+                .iter()
+                .map(|g| g.mono_us)
+                .chain(mk.delays.iter().map(|d| d.0))
+                .min();
+            assert_eq!(
+                armed,
+                Some(next),
+                "step {steps}: the timer of key {touched}"
+            );
+        }
         for kk in 0..KEYS {
             let here = kk == touched;
             assert_same(
