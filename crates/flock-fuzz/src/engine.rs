@@ -1026,6 +1026,8 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     continue;
                 }
                 let mode = pick_mode(&mut r, k, set.max_holders);
+                // Inside MULTI/EXEC or a script BLOCK answers at once.
+                let can_block = r.u8() % 8 != 0;
                 let argv = acquire_argv(k, &owner, ttl_ms, mode, op >= 3);
                 let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
                 let a = match args::parse_acquire(&refs, MAX_TTL_MS, set.max_holders) {
@@ -1052,13 +1054,17 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     .and_then(|s| s.owner_grant(&owner, now).map(|g| (g.token, s.mode)));
                 let (got, out) = real
                     .run(k, now, set, true, |s, env, host| {
-                        engine::acquire(s, env, host, &a, true)
+                        engine::acquire(s, env, host, &a, can_block)
                     })
                     .expect("ACQUIRE creates the key");
                 delivered = out.delivered;
                 armed = out.armed;
                 write = true;
-                let want = model.acquire(k, &a, now, set, out.blocked);
+                let asked = AcquireArgs {
+                    block: a.block.filter(|_| can_block),
+                    ..a
+                };
+                let want = model.acquire(k, &asked, now, set, out.blocked);
                 model.publish(k, now);
                 assert_eq!(got, want, "step {steps}: ACQUIRE {argv:?}");
                 said = format!("{:?} {got:?}", a.mode);
@@ -1151,7 +1157,19 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             }
             // Time passes; now and then the wall clock steps (NTP, an operator, a VM resume).
             12 | 13 => {
-                let d_us = match r.u8() % 4 {
+                let d_us = match r.u8() % 5 {
+                    // To the key's next lease or slot end, to the microsecond: the edge
+                    // where a lease stops being live.
+                    4 => {
+                        let mk = &model.keys[k];
+                        mk.grants
+                            .iter()
+                            .map(|g| g.mono_us)
+                            .chain(mk.delays.iter().map(|d| d.0))
+                            .filter(|&m| m > mono_us)
+                            .min()
+                            .map_or(0, |m| m - mono_us)
+                    }
                     0 => u64::from(r.u8()) * 10,
                     1 => u64::from(r.u16()),
                     2 => u64::from(r.u16()) * 20,
