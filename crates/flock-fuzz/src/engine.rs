@@ -1027,7 +1027,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 }
                 let mode = pick_mode(&mut r, k, set.max_holders);
                 // Inside MULTI/EXEC or a script BLOCK answers at once.
-                let can_block = r.u8() % 8 != 0;
+                let can_block = !r.u8().is_multiple_of(8);
                 let argv = acquire_argv(k, &owner, ttl_ms, mode, op >= 3);
                 let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
                 let a = match args::parse_acquire(&refs, MAX_TTL_MS, set.max_holders) {
@@ -1409,7 +1409,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 set,
                 steps,
                 write && here,
-                full || here && steps % 16 == 0,
+                full || here && steps.is_multiple_of(16),
             );
         }
     }
