@@ -956,7 +956,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
     let mut set = Settings {
         lock_delay_ms: [0, 0, 0, 5, 50, 400][r.below(6)],
         max_holders: MAX_HOLDERS[r.below(3)],
-        max_waiters: [3, 100][r.below(2)],
+        max_waiters: [2, 3, 100, 100][r.below(4)],
     };
     let mut real = Server {
         states: vec![None; KEYS],
