@@ -1,18 +1,21 @@
 //! The lock engine against a reference model: random operation sequences on keys of every
 //! kind (exclusive, shared, permits) run through `flock_core::engine` exactly as the module
 //! runs them, with a host that plays the server (keyspace, wait queues, a replica fed by the
-//! replicated effects). The operations: ACQUIRE in each mode (with and without BLOCK, with
-//! limits that match the key's and limits that do not), RELEASE and RENEW with and without a
-//! token (the live one or a stale one), REVOKE of all or of one owner, CHECK, INFO, HOLDERS,
-//! timers, waiters leaving or vanishing, grants whose client left before the reply, DEL,
-//! travel through RDB, restarts, clock steps and new settings (lock-delay, max-holders).
+//! replicated effects over the wire). The operations: ACQUIRE in each mode, parsed from its
+//! argv (with and without BLOCK, inside MULTI, with the key's limit, another one or one out of
+//! range), RELEASE and RENEW with and without a token (the live one or a stale one), REVOKE of
+//! all or of one owner, CHECK, FENCED's verdict, INFO, HOLDERS, timers, waiters leaving (then
+//! a revisit) or vanishing, grants whose client left before the reply, DEL, travel through
+//! RDB, restarts with and without the token mark, failovers to the replica, clock steps (to
+//! the microsecond of a deadline, too) and new settings (lock-delay, max-holders).
 //!
-//! The model is written from the contract (docs/SPEC.md, "Lock kinds" and G1-G7), not from
-//! the engine. Checked after every step: the replies and states against the model, G1 (an
-//! exclusive grant is alone, no key has more grants than its limit), G2, G3 (tokens grow
-//! across kinds), G4, G6 (hand-offs are the model's, in FIFO order; a head that fits never
-//! waits after a write), G7 (the replica agrees with the master on everything that travels)
-//! and G9.
+//! The model is written from the contract (SPEC.md: "Lock kinds: exclusive, shared, counted",
+//! "Token-qualified calls", G1-G7), not from the engine. Checked after every step: the replies
+//! and states against the model, G1 (an exclusive grant is alone, no key has more grants than
+//! its limit), G2, G3 (tokens grow across kinds, restarts and failovers), G4, G5, G6
+//! (hand-offs are the model's, in FIFO order; after a write a head that fits never waits and
+//! the key is armed for its next deadline), G7 (the replica agrees with the master on
+//! everything that travels) and G9.
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
