@@ -77,8 +77,13 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     // SAFETY: Redis passes a live value of our type.
     match unsafe { record(value) } {
-        // The copy gets its own timer when the copy_to event arms it.
-        Some(rec) => LockRecord::boxed(rec.state.clone()).cast(),
+        // The copy gets its own timer when the copy_to event arms it. A binding lives with
+        // one connection and one value: COPY leaves bound grants out (G11).
+        Some(rec) => {
+            let mut state = rec.state.clone();
+            state.grants.retain(|g| !g.bound);
+            LockRecord::boxed(state).cast()
+        }
         None => ptr::null_mut(),
     }
 }

@@ -15,6 +15,8 @@ pub struct Waiter {
     pub ttl_ms: u64,
     /// The kind of grant it waits for.
     pub mode: Mode,
+    /// BOUND: the connection its grant is to live with.
+    pub bind_to: Option<u64>,
 }
 
 /// The waiters of one key, first come first served, all kinds in one queue.
@@ -157,6 +159,7 @@ mod tests {
             owner: owner.as_bytes().into(),
             ttl_ms,
             mode: Mode::Exclusive,
+            bind_to: None,
         }
     }
 

@@ -259,7 +259,7 @@ mod tests {
         let mut s = LockState::default();
         for o in ["a", "b"] {
             let t = tokens.issue(T0).expect("token");
-            s.grant(Mode::Permits(3), o.as_bytes(), 1000, t, T0);
+            s.grant(Mode::Permits(3), o.as_bytes(), 1000, t, T0, None);
         }
         s.delays.push(Deadline::after(50, T0));
         s
@@ -270,10 +270,10 @@ mod tests {
         let mut tokens = TokenIssuer::new();
         let mut held = LockState::default();
         let t = tokens.issue(T0).expect("token");
-        held.grant(Mode::Exclusive, b"a", 1000, t, T0);
+        held.grant(Mode::Exclusive, b"a", 1000, t, T0, None);
         let delayed = LockState::delayed(Mode::Exclusive, 7, Deadline::after(50, T0));
         let mut bound = held.clone();
-        bound.grants[0].bound = true;
+        bound.grants[0].bind(Some(9));
         let there = Now::new(T0.wall_us + 300_000, 42);
         for state in [held, delayed, shared_state(&mut tokens), bound] {
             let image = LockImage::of(&state);
@@ -298,7 +298,7 @@ mod tests {
         let shared = shared_state(&mut tokens);
         assert!(matches!(Snapshot::of(&shared), Some(Snapshot::Full(_))));
         let mut held = LockState::default();
-        held.grant(Mode::Exclusive, b"a", 1000, 5, T0);
+        held.grant(Mode::Exclusive, b"a", 1000, 5, T0, None);
         assert!(matches!(Snapshot::of(&held), Some(Snapshot::Held(_))));
         held.grants[0].bound = true;
         assert!(matches!(Snapshot::of(&held), Some(Snapshot::Full(_))));

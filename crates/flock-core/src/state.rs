@@ -60,6 +60,21 @@ impl Mode {
     }
 }
 
+/// Which connection a BOUND grant lives with, on this server (never persisted or replicated:
+/// RDB, AOF, effects and DUMP carry only the grant's `bound` mark).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Binding {
+    /// Not bound here: an unbound grant, or a bound one on a replica (which follows its
+    /// master), or one just loaded on a master and not yet looked at.
+    #[default]
+    None,
+    /// Bound to the client connection with this id.
+    Client(u64),
+    /// A bound grant whose connection closed, or that arrived on a master with no binding
+    /// (restart, RESTORE, promotion): not live from that moment; ended by the next settle.
+    Lost,
+}
+
 /// One continuous holding of a key by one owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -70,9 +85,10 @@ pub struct Grant {
     /// measures hold times from. Not persisted: a grant loaded or replicated starts counting
     /// when it arrives.
     pub since_mono_us: u64,
-    /// Made with BOUND: the persisted and replicated mark (the binding to a connection is
-    /// memory of the master process and lives in the module).
+    /// Made with BOUND: the persisted and replicated mark.
     pub bound: bool,
+    /// The connection a bound grant lives with on this server.
+    pub binding: Binding,
 }
 
 impl Grant {
@@ -84,6 +100,21 @@ impl Grant {
             deadline: Deadline::after(ttl_ms, now),
             since_mono_us: now.mono_us,
             bound: false,
+            binding: Binding::None,
+        }
+    }
+
+    /// Bind the grant to connection `client` (BOUND), or unbind it (`None`).
+    pub fn bind(&mut self, client: Option<u64>) {
+        self.bound = client.is_some();
+        self.binding = client.map_or(Binding::None, Binding::Client);
+    }
+
+    /// The connection this grant is bound to here, if any.
+    pub fn bound_client(&self) -> Option<u64> {
+        match self.binding {
+            Binding::Client(c) => Some(c),
+            _ => None,
         }
     }
 
@@ -96,6 +127,7 @@ impl Grant {
             deadline: Deadline::from_wall(deadline_wall_ms, now),
             since_mono_us: now.mono_us,
             bound: false,
+            binding: Binding::None,
         }
     }
 
@@ -104,8 +136,9 @@ impl Grant {
         *self.owner == *owner && token.is_none_or(|t| t == self.token)
     }
 
+    /// Live: its lease runs and, when bound, its connection is still there (G11).
     pub fn is_live(&self, now: Now) -> bool {
-        !self.deadline.passed(now)
+        !self.deadline.passed(now) && self.binding != Binding::Lost
     }
 
     pub fn remaining_ms(&self, now: Now) -> u64 {
@@ -237,13 +270,18 @@ impl LockState {
     pub fn next_deadline(&self) -> Option<Deadline> {
         self.grants
             .iter()
-            .map(|g| g.deadline)
+            // A grant that lost its connection is due at once.
+            .map(|g| match g.binding {
+                Binding::Lost => Deadline::default(),
+                _ => g.deadline,
+            })
             .chain(self.delays.iter().copied())
             .min_by_key(|d| d.mono_us)
     }
 
-    /// Clear the grants whose lease ran out, each leaving a delayed slot of `lock_delay_ms`
-    /// counted from its deadline. Calls `ended` with each ended grant, oldest first.
+    /// Clear the grants that are no longer live, each leaving a delayed slot of
+    /// `lock_delay_ms` counted from its deadline (a lease that ran out) or from `now` (a
+    /// bound grant whose connection is gone). Calls `ended` with each, oldest first.
     pub fn expire(&mut self, now: Now, lock_delay_ms: u64, mut ended: impl FnMut(&Grant)) -> usize {
         let before = self.grants.len();
         if self.grants.iter().all(|g| g.is_live(now)) {
@@ -257,7 +295,12 @@ impl LockState {
             }
             ended(&g);
             if lock_delay_ms > 0 {
-                self.push_delay(g.deadline.plus(lock_delay_ms));
+                let from = if g.binding == Binding::Lost && !g.deadline.passed(now) {
+                    Deadline::after(0, now)
+                } else {
+                    g.deadline
+                };
+                self.push_delay(from.plus(lock_delay_ms));
             }
         }
         self.grants = kept;
@@ -285,11 +328,47 @@ impl LockState {
     }
 
     /// Add a grant of `mode` to `owner` with a freshly issued `token` (the caller checked
-    /// that it fits).
-    pub fn grant(&mut self, mode: Mode, owner: &[u8], ttl_ms: u64, token: u64, now: Now) {
+    /// that it fits), bound to connection `bind_to` when given.
+    pub fn grant(
+        &mut self,
+        mode: Mode,
+        owner: &[u8],
+        ttl_ms: u64,
+        token: u64,
+        now: Now,
+        bind_to: Option<u64>,
+    ) {
         self.mode = mode;
-        self.grants.push(Grant::new(owner, token, ttl_ms, now));
+        let mut g = Grant::new(owner, token, ttl_ms, now);
+        g.bind(bind_to);
+        self.grants.push(g);
         self.last_token = token;
+    }
+
+    /// The connection `client` closed: its bound grants are no longer live (the next settle
+    /// ends them). Returns how many.
+    pub fn close(&mut self, client: u64) -> usize {
+        let mut n = 0;
+        for g in self.grants.iter_mut() {
+            if g.binding == Binding::Client(client) {
+                g.binding = Binding::Lost;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// On a master: bound grants that have no binding in this process (loaded, restored,
+    /// promoted) lose their connection. Returns how many.
+    pub fn orphan_bound(&mut self) -> usize {
+        let mut n = 0;
+        for g in self.grants.iter_mut() {
+            if g.bound && g.binding == Binding::None {
+                g.binding = Binding::Lost;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Take back the newest grant (its waiter vanished before it could be told).
@@ -303,6 +382,7 @@ impl LockState {
     ///
     /// Checks come in the contract's order: the owner's own grant (mode, then limit), then the
     /// key's limit, then whether the request fits.
+    /// `bind_to`: the connection a BOUND request comes from.
     #[allow(clippy::too_many_arguments)]
     pub fn acquire(
         &mut self,
@@ -313,6 +393,7 @@ impl LockState {
         waiting: usize,
         waiting_mode: impl FnOnce() -> Option<Mode>,
         max_holders: u32,
+        bind_to: Option<u64>,
         tokens: &mut TokenIssuer,
     ) -> Acquired {
         if let Some(g) = self
@@ -324,6 +405,8 @@ impl LockState {
                 return Acquired::OwnerHolds(self.mode);
             }
             g.deadline = Deadline::after(ttl_ms, now);
+            // The repeat sets the binding anew: to this connection with BOUND, else none.
+            g.bind(bind_to);
             return Acquired::Refreshed(g.token);
         }
         if let Some(key_mode) = self.limit_of_key(now, waiting_mode) {
@@ -336,7 +419,7 @@ impl LockState {
         }
         match tokens.issue(now) {
             Some(token) => {
-                self.grant(mode, owner, ttl_ms, token, now);
+                self.grant(mode, owner, ttl_ms, token, now, bind_to);
                 Acquired::Granted(token)
             }
             None => Acquired::TokensExhausted,

@@ -489,7 +489,7 @@ impl Host for ReplicaHost {
     fn deliver(&mut self, _: &Waiter, _: u64) -> bool {
         panic!("a replica hands nothing off")
     }
-    fn block(&mut self, _: &AcquireArgs<'_>, _: u64) -> Result<(), BlockRefused> {
+    fn block(&mut self, _: &AcquireArgs<'_>, _: u64, _: Option<u64>) -> Result<(), BlockRefused> {
         panic!("a replica blocks nobody")
     }
 }
@@ -568,7 +568,12 @@ impl Host for KeyHost<'_> {
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
             Effect::Arm(d) => self.armed = Some(d.map(|d| d.mono_us)),
-            Effect::Notify(_) | Effect::Count(_) | Effect::ReplicateVerbatim => {}
+            // No BOUND grants here: the bindings are the module's business.
+            Effect::Notify(_)
+            | Effect::Count(_)
+            | Effect::ReplicateVerbatim
+            | Effect::Bind { .. }
+            | Effect::Unbind { .. } => {}
         }
     }
     fn waiting(&mut self) -> usize {
@@ -587,7 +592,12 @@ impl Host for KeyHost<'_> {
         self.delivered.push((w.id, token));
         true
     }
-    fn block(&mut self, args: &AcquireArgs<'_>, _timeout_ms: u64) -> Result<(), BlockRefused> {
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        _timeout_ms: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused> {
         // As the module does: the limit of waiters does not stop an owner's retried wait.
         if self.queue.len() >= self.max_waiters && !self.queue.has_owner(args.owner) {
             return Err(BlockRefused::TooMany);
@@ -599,6 +609,7 @@ impl Host for KeyHost<'_> {
             owner: args.owner.into(),
             ttl_ms: args.ttl_ms,
             mode: args.mode,
+            bind_to,
         });
         if let Some(r) = replaced {
             assert_eq!(
@@ -1057,7 +1068,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     .and_then(|s| s.owner_grant(&owner, now).map(|g| (g.token, s.mode)));
                 let (got, out) = real
                     .run(k, now, set, true, |s, env, host| {
-                        engine::acquire(s, env, host, &a, can_block)
+                        engine::acquire(s, env, host, &a, can_block, None)
                     })
                     .expect("ACQUIRE creates the key");
                 delivered = out.delivered;

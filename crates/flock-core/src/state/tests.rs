@@ -38,7 +38,17 @@ fn acq_mode(
 ) -> Acquired {
     state.expire(now, 0, |_| {});
     state.end_delays(now);
-    state.acquire(owner.as_bytes(), mode, ttl, now, 0, || None, 100, tokens)
+    state.acquire(
+        owner.as_bytes(),
+        mode,
+        ttl,
+        now,
+        0,
+        || None,
+        100,
+        None,
+        tokens,
+    )
 }
 
 #[test]
