@@ -406,6 +406,12 @@ pub fn acquire(
                 Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms, bind_to)),
                 _ => None,
             };
+            // A retried wait takes the owner's earlier request out of the queue: when that
+            // was the head that held the others behind it, the new head may fit now (G6).
+            let settled = match blocked {
+                Some(Ok(())) if env.master => settle_state(state, env, host) || settled,
+                _ => settled,
+            };
             publish(state, env, host, settled);
             match blocked {
                 None => Reply::Null,
