@@ -655,7 +655,7 @@ fn engine_table() {
                         "replaced 1",
                         "acquired",
                         "acquired",
-                        "repl permits [p1 r w] delays 0",
+                        "repl permits [p1 w r] delays 0",
                         "arm",
                     ],
                 ),
