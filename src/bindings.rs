@@ -10,55 +10,76 @@
 //! client). Closing a connection with k bound grants costs O(k).
 
 use crate::record::KeyId;
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::hash::{BuildHasherDefault, Hasher};
 
-type Index = HashMap<u64, HashMap<u64, KeyId>>;
+/// Client ids and tokens are numbers the server hands out, never chosen by a client, so a
+/// multiplicative hash is enough (SipHash would guard against keys no client can pick).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
 
-static INDEX: Mutex<Option<Index>> = Mutex::new(None);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
-fn index() -> MutexGuard<'static, Option<Index>> {
-    INDEX.lock().unwrap_or_else(|p| p.into_inner())
+type Ids<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// Client id -> (token -> key).
+type Index = Ids<Ids<KeyId>>;
+
+thread_local! {
+    // Bound grants are made, ended and looked up only on Redis's main thread (commands,
+    // timers, the client-change event), so the index is that thread's and needs no lock.
+    static INDEX: RefCell<Index> = RefCell::new(Index::default());
+}
+
+fn with_index<R>(f: impl FnOnce(&mut Index) -> R) -> R {
+    INDEX.with(|ix| f(&mut ix.borrow_mut()))
 }
 
 /// The grant `token` of `key` is bound to connection `client`.
 pub fn bind(client: u64, token: u64, key: KeyId) {
-    index()
-        .get_or_insert_with(HashMap::new)
-        .entry(client)
-        .or_default()
-        .insert(token, key);
+    with_index(|idx| {
+        idx.entry(client).or_default().insert(token, key);
+    });
 }
 
 /// The grant `token` is no longer bound to `client`.
 pub fn unbind(client: u64, token: u64) {
-    let mut guard = index();
-    let Some(idx) = guard.as_mut() else {
-        return;
-    };
-    if let Some(grants) = idx.get_mut(&client) {
-        grants.remove(&token);
-        if grants.is_empty() {
-            idx.remove(&client);
+    with_index(|idx| {
+        if let Some(grants) = idx.get_mut(&client) {
+            grants.remove(&token);
+            if grants.is_empty() {
+                idx.remove(&client);
+            }
         }
-    }
+    });
 }
 
 /// The grant `token` bound to `client` now lives under `key` (RENAME, MOVE).
 pub fn moved(client: u64, token: u64, key: KeyId) {
-    if let Some(entry) = index()
-        .as_mut()
-        .and_then(|idx| idx.get_mut(&client))
-        .and_then(|grants| grants.get_mut(&token))
-    {
-        *entry = key;
-    }
+    with_index(|idx| {
+        if let Some(entry) = idx.get_mut(&client).and_then(|g| g.get_mut(&token)) {
+            *entry = key;
+        }
+    });
 }
 
 /// Connection `client` closed: the keys of its bound grants, each once (the index forgets
 /// the client).
 pub fn take(client: u64) -> Vec<KeyId> {
-    let Some(grants) = index().as_mut().and_then(|idx| idx.remove(&client)) else {
+    let Some(grants) = with_index(|idx| idx.remove(&client)) else {
         return Vec::new();
     };
     let mut keys: Vec<KeyId> = grants.into_values().collect();
@@ -69,7 +90,5 @@ pub fn take(client: u64) -> Vec<KeyId> {
 
 /// Bound grants this index knows of (INFO `bound_grants`).
 pub fn count() -> usize {
-    index()
-        .as_ref()
-        .map_or(0, |idx| idx.values().map(HashMap::len).sum())
+    with_index(|idx| idx.values().map(HashMap::len).sum())
 }

@@ -1,8 +1,8 @@
 //! Deterministic copies (G7): the effect command `FLOCK.APPLY` that the master replicates and
 //! that AOF rewrite emits, carrying a [`Snapshot`] of the key: its kind, who holds it with
-//! which tokens until when (absolute wall-clock deadlines), and its delayed slots. A plain
-//! exclusive key keeps v1's short forms (`GRANT`, `DELAY`); every other key is sent whole
-//! (`STATE`). Nothing clock-dependent is ever replicated
+//! which tokens until when (absolute wall-clock deadlines), and its delayed slots. An
+//! exclusive key keeps v1's short forms (`GRANT`, with `BOUND` for a bound grant, `DELAY`);
+//! every other key is sent whole (`STATE`). Nothing clock-dependent is ever replicated
 //! verbatim. The reverse, `FLOCK.APPLY` on a replica, parses back into the same `Snapshot`.
 
 use crate::api;
@@ -20,6 +20,18 @@ const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
 macro_rules! emit {
     ($api:ident, $fallback:expr, $target:expr, $key:expr, $snapshot:expr) => {
         match $snapshot {
+            Snapshot::Held(g) if g.bound() => api!($api, $fallback;
+                $target,
+                APPLY.as_ptr(),
+                c"scbllc".as_ptr(),
+                $key,
+                c"GRANT".as_ptr(),
+                g.owner.as_ptr().cast::<c_char>(),
+                g.owner.len(),
+                g.token as c_longlong,
+                g.deadline.wall_ms as c_longlong,
+                c"BOUND".as_ptr()
+            ),
             Snapshot::Held(g) => api!($api, $fallback;
                 $target,
                 APPLY.as_ptr(),

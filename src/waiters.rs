@@ -187,12 +187,25 @@ pub fn client_connection(ctx: Ctx) -> Option<u64> {
     if id == 0 {
         return None;
     }
+    // A client that sends one BOUND request usually sends more (pipelines, many locks): the
+    // last id found in the client table is remembered. Sound because ids are never reused
+    // and a server's own clients (scripts, module calls) are never in that table.
+    if LAST_CONNECTION.load(Ordering::Relaxed) == id {
+        return Some(id);
+    }
     // SAFETY: a null info pointer only asks whether the id is a connected client.
     let known = unsafe {
         api!(RedisModule_GetClientInfoById, raw::REDISMODULE_ERR as c_int; ptr::null_mut(), id)
     };
-    (known == raw::REDISMODULE_OK as c_int).then_some(id)
+    if known != raw::REDISMODULE_OK as c_int {
+        return None;
+    }
+    LAST_CONNECTION.store(id, Ordering::Relaxed);
+    Some(id)
 }
+
+/// The id of the last client found to be a real connection (see [`client_connection`]).
+static LAST_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Whether this context may block its client (not inside MULTI, a script, or a context
 /// that denies blocking).

@@ -246,7 +246,8 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
 }
 
 /// The replication effects (what the master replicates and AOF rewrite writes):
-/// - `FLOCK.APPLY key GRANT owner token deadline_ms`: an exclusive key held until then;
+/// - `FLOCK.APPLY key GRANT owner token deadline_ms [BOUND]`: an exclusive key held until
+///   then (BOUND: by a bound grant);
 /// - `FLOCK.APPLY key DELAY token until_ms`: an exclusive key nobody holds, in lock-delay;
 /// - `FLOCK.APPLY key STATE mode limit last_token n {owner token deadline_ms bound}*n m
 ///   {until_ms}*m`: any key (`mode` is `exclusive`, `shared` or `permits`; `bound` 0 or 1).
@@ -255,7 +256,14 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), ArgError> {
 /// loaded.
 pub fn parse_apply(argv: &[&[u8]]) -> Result<LockImage, ArgError> {
     let image = match argv {
-        [_, _key, kind, owner, token, deadline] if kind.eq_ignore_ascii_case(b"GRANT") => {
+        [_, _key, kind, owner, token, deadline, mark @ ..]
+            if kind.eq_ignore_ascii_case(b"GRANT") && mark.len() <= 1 =>
+        {
+            let bound = match mark {
+                [] => false,
+                [m] if m.eq_ignore_ascii_case(b"BOUND") => true,
+                _ => return Err(ArgError::Syntax),
+            };
             let token = parse_token(token)?;
             LockImage {
                 last_token: token,
@@ -263,7 +271,7 @@ pub fn parse_apply(argv: &[&[u8]]) -> Result<LockImage, ArgError> {
                     owner: parse_owner(owner)?.to_vec(),
                     token,
                     deadline_wall_ms: parse_i64(deadline).ok_or(ArgError::Syntax)?,
-                    bound: false,
+                    bound,
                 }],
                 ..LockImage::default()
             }
@@ -684,6 +692,18 @@ mod tests {
                 grants: vec![grant("o", 9, 1_700_000_000_000, false)],
                 ..LockImage::default()
             })
+        );
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1700000000000", "BOUND"])),
+            Ok(LockImage {
+                last_token: 9,
+                grants: vec![grant("o", 9, 1_700_000_000_000, true)],
+                ..LockImage::default()
+            })
+        );
+        assert_eq!(
+            parse_apply(&v(&["P", "k", "GRANT", "o", "9", "1", "BOUNDX"])),
+            Err(ArgError::Syntax)
         );
         assert_eq!(
             parse_apply(&v(&["P", "k", "DELAY", "9", "1700000000000"])),

@@ -15,12 +15,13 @@ use crate::tokens::MAX_TOKEN;
 /// A lock key as it leaves this server, borrowed from its state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Snapshot<'a> {
-    /// An exclusive key held by one grant (the form v1 wrote; `FLOCK.APPLY key GRANT`).
+    /// An exclusive key held by one grant (the form v1 wrote; `FLOCK.APPLY key GRANT`, with
+    /// a trailing `BOUND` for a bound grant).
     Held(&'a Grant),
     /// An exclusive key nobody holds, in lock-delay until `until_wall_ms` (Unix ms), after the
     /// grant with `last_token` (`FLOCK.APPLY key DELAY`).
     Delayed { last_token: u64, until_wall_ms: i64 },
-    /// Any other key: shared or permit grants, several delayed slots, bound grants
+    /// Any other key: shared or permit grants, several delayed slots
     /// (`FLOCK.APPLY key STATE`).
     Full(&'a LockState),
 }
@@ -62,7 +63,7 @@ impl<'a> Snapshot<'a> {
     pub fn of(state: &'a LockState) -> Option<Snapshot<'a>> {
         match (state.mode, state.grants().as_slice(), &state.delays[..]) {
             (_, [], []) => None,
-            (Mode::Exclusive, [g], []) if !g.bound() => Some(Snapshot::Held(g)),
+            (Mode::Exclusive, [g], []) => Some(Snapshot::Held(g)),
             (Mode::Exclusive, [], [d]) => Some(Snapshot::Delayed {
                 last_token: state.last_token,
                 until_wall_ms: d.wall_ms,
@@ -306,7 +307,7 @@ mod tests {
         let mut g = Grant::new(b"a", 5, 1000, T0);
         g.bind(Some(9));
         bound.push_grant(g);
-        assert!(matches!(Snapshot::of(&bound), Some(Snapshot::Full(_))));
+        assert!(matches!(Snapshot::of(&bound), Some(Snapshot::Held(g)) if g.bound()));
         assert_eq!(Snapshot::of(&LockState::default()), None);
     }
 

@@ -216,7 +216,11 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
         && (argv[2].eq_ignore_ascii_case(b"grant") || argv[2].eq_ignore_ascii_case(b"delay"));
     match &got {
         Ok(image) if short_form && argv[2].eq_ignore_ascii_case(b"grant") => {
-            assert_eq!(argv.len(), 6, "GRANT with {} args", argv.len());
+            assert!(
+                matches!(argv.len(), 6 | 7),
+                "GRANT with {} args",
+                argv.len()
+            );
             assert_eq!(image.mode, Mode::Exclusive);
             let [g] = &image.grants[..] else {
                 panic!("GRANT gave {image:?}");
@@ -224,7 +228,8 @@ pub fn check_args(argv: &[&[u8]], max_ttl: u64) {
             assert_eq!(Ok(&g.owner[..]), ref_owner(argv[3]));
             assert_eq!(Ok(g.token), effect_token(argv[4]));
             assert_eq!(Some(g.deadline_wall_ms), ref_int(argv[5]));
-            assert!(image.delays.is_empty() && !g.bound);
+            assert!(image.delays.is_empty());
+            assert_eq!(g.bound, argv.len() == 7, "the BOUND mark of {:?}", show());
         }
         Ok(image) if short_form => {
             assert_eq!(argv.len(), 5, "DELAY with {} args", argv.len());

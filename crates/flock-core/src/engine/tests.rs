@@ -33,13 +33,13 @@ impl Host for Recorder {
             Effect::Notify(ev) => ev.name().trim_start_matches("flock.").to_string(),
             Effect::Count(Count::Renewed) => "renewed".into(),
             Effect::Count(Count::Contended) => "contended".into(),
+            Effect::Replicate(Snapshot::Held(g)) if g.bound() => {
+                format!("repl bound grant {}", String::from_utf8_lossy(&g.owner))
+            }
             Effect::Replicate(Snapshot::Held(g)) => {
                 format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
-            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound()) => {
-                "repl state".into()
-            }
             Effect::Replicate(Snapshot::Full(s)) => {
                 let owners: Vec<String> = s
                     .grants()
@@ -768,7 +768,7 @@ fn engine_table() {
                     0,
                     Bound("a", 7, 100, false),
                     "Int(token)",
-                    &["repl state", "arm", "acquired", "bind 7"],
+                    &["repl bound grant a", "arm", "acquired", "bind 7"],
                 ),
                 (
                     1,
@@ -782,7 +782,7 @@ fn engine_table() {
                     23,
                     Expire,
                     "-",
-                    &["acquired", "bind 8", "repl state", "arm"],
+                    &["acquired", "bind 8", "repl bound grant b", "arm"],
                 ),
                 (
                     24,
@@ -800,13 +800,13 @@ fn engine_table() {
                     0,
                     Bound("a", 7, 100, false),
                     "Int(token)",
-                    &["repl state", "arm", "acquired", "bind 7"],
+                    &["repl bound grant a", "arm", "acquired", "bind 7"],
                 ),
                 (
                     1,
                     Bound("a", 8, 100, false),
                     "Int(token)",
-                    &["repl state", "arm", "unbind 7", "bind 8"],
+                    &["repl bound grant a", "arm", "unbind 7", "bind 8"],
                 ),
                 (2, Close(7), "-", &["arm"]),
                 (
@@ -832,7 +832,7 @@ fn engine_table() {
                     0,
                     Bound("a", 7, 100, false),
                     "Int(token)",
-                    &["repl state", "arm", "acquired", "bind 7"],
+                    &["repl bound grant a", "arm", "acquired", "bind 7"],
                 ),
                 (1, Orphan, "true live 0", &[]),
                 (2, Expire, "-", &["closed", "repl del", "delete"]),
