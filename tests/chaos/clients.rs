@@ -15,6 +15,10 @@ pub(crate) struct Client {
     pub(crate) sh: Arc<Shared>,
     pub(crate) rng: Rng,
     pub(crate) conn: Option<RawConn>,
+    /// The server's CLIENT ID of `conn`, and a second connection to the same server that
+    /// looks at it (CLIENT LIST) while it waits in a BLOCK: proof that it is queued.
+    pub(crate) conn_id: Option<i64>,
+    pub(crate) side: Option<RawConn>,
     pub(crate) n: u64,
     pub(crate) seq: u64,
 }
@@ -30,8 +34,11 @@ impl Client {
         if self.conn.is_some() {
             return true;
         }
-        match RawConn::connect(self.sh.port.load(SeqCst)) {
-            Ok(c) => {
+        let port = self.sh.port.load(SeqCst);
+        match RawConn::connect(port) {
+            Ok(mut c) => {
+                self.conn_id = c.call(&["CLIENT", "ID"]).ok().and_then(|r| r.int());
+                self.side = RawConn::connect(port).ok();
                 self.conn = Some(c);
                 true
             }
@@ -47,7 +54,12 @@ impl Client {
             return Call::Lost("not connected".into());
         };
         let _ = c.set_read_timeout(timeout);
-        match c.call(args) {
+        let r = c.call(args);
+        self.finish(r)
+    }
+
+    fn finish(&mut self, r: std::io::Result<Reply>) -> Call {
+        match r {
             Ok(Reply::Err(e)) if e.starts_with("LOADING") || e.starts_with("READONLY") => {
                 // Not a master (yet): go find the current one.
                 self.conn = None;
@@ -61,6 +73,53 @@ impl Client {
         }
     }
 
+    /// Send a BLOCK request, look from the side connection whether it waits in the queue, then
+    /// read its answer: (answer, the acknowledgement time of a look that saw it queued).
+    pub(crate) fn call_block(&mut self, args: &[String], timeout: Duration) -> (Call, Option<u64>) {
+        let Some(c) = self.conn.as_mut() else {
+            return (Call::Lost("not connected".into()), None);
+        };
+        let _ = c.set_read_timeout(timeout);
+        if let Err(e) = c.send(args) {
+            self.conn = None;
+            return (Call::Lost(e.to_string()), None);
+        }
+        // A short random pause, so that the look comes both before and after the server has
+        // read the request (and often while a BLOCK 30 still waits).
+        sleep(Duration::from_millis(self.rng.below(15)));
+        let queued = self.queued_now();
+        let r = match self.conn.as_mut() {
+            Some(c) => c.read_reply(),
+            None => return (Call::Lost("not connected".into()), queued),
+        };
+        (self.finish(r), queued)
+    }
+
+    /// The acknowledgement time of a CLIENT LIST that shows this client's connection blocked
+    /// in FLOCK.ACQUIRE (a module-blocked client has flag `b`): it was in the key's queue then.
+    fn queued_now(&mut self) -> Option<u64> {
+        let id = self.conn_id?;
+        let side = self.side.as_mut()?;
+        let _ = side.set_read_timeout(Duration::from_secs(20));
+        let r = side.call(&["CLIENT", "LIST", "ID", &id.to_string()]);
+        let ack = self.sh.now();
+        let text = match r {
+            Ok(r) => r.string()?,
+            Err(_) => {
+                self.side = None;
+                return None;
+            }
+        };
+        let field = |name: &str| {
+            text.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .map(str::to_string)
+        };
+        let blocked = field("flags=").is_some_and(|f| f.contains('b'))
+            && field("cmd=").as_deref() == Some("flock.acquire");
+        blocked.then_some(ack)
+    }
+
     pub(crate) fn run(&mut self) {
         while !self.sh.stop.load(SeqCst) {
             self.sh.gate.checkpoint();
@@ -71,6 +130,15 @@ impl Client {
         }
     }
 
+    /// The ACQUIRE options of a grant of `kind` on key `k`.
+    pub(crate) fn mode_args(&self, k: usize, kind: Kind) -> Vec<String> {
+        match (kind, self.sh.kinds[k]) {
+            (Kind::Shared, _) => vec!["SHARED".into()],
+            (Kind::Permit, KeyKind::Semaphore(n)) => vec!["LIMIT".into(), n.to_string()],
+            _ => Vec::new(),
+        }
+    }
+
     pub(crate) fn one_round(&mut self) {
         let sh = self.sh.clone();
         let k = self.rng.below(sh.keys as u64) as usize;
@@ -78,6 +146,14 @@ impl Client {
         self.n += 1;
         let owner = format!("c{}-{}", self.id, self.n);
         let ttl_ms = self.rng.pick(&[40u64, 100, 100, 250, 600, 1500, 4000]);
+        // Readers outnumber writers on a read/write key, as they do where such locks are used;
+        // enough writers remain to meet the readers in the queue.
+        let kind = match sh.kinds[k] {
+            KeyKind::Exclusive => Kind::Exclusive,
+            KeyKind::ReadWrite if self.rng.chance(65) => Kind::Shared,
+            KeyKind::ReadWrite => Kind::Exclusive,
+            KeyKind::Semaphore(_) => Kind::Permit,
+        };
         let mode = self.rng.below(100);
         let mut args = vec![
             "FLOCK.ACQUIRE".to_string(),
@@ -85,6 +161,7 @@ impl Client {
             owner.clone(),
             ttl_ms.to_string(),
         ];
+        args.extend(self.mode_args(k, kind));
         if mode >= 95 {
             return self.hang_up_while_waiting(args);
         }
@@ -105,19 +182,36 @@ impl Client {
         };
         let epoch = sh.epoch();
         let send = sh.now();
-        let r = self.call(&args, limit);
+        let (r, queued_by) = if block.is_some() {
+            self.call_block(&args, limit)
+        } else {
+            (self.call(&args, limit), None)
+        };
         let ack = sh.now();
         sh.hist().op(if block.is_some() {
             "acquire block"
         } else {
             "acquire"
         });
+        let mut wait = block.map(|_| WaitRec {
+            key: k,
+            kind,
+            send,
+            queued_by,
+            granted: None,
+            waited_until: None,
+            epoch,
+        });
         match r {
             Call::Reply(Reply::Int(token)) => {
-                if block.is_some() {
+                if let Some(w) = wait.as_mut() {
+                    w.granted = Some(token);
                     *sh.hist().waits.entry("granted").or_default() += 1;
                 }
-                let g = self.new_grant(k, &owner, token, ttl_ms, send, ack, epoch);
+                if let Some(w) = wait.take() {
+                    sh.hist().waiters.push(w);
+                }
+                let g = self.new_grant(k, &owner, token, kind, ttl_ms, send, ack, epoch);
                 self.hold(g);
             }
             Call::Reply(Reply::Nil) => {
@@ -131,6 +225,11 @@ impl Client {
                         h.violation(format!(
                             "{args:?}: timed out after {waited} ms, before its {t} ms (G6)"
                         ));
+                    }
+                    if let Some(mut w) = wait.take() {
+                        // The server starts the timeout when it reads the request, after `send`.
+                        w.waited_until = Some((send + t * 1000).saturating_sub(EPS_US));
+                        h.waiters.push(w);
                     }
                 }
             }
@@ -184,6 +283,7 @@ impl Client {
         k: usize,
         owner: &str,
         token: i64,
+        kind: Kind,
         ttl_ms: u64,
         send: u64,
         ack: u64,
@@ -197,6 +297,7 @@ impl Client {
             key: k,
             owner: owner.to_string(),
             token,
+            kind,
             ttl_us: ttl_ms * 1000,
             send,
             ack,
@@ -246,12 +347,13 @@ impl Client {
 
     pub(crate) fn hold(&mut self, mut g: usize) {
         let sh = self.sh.clone();
-        let (k, owner, ttl_ms) = {
+        let (k, owner, ttl_ms, mut kind) = {
             let h = sh.hist();
             (
                 h.grants[g].key,
                 h.grants[g].owner.clone(),
                 h.grants[g].ttl_us / 1000,
+                h.grants[g].kind,
             )
         };
         let key = sh.lock_key(k);
@@ -269,7 +371,8 @@ impl Client {
             let token = sh.hist().grants[g].token;
             let what = self.rng.below(100);
             match what {
-                // a fenced write, now and then after stalling past the lease
+                // a fenced write (a reader: a fenced read, and now and then a write that must
+                // be refused), now and then after stalling past the lease
                 0..=44 | 95..=99 => {
                     if what >= 95 {
                         let nap = ttl_ms + 20 + self.rng.below(300);
@@ -280,11 +383,22 @@ impl Client {
                             return;
                         }
                     }
-                    if !self.fenced_write(g, k, token, &key, &log).0 {
+                    let ok = if kind != Kind::Shared || what < 8 {
+                        self.fenced_write(g, k, token, &key, &log).0
+                    } else {
+                        self.fenced_read(g, k, token, &key, &log).0
+                    };
+                    if !ok {
                         return;
                     }
                 }
-                45..=59 => {
+                // every live grant of the key, at one instant
+                45..=49 => {
+                    if !self.holders(Some(g), k) {
+                        return;
+                    }
+                }
+                50..=59 => {
                     let send = sh.now();
                     let r = self.call(
                         &["FLOCK.CHECK".into(), key.clone(), token.to_string()],
@@ -313,20 +427,27 @@ impl Client {
                         }
                     }
                 }
+                // RENEW, half of the time naming the grant's token
                 60..=74 => {
                     let send = sh.now();
                     sh.hist().grants[g].touched = send;
-                    let r = self.call(
-                        &[
-                            "FLOCK.RENEW".into(),
-                            key.clone(),
-                            owner.clone(),
-                            ttl_ms.to_string(),
-                        ],
-                        timeout,
-                    );
+                    let mut args = vec![
+                        "FLOCK.RENEW".into(),
+                        key.clone(),
+                        owner.clone(),
+                        ttl_ms.to_string(),
+                    ];
+                    let with_token = what >= 67;
+                    if with_token {
+                        args.push(token.to_string());
+                    }
+                    let r = self.call(&args, timeout);
                     let ack = sh.now();
-                    sh.hist().op("renew");
+                    sh.hist().op(if with_token {
+                        "renew with token"
+                    } else {
+                        "renew"
+                    });
                     match r {
                         Call::Reply(Reply::Int(t)) if t == token => {
                             self.extended(g, send, ack, "RENEW");
@@ -343,37 +464,50 @@ impl Client {
                         }
                         Call::Reply(Reply::Err(_)) => return,
                         Call::Reply(r) => {
-                            sh.hist().violation(format!(
-                                "RENEW {key} {owner}: {r:?}, expected {token} or nil"
-                            ));
+                            sh.hist()
+                                .violation(format!("{args:?}: {r:?}, expected {token} or nil"));
                             return;
                         }
                     }
                 }
-                // the holder repeats its ACQUIRE (G4)
+                // the holder repeats its ACQUIRE in its mode (G4); a reader now and then asks
+                // for the exclusive mode instead, which must be refused while its grant lives
                 75..=79 => {
                     let epoch = sh.epoch();
                     let send = sh.now();
                     sh.hist().grants[g].touched = send;
-                    let r = self.call(
-                        &[
-                            "FLOCK.ACQUIRE".into(),
-                            key.clone(),
-                            owner.clone(),
-                            ttl_ms.to_string(),
-                        ],
-                        timeout,
-                    );
+                    let other_mode = kind == Kind::Shared && what == 79;
+                    let mut args = vec![
+                        "FLOCK.ACQUIRE".into(),
+                        key.clone(),
+                        owner.clone(),
+                        ttl_ms.to_string(),
+                    ];
+                    let asked = if other_mode { Kind::Exclusive } else { kind };
+                    args.extend(self.mode_args(k, asked));
+                    let r = self.call(&args, timeout);
                     let ack = sh.now();
-                    sh.hist().op("repeat acquire");
+                    sh.hist().op(if other_mode {
+                        "repeat acquire in another mode"
+                    } else {
+                        "repeat acquire"
+                    });
                     match r {
-                        Call::Reply(Reply::Int(t)) if t == token => {
+                        Call::Reply(Reply::Int(t)) if t == token && !other_mode => {
                             self.extended(g, send, ack, "repeated ACQUIRE");
+                        }
+                        Call::Reply(Reply::Int(t)) if t == token => {
+                            sh.hist().violation(format!(
+                                "{args:?}: the exclusive request got the owner's shared token \
+                                 {t} back (no upgrade, SPEC Lock kinds)"
+                            ));
+                            return;
                         }
                         Call::Reply(Reply::Int(t)) => {
                             // The old lease had ended: a new grant, for the same owner.
                             self.ended(g, send, ack);
-                            g = self.new_grant(k, &owner, t, ttl_ms, send, ack, epoch);
+                            g = self.new_grant(k, &owner, t, asked, ttl_ms, send, ack, epoch);
+                            kind = asked;
                         }
                         Call::Reply(Reply::Nil) => {
                             self.ended(g, send, ack);
@@ -381,11 +515,25 @@ impl Client {
                         }
                         Call::Lost(_) => {
                             let mut h = sh.hist();
-                            h.grants[g].upper = ack;
+                            if !other_mode {
+                                h.grants[g].upper = ack;
+                            }
                             h.grants[g].unsure = true;
                             return;
                         }
-                        Call::Reply(Reply::Err(_)) => return,
+                        Call::Reply(Reply::Err(e))
+                            if other_mode && e.starts_with("ERR owner already holds a shared") =>
+                        {
+                            // The owner's own grant is checked first: it was live (a proof).
+                            self.proof(g, send, ack, "ACQUIRE in another mode refused");
+                        }
+                        Call::Reply(Reply::Err(e)) => {
+                            if !(e.starts_with("LOADING") || e.starts_with("READONLY")) {
+                                sh.hist()
+                                    .violation(format!("{args:?}: unexpected error {e}"));
+                            }
+                            return;
+                        }
                         Call::Reply(r) => {
                             sh.hist()
                                 .violation(format!("repeated ACQUIRE: unexpected reply {r:?}"));
@@ -393,7 +541,8 @@ impl Client {
                         }
                     }
                 }
-                // an impostor tries to release and renew (G2)
+                // an impostor tries to release and renew (G2); the owner itself names a token
+                // that is not its grant's (token-qualified calls act on that grant only)
                 80..=84 => {
                     let imp = format!("impostor-{}-{}", self.id, self.n);
                     let r1 =
@@ -402,16 +551,46 @@ impl Client {
                         &["FLOCK.RENEW".into(), key.clone(), imp, "60000".into()],
                         timeout,
                     );
+                    // Not a token of this owner: its tokens are this grant's and, after a
+                    // repeated ACQUIRE granted anew, larger ones.
+                    let wrong = (token - 1).to_string();
+                    let r3 = self.call(
+                        &[
+                            "FLOCK.RELEASE".into(),
+                            key.clone(),
+                            owner.clone(),
+                            wrong.clone(),
+                        ],
+                        timeout,
+                    );
+                    let r4 = self.call(
+                        &[
+                            "FLOCK.RENEW".into(),
+                            key.clone(),
+                            owner.clone(),
+                            "60000".into(),
+                            wrong,
+                        ],
+                        timeout,
+                    );
                     let mut h = sh.hist();
                     h.op("impostor release+renew");
-                    if let Call::Reply(r) = &r1 {
-                        if *r != Reply::Int(0) && !r.is_err() {
-                            h.violation(format!("impostor RELEASE of {key}: {r:?} (G2)"));
+                    h.op("wrong-token release+renew");
+                    for (what, r) in [
+                        ("impostor RELEASE", &r1),
+                        ("RELEASE with another token", &r3),
+                    ] {
+                        if let Call::Reply(r) = r {
+                            if *r != Reply::Int(0) && !r.is_err() {
+                                h.violation(format!("{what} of {key}: {r:?} (G2)"));
+                            }
                         }
                     }
-                    if let Call::Reply(r) = &r2 {
-                        if !r.is_nil() && !r.is_err() {
-                            h.violation(format!("impostor RENEW of {key}: {r:?} (G2)"));
+                    for (what, r) in [("impostor RENEW", &r2), ("RENEW with another token", &r4)] {
+                        if let Call::Reply(r) = r {
+                            if !r.is_nil() && !r.is_err() {
+                                h.violation(format!("{what} of {key}: {r:?} (G2)"));
+                            }
                         }
                     }
                 }
@@ -437,12 +616,18 @@ impl Client {
         let release_epoch = sh.epoch();
         let send = sh.now();
         sh.hist().grants[g].touched = send;
-        let r = self.call(
-            &["FLOCK.RELEASE".into(), key.clone(), owner.clone()],
-            timeout,
-        );
+        let mut args = vec!["FLOCK.RELEASE".into(), key.clone(), owner.clone()];
+        let with_token = self.rng.chance(50);
+        if with_token {
+            args.push(token.to_string());
+        }
+        let r = self.call(&args, timeout);
         let ack = sh.now();
-        sh.hist().op("release");
+        sh.hist().op(if with_token {
+            "release with token"
+        } else {
+            "release"
+        });
         match r {
             Call::Reply(Reply::Int(1)) => {
                 self.proof(g, send, ack, "RELEASE");
@@ -459,17 +644,21 @@ impl Client {
             Call::Reply(Reply::Err(_)) => return,
             Call::Reply(r) => {
                 sh.hist()
-                    .violation(format!("RELEASE {key} {owner}: unexpected reply {r:?}"));
+                    .violation(format!("{args:?}: unexpected reply {r:?}"));
                 return;
             }
         }
-        // A late write with the released token must be refused (G5), unless a failover since
-        // lost the release.
+        // A late FENCED (a write, or a reader's read) with the released token must be refused
+        // (G5), unless a failover since lost the release.
         if self.rng.chance(30) {
             let released_at = ack;
-            let (_, outcome, send, ack) = self.fenced_write(g, k, token, &key, &log);
+            let (_, outcome, send, ack) = if kind == Kind::Shared {
+                self.fenced_read(g, k, token, &key, &log)
+            } else {
+                self.fenced_write(g, k, token, &key, &log)
+            };
             let mut h = sh.hist();
-            h.op("write after release");
+            h.op("fenced after release");
             if outcome == Outcome::Accepted && sh.epoch() == release_epoch {
                 h.violation(format!(
                     "FENCED with token {token} on {key} accepted at {:.3}s..{:.3}s, after its \
@@ -482,8 +671,100 @@ impl Client {
         }
     }
 
-    /// FLOCK.FENCED key token RPUSH log tag: (accepted, outcome, send, ack); not accepted also
-    /// when the connection failed.
+    /// FLOCK.HOLDERS of key `k`, recorded for the checker; a proof of grant `g` (the caller's)
+    /// when it is listed. False when the connection failed.
+    pub(crate) fn holders(&mut self, g: Option<usize>, k: usize) -> bool {
+        let sh = self.sh.clone();
+        let send = sh.now();
+        let r = self.call(
+            &["FLOCK.HOLDERS".into(), sh.lock_key(k)],
+            Duration::from_secs(20),
+        );
+        let ack = sh.now();
+        sh.hist().op("holders");
+        match r {
+            Call::Reply(Reply::Err(_)) => true,
+            Call::Reply(r) => {
+                match parse_holders(&r) {
+                    Ok(list) => {
+                        let mine = g.map(|g| sh.hist().grants[g].token);
+                        if let Some(g) = g.filter(|_| list.iter().any(|e| Some(e.1) == mine)) {
+                            self.proof(g, send, ack, "HOLDERS");
+                        }
+                        sh.hist().holders.push(HoldersRec {
+                            key: k,
+                            send,
+                            ack,
+                            grants: list,
+                        });
+                    }
+                    Err(e) => sh.hist().violation(e),
+                }
+                true
+            }
+            Call::Lost(_) => false,
+        }
+    }
+
+    /// FLOCK.FENCED key token LINDEX log -1, a reader's read of the last entry: (accepted,
+    /// outcome, send, ack).
+    pub(crate) fn fenced_read(
+        &mut self,
+        g: usize,
+        k: usize,
+        token: i64,
+        key: &str,
+        log: &str,
+    ) -> (bool, Outcome, u64, u64) {
+        let sh = self.sh.clone();
+        let epoch = sh.epoch();
+        let send = sh.now();
+        let r = self.call(
+            &[
+                "FLOCK.FENCED".into(),
+                key.to_string(),
+                token.to_string(),
+                "LINDEX".into(),
+                log.to_string(),
+                "-1".into(),
+            ],
+            Duration::from_secs(20),
+        );
+        let ack = sh.now();
+        let outcome = match &r {
+            Call::Reply(r @ (Reply::Bulk(_) | Reply::Nil)) => {
+                sh.hist().reads.push(ReadRec {
+                    key: k,
+                    token,
+                    last: r.string(),
+                    epoch: if sh.epoch() == epoch { epoch } else { u64::MAX },
+                });
+                self.proof(g, send, ack, "FENCED read");
+                Outcome::Accepted
+            }
+            Call::Reply(Reply::Err(e)) if e.starts_with("FENCED") => {
+                self.ended(g, send, ack);
+                Outcome::Refused
+            }
+            Call::Reply(Reply::Err(_)) => Outcome::Refused,
+            Call::Reply(other) => {
+                sh.hist()
+                    .violation(format!("FENCED LINDEX: unexpected reply {other:?}"));
+                Outcome::Unknown
+            }
+            Call::Lost(_) => Outcome::Unknown,
+        };
+        sh.hist().op(match outcome {
+            Outcome::Accepted => "fenced read accepted",
+            Outcome::Refused => "fenced read refused",
+            Outcome::Unknown => "fenced read unknown",
+        });
+        (outcome == Outcome::Accepted, outcome, send, ack)
+    }
+
+    /// FLOCK.FENCED key token RPUSH log tag: (the grant may live on, outcome, send, ack); the
+    /// first is false when the write was refused as stale or the connection failed. With a shared grant's token it must be refused: as a
+    /// read-only grant's while the grant lives (a proof), as stale after.
     pub(crate) fn fenced_write(
         &mut self,
         g: usize,
@@ -493,8 +774,10 @@ impl Client {
         log: &str,
     ) -> (bool, Outcome, u64, u64) {
         let sh = self.sh.clone();
+        let kind = sh.hist().grants[g].kind;
         self.seq += 1;
         let tag = format!("{token}:{}:{}", self.id, self.seq);
+        let epoch = sh.epoch();
         let send = sh.now();
         let r = self.call(
             &[
@@ -508,9 +791,11 @@ impl Client {
             Duration::from_secs(20),
         );
         let ack = sh.now();
+        let read_only = |e: &str| e.starts_with("ERR FLOCK.FENCED with a shared grant");
         let (outcome, ok) = match &r {
             Call::Reply(Reply::Int(_)) => (Outcome::Accepted, true),
             Call::Reply(Reply::Err(e)) if e.starts_with("FENCED") => (Outcome::Refused, true),
+            Call::Reply(Reply::Err(e)) if read_only(e) => (Outcome::Refused, true),
             Call::Reply(Reply::Err(_)) => (Outcome::Refused, false),
             Call::Reply(other) => {
                 sh.hist()
@@ -521,11 +806,26 @@ impl Client {
         };
         {
             let mut h = sh.hist();
-            h.op(match outcome {
-                Outcome::Accepted => "fenced write accepted",
-                Outcome::Refused => "fenced write refused",
-                Outcome::Unknown => "fenced write unknown",
+            h.op(match (outcome, kind) {
+                (Outcome::Accepted, Kind::Shared) => "fenced write under a shared token accepted",
+                (_, Kind::Shared) => "fenced write under a shared token refused",
+                (Outcome::Accepted, _) => "fenced write accepted",
+                (Outcome::Refused, _) => "fenced write refused",
+                (Outcome::Unknown, _) => "fenced write unknown",
             });
+            if outcome == Outcome::Accepted && kind == Kind::Shared {
+                h.violation(format!(
+                    "FENCED RPUSH under the shared token {token} of {key} was accepted (G5)"
+                ));
+            }
+            if let Call::Reply(Reply::Err(e)) = &r {
+                if read_only(e) && kind != Kind::Shared {
+                    h.violation(format!(
+                        "FENCED RPUSH under the {} token {token} of {key}: {e}",
+                        kind.name()
+                    ));
+                }
+            }
             h.writes.push(WriteRec {
                 key: k,
                 token,
@@ -534,14 +834,23 @@ impl Client {
                 ack,
                 outcome,
                 lost_in_failover: false,
+                kind,
+                epoch: if sh.epoch() == epoch { epoch } else { u64::MAX },
             });
         }
-        match outcome {
-            Outcome::Accepted => self.proof(g, send, ack, "FENCED write"),
-            Outcome::Refused if ok => self.ended(g, send, ack),
+        match (&r, outcome) {
+            (_, Outcome::Accepted) => self.proof(g, send, ack, "FENCED write"),
+            (Call::Reply(Reply::Err(e)), Outcome::Refused) if read_only(e) => {
+                self.proof(g, send, ack, "FENCED refused as read-only")
+            }
+            (_, Outcome::Refused) if ok => self.ended(g, send, ack),
             _ => {}
         }
-        (ok && outcome == Outcome::Accepted, outcome, send, ack)
+        let live = match &r {
+            Call::Reply(Reply::Err(e)) => read_only(e),
+            _ => outcome == Outcome::Accepted,
+        };
+        (live, outcome, send, ack)
     }
 }
 
@@ -557,27 +866,80 @@ pub(crate) fn operator(sh: Arc<Shared>, seed: u64) {
         let Some(c) = conn.as_mut() else { continue };
         let k = rng.below(sh.keys as u64) as usize;
         let key = sh.lock_key(k);
-        let revoke = rng.chance(70);
+        // First a look at the key's holders (for the checker, and an owner to revoke).
         let send = sh.now();
-        let r = if revoke {
-            c.call(&["FLOCK.REVOKE", &key])
-        } else {
-            c.call(&["DEL", &key])
+        let listed = c.call(&["FLOCK.HOLDERS", &key]);
+        let ack = sh.now();
+        let mut victim = None;
+        match &listed {
+            Ok(r) if !r.is_err() => match parse_holders(r) {
+                Ok(list) => {
+                    if !list.is_empty() {
+                        victim = Some(list[rng.below(list.len() as u64) as usize].0.clone());
+                    }
+                    let mut h = sh.hist();
+                    h.op("operator HOLDERS");
+                    h.holders.push(HoldersRec {
+                        key: k,
+                        send,
+                        ack,
+                        grants: list,
+                    });
+                }
+                Err(e) => sh.hist().violation(e),
+            },
+            Ok(_) => {}
+            Err(_) => {
+                conn = None;
+                continue;
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let pick = rng.below(100);
+        // REVOKE key, REVOKE key owner (a holder just listed), DEL.
+        let (name, owner, args): (&'static str, Option<String>, Vec<String>) = match pick {
+            0..=39 => (
+                "operator REVOKE",
+                None,
+                vec!["FLOCK.REVOKE".into(), key.clone()],
+            ),
+            40..=69 => {
+                let o = victim.unwrap_or_else(|| "nobody".into());
+                (
+                    "operator REVOKE owner",
+                    Some(o.clone()),
+                    vec!["FLOCK.REVOKE".into(), key.clone(), o],
+                )
+            }
+            _ => ("operator DEL", None, vec!["DEL".into(), key.clone()]),
         };
+        let send = sh.now();
+        let r = c.call(&args);
         let done = sh.now();
         let mut h = sh.hist();
-        h.op(if revoke {
-            "operator REVOKE"
-        } else {
-            "operator DEL"
+        h.op(name);
+        let one_owner = owner.is_some();
+        h.operator.push(OperatorOp {
+            key: k,
+            owner,
+            send,
+            done,
         });
-        h.operator.push(OperatorOp { key: k, send, done });
+        // REVOKE's reply is the number of grants it ended: at most one per owner, at most the
+        // key's limit, and at most one client's grant each (a client holds one grant at once).
+        let most = if one_owner || name == "operator DEL" {
+            1
+        } else {
+            sh.kinds[k].limit().min(sh.workers) as i64
+        };
         match r {
-            Ok(Reply::Int(_)) => {}
+            Ok(Reply::Int(n)) if (0..=most).contains(&n) => {}
             Ok(Reply::Err(e)) if e.starts_with("LOADING") || e.starts_with("READONLY") => {
                 conn = None
             }
-            Ok(other) => h.violation(format!("operator on {key}: unexpected reply {other:?}")),
+            Ok(other) => h.violation(format!(
+                "{args:?}: unexpected reply {other:?} (at most {most} grants can end)"
+            )),
             Err(_) => conn = None,
         }
     }

@@ -137,11 +137,14 @@ impl Injector {
             {
                 continue;
             }
-            let touched = h.operator.iter().any(|o| o.key == g.key && o.done > g.send);
-            let replaced = h
-                .grants
-                .iter()
-                .any(|o| o.key == g.key && o.token != g.token && o.ack > g.send);
+            let touched = h.operator.iter().any(|o| o.may_end(g) && o.done > g.send);
+            // A later grant that cannot live beside this one means this one ended.
+            let replaced = h.grants.iter().any(|o| {
+                o.key == g.key
+                    && o.token != g.token
+                    && o.ack > g.send
+                    && (o.kind == Kind::Exclusive || g.kind == Kind::Exclusive)
+            });
             if !touched && !replaced {
                 out.push(i);
             }
@@ -150,7 +153,7 @@ impl Injector {
     }
 
     /// What the server holds right after a restart or a promotion, before any client is let
-    /// back in: each lock key's holder and each key's log.
+    /// back in: each lock key's live grants (FLOCK.HOLDERS) and each key's log.
     pub(crate) fn snapshot(&self) -> Option<Snapshot> {
         let port = self.master_port();
         let mut c = match RawConn::connect(port) {
@@ -166,8 +169,16 @@ impl Injector {
         let mut holders = HashMap::new();
         let mut logs = HashMap::new();
         for k in 0..self.sh.keys {
-            let r = c.call(&["FLOCK.INFO", &self.sh.lock_key(k)]);
-            holders.insert(k, r.ok().and_then(|r| parse_info_opt(&r)));
+            let r = c.call(&["FLOCK.HOLDERS", &self.sh.lock_key(k)]);
+            let list = match r.as_ref().map(parse_holders) {
+                Ok(Ok(list)) => list.into_iter().map(|(o, t, _)| (o, t)).collect(),
+                Ok(Err(e)) => {
+                    self.sh.hist().violation(e);
+                    Vec::new()
+                }
+                Err(_) => Vec::new(),
+            };
+            holders.insert(k, list);
             let r = c.call(&["LRANGE", &self.sh.log_key(k), "0", "-1"]);
             let set: std::collections::HashSet<String> = r
                 .ok()
@@ -192,9 +203,7 @@ impl Injector {
         for i in live {
             let g = h.grants[i].clone();
             let info = &snap.holders[&g.key];
-            let same = info
-                .as_ref()
-                .is_some_and(|(o, t)| o.as_deref() == Some(g.owner.as_bytes()) && *t == g.token);
+            let same = info.iter().any(|(o, t)| *o == g.owner && *t == g.token);
             if same {
                 kept += 1;
             } else if lossless {
@@ -382,20 +391,9 @@ impl Injector {
     }
 }
 
-/// (owner, token) of a lock's live grant, as FLOCK.INFO shows it.
-pub(crate) type Holder = (Option<Vec<u8>>, i64);
-
 pub(crate) struct Snapshot {
     pub(crate) at: u64,
-    pub(crate) holders: HashMap<usize, Option<Holder>>,
+    /// (owner, token) of every live grant of each key.
+    pub(crate) holders: HashMap<usize, Vec<(String, i64)>>,
     pub(crate) logs: HashMap<usize, std::collections::HashSet<String>>,
-}
-
-/// (owner, token) of a FLOCK.INFO reply, None when nil.
-pub(crate) fn parse_info_opt(r: &Reply) -> Option<Holder> {
-    if r.is_nil() || r.is_err() {
-        return None;
-    }
-    let i = parse_info(r, "FLOCK.INFO");
-    i.map(|i| (i.owner, i.token))
 }

@@ -63,6 +63,17 @@ pub(crate) fn env_num(name: &str, default: u64) -> u64 {
 /// travel through the AOF or replication are rounded to milliseconds).
 pub(crate) const EPS_US: u64 = 5_000;
 
+/// "N exclusive, N shared, N permits".
+fn grants_by_kind(h: &History) -> String {
+    let n = |k: Kind| h.grants.iter().filter(|g| g.kind == k).count();
+    format!(
+        "{} exclusive, {} shared, {} permits",
+        n(Kind::Exclusive),
+        n(Kind::Shared),
+        n(Kind::Permit)
+    )
+}
+
 #[test]
 fn history_checker_under_faults() {
     let secs = env_num("FLOCK_CHAOS_SECS", 20);
@@ -77,6 +88,10 @@ fn history_checker_under_faults() {
     let a = aof_server();
     let b = aof_server();
     let sh = Arc::new(Shared::new(a.port(), keys, clients + 1));
+    let uses: Vec<String> = (0..keys)
+        .map(|k| format!("{}: {}", sh.lock_key(k), sh.kinds[k].name()))
+        .collect();
+    eprintln!("chaos: keys {}", uses.join(", "));
     let mut inj = Injector {
         sh: sh.clone(),
         servers: vec![a, b],
@@ -94,6 +109,8 @@ fn history_checker_under_faults() {
                 sh,
                 rng: Rng::new(seed.wrapping_add(id as u64 + 1)),
                 conn: None,
+                conn_id: None,
+                side: None,
                 n: 0,
                 seq: 0,
             };
@@ -191,9 +208,11 @@ fn history_checker_under_faults() {
         eprintln!("  {k:<45} {n}");
     }
     eprintln!(
-        "grants: {}, FENCED writes: {}",
+        "grants: {} ({}), FENCED writes: {}, FENCED reads: {}",
         h.grants.len(),
-        h.writes.len()
+        grants_by_kind(&h),
+        h.writes.len(),
+        h.reads.len()
     );
     eprintln!("violations: {}", h.violations.len());
     for x in h.violations.iter().take(30) {
@@ -207,8 +226,9 @@ fn history_checker_under_faults() {
             .unwrap_or(server.clone());
         let faults: Vec<String> = h.faults.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let row = format!(
-            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants, {} FENCED writes) | {total_faults} ({}) | {} |\n",
+            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes) | {total_faults} ({}) | {} |\n",
             h.grants.len(),
+            grants_by_kind(&h),
             h.writes.len(),
             faults.join(", "),
             h.violations.len()
@@ -232,5 +252,23 @@ fn history_checker_under_faults() {
         "the run exercised too little: {} grants, faults {:?}",
         h.grants.len(),
         h.faults
+    );
+    // Every kind of key took part (the first three keys are a mutex, a read/write lock and a
+    // semaphore), and the queue was seen with waiters in it.
+    let kinds = grants_by_kind(&h);
+    let each = [Kind::Exclusive, Kind::Shared, Kind::Permit]
+        .iter()
+        .all(|&k| h.grants.iter().filter(|g| g.kind == k).count() >= 10);
+    let fifo: u64 = h
+        .checks
+        .iter()
+        .filter(|(k, _)| k.starts_with("G6 FIFO"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        keys < 3 || (each && fifo > 0 && !h.holders.is_empty()),
+        "the run exercised too few kinds: grants {kinds}, {fifo} queued waiters checked, {} \
+         HOLDERS listings",
+        h.holders.len()
     );
 }
