@@ -2,29 +2,46 @@
 //! `appendfsync always`), with faults injected, every operation recorded, and the history
 //! checked against the guarantees of SPEC.md at the end.
 //!
-//! Clients take random leases (plain and BLOCK), write through FLOCK.FENCED into a per-key log,
-//! check, renew, repeat ACQUIRE, try to release and renew as impostors, stall past their lease
-//! and write anyway, release or abandon. Some waiters hang up while they wait. An operator
-//! REVOKEs and DELs lock keys at random. A fault injector stalls the server (DEBUG SLEEP),
-//! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it
-//! from its AOF, and kills the master and promotes the replica.
+//! Keys come in three uses (history.rs `key_kind`): mutexes (exclusive grants), read/write
+//! locks (SHARED readers, exclusive writers) and semaphores of 2 or 3 permits (LIMIT n).
+//! Clients take random leases in their key's mode (plain and BLOCK), write through FLOCK.FENCED
+//! into a per-key log (readers read it instead, and now and then try a write that must be
+//! refused), check, list HOLDERS, renew and release with and without the token, repeat ACQUIRE
+//! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
+//! and with a token not theirs, stall past their lease and write anyway, release or abandon.
+//! Some waiters hang up while they wait; a second connection per client looks (CLIENT LIST)
+//! whether its BLOCK request is queued. An operator lists HOLDERS, REVOKEs keys or one listed
+//! owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP), rewrites the
+//! AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from its AOF, and
+//! kills the master and promotes the replica.
 //!
 //! Checked (each violation is printed and fails the test):
-//! - G1: no two grants of a key are live at one moment (a grant is live throughout the span
-//!   between two of its proofs; no other grant of the key may prove itself inside that span),
-//!   and the FENCED log of each key never goes back in token order.
-//! - G2: an owner that never held the key cannot release or renew it.
+//! - G1, for every kind: an exclusive grant is its key's only live grant and no key has more
+//!   live grants than its limit. A grant is live throughout the span between two of its proofs
+//!   (grant, CHECK > 0, accepted FENCED, RENEW, release, a HOLDERS listing): no overlapping spans
+//!   and no proof inside other grants' spans may break that. From the resource's side: a token
+//!   was live from its first log entry to its last, so the tokens whose entries surround an
+//!   entry are live with it (one writer on a mutex or read/write key, at most n on a semaphore);
+//!   a reader's read that falls between two entries of one writer met that writer; the log of a
+//!   mutex or read/write key never goes back in token order. Every HOLDERS listing is one
+//!   instant: within the limit, an exclusive grant alone, in token order, owners unique, and no
+//!   grant that was surely live then left out.
+//! - G2: an owner that never held the key cannot release or renew it, nor can the holder with
+//!   a token that is not its grant's; REVOKE ends at most the key's limit (one for an owner).
 //! - G3: no token is issued twice; a grant acknowledged before another was asked for has the
-//!   smaller token (across restarts and failovers too).
-//! - G4: the holder repeating ACQUIRE gets its token back while its lease runs.
-//! - G5: a refused FENCED write never shows up in the log; a write after the holder's own
-//!   release is refused.
-//! - G9: no grant proves itself after its lease ran out (last extension acknowledged + ttl),
-//!   and no lease ends early while nobody revoked or deleted it.
+//!   smaller token, whatever the kinds of both (across restarts and failovers too).
+//! - G4: the holder repeating ACQUIRE in its mode gets its token back while its lease runs;
+//!   in another mode it is refused.
+//! - G5: a refused FENCED write never shows up in the log; a FENCED after the holder's own
+//!   release is refused; a write under a shared token is never accepted.
+//! - G9: no grant proves itself (nor is listed) after its lease ran out (last extension
+//!   acknowledged + ttl), and no lease ends early while nobody revoked or deleted it.
 //! - durability: every grant and every FENCED write acknowledged before a SIGKILL is there
 //!   after the restart (AOF, fsync always). Grants and writes lost to an (asynchronous)
 //!   failover are counted, not failed.
-//! - G6: every waiter ends with a grant, a timeout (not early) or an error.
+//! - G6: every waiter ends with a grant, a timeout (not early) or an error; one FIFO queue per
+//!   key for all kinds: no request sent after a waiter was seen queued is granted before it
+//!   (a smaller token) or while it still waits (before its timeout).
 //! - G7: master and replica have the same DEBUG DIGEST once the replica caught up.
 //! - G8, G10: no crash or panic in any server log; at the end no lock key, no waiter is left.
 //!
