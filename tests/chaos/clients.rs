@@ -895,6 +895,11 @@ pub(crate) fn operator(sh: Arc<Shared>, seed: u64) {
             }
         }
         let Some(c) = conn.as_mut() else { continue };
+        if let Ok(r) = c.call(&["FLOCK.INFO", &key]) {
+            if !r.is_nil() && !r.is_err() {
+                check_info(&sh, k, &r);
+            }
+        }
         let pick = rng.below(100);
         // REVOKE key, REVOKE key owner (a holder just listed), DEL.
         let (name, owner, args): (&'static str, Option<String>, Vec<String>) = match pick {
@@ -942,5 +947,55 @@ pub(crate) fn operator(sh: Arc<Shared>, seed: u64) {
             )),
             Err(_) => conn = None,
         }
+    }
+}
+
+/// One FLOCK.INFO reply of key `k` (one instant) agrees with the key's use: `mode` one of those
+/// its requests can make, `holders` within the limit (one for an exclusive grant, none for
+/// `none`), `limit` that of its requests (a semaphore's n, else 0), `owner` only when exclusive.
+fn check_info(sh: &Shared, k: usize, r: &Reply) {
+    let key = sh.lock_key(k);
+    let mut h = sh.hist();
+    h.op("operator INFO");
+    let Some(pairs) = r.pairs() else {
+        h.violation(format!("FLOCK.INFO {key}: not a map: {r:?}"));
+        return;
+    };
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .find(|(f, _)| f.string().as_deref() == Some(name))
+            .map(|(_, v)| v.clone())
+    };
+    let int = |name: &str| get(name).and_then(|v| v.int());
+    let (mode, holders, limit) = (
+        get("mode").and_then(|m| m.string()),
+        int("holders"),
+        int("limit"),
+    );
+    let kind = sh.kinds[k];
+    let (modes, want_limit): (&[&str], i64) = match kind {
+        KeyKind::Exclusive => (&["exclusive", "none"], 0),
+        KeyKind::ReadWrite => (&["exclusive", "shared", "none"], 0),
+        KeyKind::Semaphore(n) => (&["permits", "none"], n as i64),
+    };
+    let owner_set = get("owner").is_some_and(|o| !o.is_nil());
+    let ok = match (mode.as_deref(), holders, limit) {
+        (Some(m), Some(n), Some(l)) if modes.contains(&m) && l == want_limit => match m {
+            "exclusive" => n == 1 && owner_set,
+            "none" => n == 0 && !owner_set,
+            _ => n >= 1 && n as usize <= kind.limit() && !owner_set,
+        },
+        _ => false,
+    };
+    *h.checks
+        .entry("INFO mode/holders/limit checked")
+        .or_default() += 1;
+    if !ok {
+        h.violation(format!(
+            "FLOCK.INFO {key} ({}): {r:?} (mode one of {modes:?}, holders within the limit, \
+             limit {want_limit})",
+            kind.name()
+        ));
     }
 }

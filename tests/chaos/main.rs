@@ -10,7 +10,7 @@
 //! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
 //! and with a token not theirs, stall past their lease and write anyway, release or abandon.
 //! Some waiters hang up while they wait; a second connection per client looks (CLIENT LIST)
-//! whether its BLOCK request is queued. An operator lists HOLDERS, REVOKEs keys or one listed
+//! whether its BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or one listed
 //! owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP), rewrites the
 //! AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from its AOF, and
 //! kills the master and promotes the replica.
@@ -25,7 +25,8 @@
 //!   a reader's read that falls between two entries of one writer met that writer; the log of a
 //!   mutex or read/write key never goes back in token order. Every HOLDERS listing is one
 //!   instant: within the limit, an exclusive grant alone, in token order, owners unique, and no
-//!   grant that was surely live then left out.
+//!   grant that was surely live then left out. Every FLOCK.INFO agrees with the key's use
+//!   (mode, holders within the limit, the limit).
 //! - G2: an owner that never held the key cannot release or renew it, nor can the holder with
 //!   a token that is not its grant's; REVOKE ends at most the key's limit (one for an owner).
 //! - G3: no token is issued twice; a grant acknowledged before another was asked for has the
