@@ -10,10 +10,10 @@
 //! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
 //! and with a token not theirs, stall past their lease and write anyway, release or abandon.
 //! Some waiters hang up while they wait; a second connection per client looks (CLIENT LIST)
-//! whether its BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or one listed
-//! owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP), rewrites the
-//! AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from its AOF, and
-//! kills the master and promotes the replica.
+//! whether its BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
+//! one listed owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP),
+//! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from
+//! its AOF, and kills the master and promotes the replica.
 //!
 //! Checked (each violation is printed and fails the test):
 //! - G1, for every kind: an exclusive grant is its key's only live grant and no key has more
