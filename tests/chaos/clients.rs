@@ -545,15 +545,34 @@ impl Client {
                 // that is not its grant's (token-qualified calls act on that grant only)
                 80..=84 => {
                     let imp = format!("impostor-{}-{}", self.id, self.n);
-                    let r1 =
-                        self.call(&["FLOCK.RELEASE".into(), key.clone(), imp.clone()], timeout);
+                    // The impostor names the holder's token too: the token is no password.
+                    let r1 = self.call(
+                        &[
+                            "FLOCK.RELEASE".into(),
+                            key.clone(),
+                            imp.clone(),
+                            token.to_string(),
+                        ],
+                        timeout,
+                    );
                     let r2 = self.call(
                         &["FLOCK.RENEW".into(), key.clone(), imp, "60000".into()],
                         timeout,
                     );
-                    // Not a token of this owner: its tokens are this grant's and, after a
-                    // repeated ACQUIRE granted anew, larger ones.
-                    let wrong = (token - 1).to_string();
+                    // Not a token of this owner: the latest grant of another owner on this key
+                    // (on a shared or counted key most often live beside this one), else one
+                    // below this grant's (this owner's other tokens are larger: a repeated
+                    // ACQUIRE that granted anew).
+                    let wrong = {
+                        let h = sh.hist();
+                        h.grants
+                            .iter()
+                            .rev()
+                            .take(200)
+                            .find(|o| o.key == k && o.owner != owner)
+                            .map_or(token - 1, |o| o.token)
+                    }
+                    .to_string();
                     let r3 = self.call(
                         &[
                             "FLOCK.RELEASE".into(),

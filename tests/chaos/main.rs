@@ -27,8 +27,9 @@
 //!   instant: within the limit, an exclusive grant alone, in token order, owners unique, and no
 //!   grant that was surely live then left out. Every FLOCK.INFO agrees with the key's use
 //!   (mode, holders within the limit, the limit).
-//! - G2: an owner that never held the key cannot release or renew it, nor can the holder with
-//!   a token that is not its grant's; REVOKE ends at most the key's limit (one for an owner).
+//! - G2: an owner that never held the key cannot release or renew it (not even naming the
+//!   holder's token), nor can the holder naming a token not its own (another holder's);
+//!   REVOKE ends at most the key's limit (one for an owner).
 //! - G3: no token is issued twice; a grant acknowledged before another was asked for has the
 //!   smaller token, whatever the kinds of both (across restarts and failovers too).
 //! - G4: the holder repeating ACQUIRE in its mode gets its token back while its lease runs;
