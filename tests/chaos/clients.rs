@@ -19,6 +19,7 @@ pub(crate) struct Client {
     /// looks at it (CLIENT LIST) while it waits in a BLOCK: proof that it is queued.
     pub(crate) conn_id: Option<i64>,
     pub(crate) side: Option<RawConn>,
+    pub(crate) side_id: Option<i64>,
     pub(crate) n: u64,
     pub(crate) seq: u64,
 }
@@ -39,6 +40,11 @@ impl Client {
             Ok(mut c) => {
                 self.conn_id = c.call(&["CLIENT", "ID"]).ok().and_then(|r| r.int());
                 self.side = RawConn::connect(port).ok();
+                self.side_id = self
+                    .side
+                    .as_mut()
+                    .and_then(|s| s.call(&["CLIENT", "ID"]).ok())
+                    .and_then(|r| r.int());
                 self.conn = Some(c);
                 true
             }
@@ -97,16 +103,28 @@ impl Client {
 
     /// The acknowledgement time of a CLIENT LIST that shows this client's connection blocked
     /// in FLOCK.ACQUIRE (a module-blocked client has flag `b`): it was in the key's queue then.
+    /// The side connection looks at the main one, or (`of_side`) the main one at the side one.
     fn queued_now(&mut self) -> Option<u64> {
-        let id = self.conn_id?;
-        let side = self.side.as_mut()?;
-        let _ = side.set_read_timeout(Duration::from_secs(20));
-        let r = side.call(&["CLIENT", "LIST", "ID", &id.to_string()]);
+        self.looks_queued(false)
+    }
+
+    fn looks_queued(&mut self, of_side: bool) -> Option<u64> {
+        let (id, looker) = if of_side {
+            (self.side_id?, self.conn.as_mut()?)
+        } else {
+            (self.conn_id?, self.side.as_mut()?)
+        };
+        let _ = looker.set_read_timeout(Duration::from_secs(20));
+        let r = looker.call(&["CLIENT", "LIST", "ID", &id.to_string()]);
         let ack = self.sh.now();
         let text = match r {
             Ok(r) => r.string()?,
             Err(_) => {
-                self.side = None;
+                if of_side {
+                    self.conn = None;
+                } else {
+                    self.side = None;
+                }
                 return None;
             }
         };
@@ -118,6 +136,101 @@ impl Client {
         let blocked = field("flags=").is_some_and(|f| f.contains('b'))
             && field("cmd=").as_deref() == Some("flock.acquire");
         blocked.then_some(ack)
+    }
+
+    /// A retried wait: a BLOCK request, and once it is seen queued the same request again from
+    /// the side connection (a client that gave up on its first connection's answer). The first
+    /// must answer nil (the retry takes its place), or its grant if it came before the retry was
+    /// read, and then the retry is the holder repeating ACQUIRE (G4: the same token). Returns
+    /// the answer that counts, the time the retry was seen queued, and its request's send time.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_block_retried(
+        &mut self,
+        args: &[String],
+        timeout: Duration,
+        k: usize,
+        kind: Kind,
+        ttl_ms: u64,
+        epoch: u64,
+    ) -> (Call, Option<u64>, u64) {
+        let sh = self.sh.clone();
+        let send = sh.now();
+        let Some(c) = self.conn.as_mut() else {
+            return (Call::Lost("not connected".into()), None, send);
+        };
+        let _ = c.set_read_timeout(timeout);
+        if let Err(e) = c.send(args) {
+            self.conn = None;
+            return (Call::Lost(e.to_string()), None, send);
+        }
+        sleep(Duration::from_millis(self.rng.below(15)));
+        let queued = self.queued_now();
+        let retry_send = sh.now();
+        let retried = queued.is_some()
+            && self.side.as_mut().is_some_and(|s| {
+                let _ = s.set_read_timeout(timeout);
+                s.send(args).is_ok()
+            });
+        let first = match self.conn.as_mut() {
+            Some(c) => c.read_reply(),
+            None => return (Call::Lost("not connected".into()), None, send),
+        };
+        let first_ack = sh.now();
+        let first = self.finish(first);
+        if !retried {
+            return (first, None, send);
+        }
+        sh.hist().op("retried wait");
+        let earlier = match first {
+            Call::Reply(Reply::Nil) => {
+                sh.hist()
+                    .op("retried wait: the earlier request answered nil");
+                None
+            }
+            Call::Reply(Reply::Int(t)) => {
+                sh.hist()
+                    .op("retried wait: the earlier request granted before the retry");
+                Some(t)
+            }
+            other => {
+                // The first connection failed or errored: the retry is not followed further.
+                self.side = None;
+                return (other, None, send);
+            }
+        };
+        let queued = if earlier.is_none() {
+            self.looks_queued(true)
+        } else {
+            None
+        };
+        let r = match self.side.as_mut() {
+            Some(s) => s.read_reply(),
+            None => return (Call::Lost("side connection gone".into()), None, retry_send),
+        };
+        let r = match r {
+            Ok(r) => Call::Reply(r),
+            Err(e) => {
+                self.side = None;
+                Call::Lost(e.to_string())
+            }
+        };
+        let Some(t) = earlier else {
+            return (r, queued, retry_send);
+        };
+        // The retry came from the holder of `t`: its token back while the lease ran (the
+        // caller records the grant, acknowledged with the retry's answer), else (the lease
+        // ended meanwhile) a new request's answer, and `t` is recorded here as a grant that ended.
+        match r {
+            Call::Reply(Reply::Int(t2)) if t2 == t => (Call::Reply(Reply::Int(t)), None, send),
+            Call::Reply(Reply::Int(_) | Reply::Nil) => {
+                let owner = args[2].clone();
+                let ack = sh.now();
+                let g = self.new_grant(k, &owner, t, kind, ttl_ms, send, first_ack, epoch);
+                self.ended(g, retry_send, ack);
+                (r, None, retry_send)
+            }
+            other => (other, None, retry_send),
+        }
     }
 
     pub(crate) fn run(&mut self) {
@@ -181,8 +294,12 @@ impl Client {
             None => Duration::from_secs(20),
         };
         let epoch = sh.epoch();
-        let send = sh.now();
-        let (r, queued_by) = if block.is_some() {
+        let mut send = sh.now();
+        let (r, queued_by) = if block.is_some() && mode >= 90 {
+            let (r, q, s) = self.call_block_retried(&args, limit, k, kind, ttl_ms, epoch);
+            send = s;
+            (r, q)
+        } else if block.is_some() {
             self.call_block(&args, limit)
         } else {
             (self.call(&args, limit), None)

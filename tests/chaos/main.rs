@@ -9,8 +9,9 @@
 //! refused), check, list HOLDERS, renew and release with and without the token, repeat ACQUIRE
 //! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
 //! and with a token not theirs, stall past their lease and write anyway, release or abandon.
-//! Some waiters hang up while they wait; a second connection per client looks (CLIENT LIST)
-//! whether its BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
+//! Some waiters hang up while they wait, some retry their wait from a second connection (the
+//! retry replaces the first request, which gets nil); that second connection also looks
+//! (CLIENT LIST) whether a BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
 //! one listed owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP),
 //! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from
 //! its AOF, and kills the master and promotes the replica.
@@ -130,6 +131,7 @@ fn history_checker_under_faults() {
                 conn: None,
                 conn_id: None,
                 side: None,
+                side_id: None,
                 n: 0,
                 seq: 0,
             };
