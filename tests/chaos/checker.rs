@@ -84,7 +84,8 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
 
     // G1 per key, for every kind: an exclusive grant is its key's only live grant; a key never
     // has more live grants than its limit.
-    let mut spans_of: Vec<Vec<Span>> = vec![Vec::new(); sh.keys];
+    // Each key's sure-live spans, in key order.
+    let mut spans_of: Vec<Vec<Span>> = Vec::with_capacity(sh.keys);
     for k in 0..sh.keys {
         let limit = sh.kinds[k].limit();
         let grants: Vec<usize> = (0..h.grants.len())
@@ -177,7 +178,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         *h.checks
             .entry("G1 proofs checked against other grants")
             .or_default() += n;
-        spans_of[k] = spans;
+        spans_of.push(spans);
     }
 
     // FLOCK.HOLDERS: one instant's live grants, checked as they are listed, against what the
