@@ -284,6 +284,66 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     }
     *h.checks.entry("G9 lease ends checked").or_default() += early_checked;
 
+    // Lock-delay per slot: a grant that expired keeps its slot taken for the lock-delay,
+    // counted from its deadline (at least its last extension's send + ttl). Meanwhile a mutex
+    // is granted in no mode, and no key grants an exclusive request (a delayed slot holds off
+    // exclusive grants on a read/write key too; a semaphore's one permit fewer is not checked).
+    // Only grants that surely expired: not released (or unsure), revoked, deleted or lost, and
+    // within one stretch of a known lock-delay on one master (no kill, failover or change).
+    let mut eras: Vec<(u64, u64, u64)> = Vec::new();
+    for (i, &(at, ms)) in h.lock_delay.iter().enumerate() {
+        let end = h.lock_delay.get(i + 1).map_or(u64::MAX, |e| e.0);
+        if let Some(ms) = ms.filter(|&ms| ms > 0) {
+            eras.push((at, end, ms * 1000));
+        }
+    }
+    let mut delayed = 0u64;
+    for g in &h.grants {
+        if g.released.is_some() || g.unsure || g.lost_in_failover {
+            continue;
+        }
+        let deadline = g.lower + g.ttl_us;
+        let Some(&(_, end, d)) = eras.iter().find(|e| e.0 < g.send && deadline + e.2 < e.1) else {
+            continue;
+        };
+        let until = deadline + d;
+        if h.operator
+            .iter()
+            .any(|o| o.may_end(g) && o.done > g.send && o.send < until)
+        {
+            continue;
+        }
+        delayed += 1;
+        for o in &h.grants {
+            let blocked = sh.kinds[g.key] == KeyKind::Exclusive || o.kind == Kind::Exclusive;
+            // A later grant (a larger token) acknowledged before the slot was free again.
+            if o.key != g.key
+                || o.token <= g.token
+                || !blocked
+                || o.ack + EPS_US >= until
+                || o.ack >= end
+            {
+                continue;
+            }
+            v.push(format!(
+                "{} token {} of {} granted at {:.3}s..{:.3}s, within the {} ms lock-delay of \
+                 token {} (its lease ran out at {:.3}s at the earliest, not released or \
+                 revoked)",
+                o.kind.name(),
+                o.token,
+                sh.lock_key(g.key),
+                o.send as f64 / 1e6,
+                o.ack as f64 / 1e6,
+                d / 1000,
+                g.token,
+                deadline as f64 / 1e6
+            ));
+        }
+    }
+    *h.checks
+        .entry("lock-delay: expired grants whose delay was checked")
+        .or_default() += delayed;
+
     // G5: a write under a shared (read) token is never accepted.
     for w in &h.writes {
         if w.kind == Kind::Shared && w.outcome == Outcome::Accepted {
@@ -872,4 +932,41 @@ fn the_checker_finds_planted_kind_violations() {
             .any(|x| x.contains("token 21 while that waiter waited (it timed out")),
         "{v:?}"
     );
+}
+
+#[test]
+fn the_checker_finds_a_grant_inside_a_lock_delay() {
+    let ms = |x: u64| x * 1000;
+    // Lock-delay 200 ms from 10 ms on; token 10 (100 ms lease from 20 ms) expires at 120 ms at
+    // the earliest, so its slot is taken until 320 ms.
+    let base = || {
+        let mut h = History::default();
+        h.lock_delay.push((ms(10), Some(200)));
+        h.grants
+            .push(grant_rec(0, "a", 10, 100, &[(ms(20), ms(21))]));
+        h
+    };
+    let mut h = base();
+    h.grants
+        .push(grant_rec(0, "b", 20, 100, &[(ms(400), ms(401))]));
+    assert!(violations_of(&mut h, &[]).is_empty());
+    let mut h = base();
+    h.grants
+        .push(grant_rec(0, "b", 20, 100, &[(ms(200), ms(201))]));
+    let v = violations_of(&mut h, &[]);
+    assert!(
+        v.iter().any(|x| x.contains("within the 200 ms lock-delay")),
+        "{v:?}"
+    );
+    // Not when it was released, nor when the delay was changed (unknown) meanwhile.
+    let mut h = base();
+    h.grants[0].released = Some(ms(50));
+    h.grants
+        .push(grant_rec(0, "b", 20, 100, &[(ms(200), ms(201))]));
+    assert!(violations_of(&mut h, &[]).is_empty());
+    let mut h = base();
+    h.lock_delay.push((ms(150), None));
+    h.grants
+        .push(grant_rec(0, "b", 20, 100, &[(ms(200), ms(201))]));
+    assert!(violations_of(&mut h, &[]).is_empty());
 }

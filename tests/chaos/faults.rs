@@ -65,12 +65,25 @@ impl Injector {
     }
 
     pub(crate) fn set_lock_delay(&self, ms: u64) {
-        for s in &self.servers {
-            let _ = raw_call(
+        self.delay_unknown();
+        let mut on_master = false;
+        for (i, s) in self.servers.iter().enumerate() {
+            let r = raw_call(
                 s.port(),
                 &["CONFIG", "SET", "flock.lock-delay-ms", &ms.to_string()],
             );
+            on_master |= i == self.master && matches!(r, Ok(Reply::Status(_)));
         }
+        if on_master {
+            let now = self.sh.now();
+            self.sh.hist().lock_delay.push((now, Some(ms)));
+        }
+    }
+
+    /// From now on the master's lock-delay is not known (a CONFIG SET on its way, a kill).
+    pub(crate) fn delay_unknown(&self) {
+        let now = self.sh.now();
+        self.sh.hist().lock_delay.push((now, None));
     }
 
     /// Pause clients and operator; wait until all of them have parked.
@@ -269,6 +282,7 @@ impl Injector {
 
     pub(crate) fn kill_and_restart(&mut self) {
         self.fault("kill -9 master, restart from AOF");
+        self.delay_unknown();
         let cut = self.sh.now();
         let m = self.master;
         self.servers[m].stop();
@@ -305,6 +319,7 @@ impl Injector {
         } else {
             self.fault("kill -9 master, promote replica");
         }
+        self.delay_unknown();
         let cut = self.sh.now();
         let old = self.master;
         self.servers[old].stop();

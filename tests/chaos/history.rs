@@ -163,6 +163,10 @@ pub(crate) struct History {
     pub(crate) reads: Vec<ReadRec>,
     pub(crate) waiters: Vec<WaitRec>,
     pub(crate) holders: Vec<HoldersRec>,
+    /// `flock.lock-delay-ms` on the master from each moment on: Some(ms) once CONFIG SET
+    /// answered; None (unknown) from when it was sent, and from each kill (a restarted server
+    /// has the default until the next CONFIG SET) and failover.
+    pub(crate) lock_delay: Vec<(u64, Option<u64>)>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,

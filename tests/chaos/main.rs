@@ -27,7 +27,9 @@
 //!   mutex or read/write key never goes back in token order. Every HOLDERS listing is one
 //!   instant: within the limit, an exclusive grant alone, in token order, owners unique, and no
 //!   grant that was surely live then left out. Every FLOCK.INFO agrees with the key's use
-//!   (mode, holders within the limit, the limit).
+//!   (mode, holders within the limit, the limit). Lock-delay per slot: while a grant that
+//!   surely expired keeps its slot (its deadline + the lock-delay known on that master), a
+//!   mutex grants nothing and no key grants an exclusive request.
 //! - G2: an owner that never held the key cannot release or renew it (not even naming the
 //!   holder's token), nor can the holder naming a token not its own (another holder's);
 //!   REVOKE ends at most the key's limit (one for an owner).
