@@ -13,6 +13,8 @@ struct Span {
     end: u64,
     token: i64,
     kind: Kind,
+    /// The failover epoch of the proofs it comes from.
+    epoch: u64,
 }
 
 /// Whether `n` grants of the kinds in `kinds` can all be live together on a key of `limit`.
@@ -73,11 +75,23 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         .enumerate()
         .map(|(i, g)| ((g.key, g.token), i))
         .collect();
-    let mut proofs: Vec<Vec<(u64, u64)>> = h.grants.iter().map(|g| g.proofs.clone()).collect();
-    for s in &h.holders {
+    // (send, ack, epoch); proofs whose epoch is unknown (a failover while they ran) left out.
+    let mut proofs: Vec<Vec<(u64, u64, u64)>> = h
+        .grants
+        .iter()
+        .map(|g| {
+            g.proofs
+                .iter()
+                .zip(&g.proof_epochs)
+                .filter(|(_, &e)| e != u64::MAX)
+                .map(|(p, &e)| (p.0, p.1, e))
+                .collect()
+        })
+        .collect();
+    for s in h.holders.iter().filter(|s| s.epoch != u64::MAX) {
         for (_, t, _) in &s.grants {
             if let Some(&i) = index.get(&(s.key, *t)) {
-                proofs[i].push((s.send, s.ack));
+                proofs[i].push((s.send, s.ack, s.epoch));
             }
         }
     }
@@ -93,15 +107,22 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             .collect();
         let mut spans: Vec<Span> = Vec::new();
         for &i in &grants {
-            let first_ack = proofs[i].iter().map(|p| p.1).min().unwrap_or(u64::MAX);
-            let last_send = proofs[i].iter().map(|p| p.0).max().unwrap_or(0);
-            if first_ack < last_send {
-                spans.push(Span {
-                    start: first_ack,
-                    end: last_send,
-                    token: h.grants[i].token,
-                    kind: h.grants[i].kind,
-                });
+            let mut epochs: Vec<u64> = proofs[i].iter().map(|p| p.2).collect();
+            epochs.sort_unstable();
+            epochs.dedup();
+            for e in epochs {
+                let of = || proofs[i].iter().filter(move |p| p.2 == e);
+                let first_ack = of().map(|p| p.1).min().unwrap_or(u64::MAX);
+                let last_send = of().map(|p| p.0).max().unwrap_or(0);
+                if first_ack < last_send {
+                    spans.push(Span {
+                        start: first_ack,
+                        end: last_send,
+                        token: h.grants[i].token,
+                        kind: h.grants[i].kind,
+                        epoch: e,
+                    });
+                }
             }
         }
         spans.sort_by_key(|s| s.start);
@@ -112,6 +133,11 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         for s in &spans {
             active.retain(|a| a.end > s.start);
             active.push(*s);
+            let active: Vec<Span> = active
+                .iter()
+                .filter(|a| a.epoch == s.epoch)
+                .copied()
+                .collect();
             n += 1;
             let kinds: Vec<Kind> = active.iter().map(|a| a.kind).collect();
             if !may_coexist(&kinds, limit) {
@@ -133,14 +159,14 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
 
         // A proof of one grant (it was live at an instant within it) inside other grants'
         // sure-live spans: all of them were live at that instant.
-        let mut all: Vec<(u64, u64, usize)> = grants
+        let mut all: Vec<(u64, u64, u64, usize)> = grants
             .iter()
-            .flat_map(|&i| proofs[i].iter().map(move |p| (p.0, p.1, i)))
+            .flat_map(|&i| proofs[i].iter().map(move |p| (p.0, p.1, p.2, i)))
             .collect();
         all.sort_unstable();
         let (mut next, mut active) = (0usize, Vec::<Span>::new());
         let mut n = 0u64;
-        for &(send, ack, i) in &all {
+        for &(send, ack, epoch, i) in &all {
             while next < spans.len() && spans[next].start <= send {
                 active.push(spans[next]);
                 next += 1;
@@ -149,7 +175,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             let g = &h.grants[i];
             let around: Vec<&Span> = active
                 .iter()
-                .filter(|a| a.end >= ack && a.token != g.token)
+                .filter(|a| a.end >= ack && a.token != g.token && a.epoch == epoch)
                 .collect();
             if around.is_empty() {
                 continue;
@@ -240,7 +266,11 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             }
         }
         for sp in &spans_of[k] {
-            if sp.start <= s.send && sp.end >= s.ack && !s.grants.iter().any(|e| e.1 == sp.token) {
+            if sp.epoch == s.epoch
+                && sp.start <= s.send
+                && sp.end >= s.ack
+                && !s.grants.iter().any(|e| e.1 == sp.token)
+            {
                 v.push(format!(
                     "{what} leaves out token {}, live throughout it: {:?}",
                     sp.token, s.grants
@@ -287,7 +317,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     // Lock-delay per slot: a grant that expired keeps its slot taken for the lock-delay,
     // counted from its deadline (at least its last extension's send + ttl). Meanwhile a mutex
     // is granted in no mode, and no key grants an exclusive request (a delayed slot holds off
-    // exclusive grants on a read/write key too; a semaphore's one permit fewer is not checked).
+    // exclusive grants on a read/write key too), and a semaphore has one permit fewer.
     // Only grants that surely expired: not released (or unsure), revoked, deleted or lost, and
     // within one stretch of a known lock-delay on one master (no kill, failover or change).
     let mut eras: Vec<(u64, u64, u64)> = Vec::new();
@@ -298,6 +328,9 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         }
     }
     let mut delayed = 0u64;
+    // A semaphore's surely delayed slots: (key, token, from, to), after the latest moment the
+    // lease can have run out and before the earliest the delay can have ended.
+    let mut slots: Vec<(usize, i64, u64, u64)> = Vec::new();
     for g in &h.grants {
         if g.released.is_some() || g.unsure || g.lost_in_failover {
             continue;
@@ -314,6 +347,12 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             continue;
         }
         delayed += 1;
+        if matches!(sh.kinds[g.key], KeyKind::Semaphore(_)) {
+            let from = g.upper + g.ttl_us + EPS_US;
+            if from + EPS_US < until {
+                slots.push((g.key, g.token, from, until - EPS_US));
+            }
+        }
         for o in &h.grants {
             let blocked = sh.kinds[g.key] == KeyKind::Exclusive || o.kind == Kind::Exclusive;
             // A later grant (a larger token) acknowledged before the slot was free again.
@@ -343,6 +382,39 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     *h.checks
         .entry("lock-delay: expired grants whose delay was checked")
         .or_default() += delayed;
+    // A permit granted while earlier permits' slots were surely delayed: those slots, the
+    // permits surely live then and the new one are within the limit.
+    let mut n = 0u64;
+    for o in h.grants.iter().filter(|o| o.kind == Kind::Permit) {
+        let (k, limit) = (o.key, sh.kinds[o.key].limit());
+        let taken: Vec<i64> = slots
+            .iter()
+            .filter(|s| s.0 == k && s.1 < o.token && s.2 <= o.send && s.3 >= o.ack)
+            .map(|s| s.1)
+            .collect();
+        if taken.is_empty() {
+            continue;
+        }
+        n += 1;
+        let live: Vec<i64> = spans_of[k]
+            .iter()
+            .filter(|sp| sp.token != o.token && sp.start <= o.send && sp.end >= o.ack)
+            .map(|sp| sp.token)
+            .collect();
+        if taken.len() + live.len() + 1 > limit {
+            v.push(format!(
+                "permit {} of {} granted at {:.3}s..{:.3}s while the slots of {taken:?} were in \
+                 lock-delay and {live:?} were live: more than its {limit} permits",
+                o.token,
+                sh.lock_key(k),
+                o.send as f64 / 1e6,
+                o.ack as f64 / 1e6
+            ));
+        }
+    }
+    *h.checks
+        .entry("lock-delay: permits granted beside delayed slots")
+        .or_default() += n;
 
     // G5: a write under a shared (read) token is never accepted.
     for w in &h.writes {
@@ -612,6 +684,7 @@ fn kind_rec(
         lower: proofs[0].0,
         upper: proofs[0].1,
         proofs: proofs.to_vec(),
+        proof_epochs: vec![0; proofs.len()],
         ends: Vec::new(),
         released: None,
         unsure: false,
@@ -759,6 +832,7 @@ fn the_checker_finds_planted_kind_violations() {
         send: ms(20),
         ack: ms(21),
         grants: vec![("p1".into(), 11, 900), ("p2".into(), 13, 900)],
+        epoch: 0,
     });
     h.reads.push(ReadRec {
         key: 1,
@@ -815,12 +889,14 @@ fn the_checker_finds_planted_kind_violations() {
             ("p1".into(), 11, 900),
             ("p1".into(), 99, 900),
         ],
+        epoch: 0,
     });
     h.holders.push(HoldersRec {
         key: 1,
         send: ms(20),
         ack: ms(21),
         grants: vec![("r1".into(), 10, 900)],
+        epoch: 0,
     });
     let v = violations_of(&mut h, &[]);
     for want in [
@@ -969,4 +1045,24 @@ fn the_checker_finds_a_grant_inside_a_lock_delay() {
     h.grants
         .push(grant_rec(0, "b", 20, 100, &[(ms(200), ms(201))]));
     assert!(violations_of(&mut h, &[]).is_empty());
+}
+
+#[test]
+fn a_grant_revived_by_a_failover_is_two_spans() {
+    let ms = |x: u64| x * 1000;
+    // Token 10 proves itself at 1 ms and, revived on the new master (a failover lost its
+    // release), at 90 ms; token 20 was granted on the old master at 50 ms. One span 1..90 ms
+    // would hold 20's grant; one per epoch does not.
+    let mut h = History::default();
+    let mut g = grant_rec(1, "a", 10, 1000, &[(0, ms(1)), (ms(90), ms(91))]);
+    g.proof_epochs = vec![0, 1];
+    h.grants.push(g.clone());
+    h.grants
+        .push(grant_rec(1, "b", 20, 100, &[(ms(50), ms(51))]));
+    assert!(violations_of(&mut h, &[]).is_empty());
+    // In one epoch it is a violation.
+    g.proof_epochs = vec![0, 0];
+    h.grants[0] = g;
+    let v = violations_of(&mut h, &[]);
+    assert!(v.iter().any(|x| x.contains("(G1)")), "{v:?}");
 }

@@ -20,6 +20,8 @@ pub(crate) struct Client {
     pub(crate) conn_id: Option<i64>,
     pub(crate) side: Option<RawConn>,
     pub(crate) side_id: Option<i64>,
+    /// The failover epoch when the last command was sent (the proof it gives belongs to it).
+    pub(crate) sent_epoch: u64,
     pub(crate) n: u64,
     pub(crate) seq: u64,
 }
@@ -60,6 +62,7 @@ impl Client {
             return Call::Lost("not connected".into());
         };
         let _ = c.set_read_timeout(timeout);
+        self.sent_epoch = self.sh.epoch();
         let r = c.call(args);
         self.finish(r)
     }
@@ -86,6 +89,7 @@ impl Client {
             return (Call::Lost("not connected".into()), None);
         };
         let _ = c.set_read_timeout(timeout);
+        self.sent_epoch = self.sh.epoch();
         if let Err(e) = c.send(args) {
             self.conn = None;
             return (Call::Lost(e.to_string()), None);
@@ -421,6 +425,11 @@ impl Client {
             lower: send,
             upper: ack,
             proofs: vec![(send, ack)],
+            proof_epochs: vec![if self.sh.epoch() == epoch {
+                epoch
+            } else {
+                u64::MAX
+            }],
             ends: Vec::new(),
             released: None,
             unsure: false,
@@ -434,9 +443,14 @@ impl Client {
     /// A proof that grant `g` was live at some instant in (send, ack): it must not come after
     /// the lease ran out (G9).
     pub(crate) fn proof(&self, g: usize, send: u64, ack: u64, what: &str) {
+        let epoch = match self.sh.epoch() {
+            e if e == self.sent_epoch => e,
+            _ => u64::MAX,
+        };
         let mut h = self.sh.hist();
         let rec = &mut h.grants[g];
         rec.proofs.push((send, ack));
+        rec.proof_epochs.push(epoch);
         let deadline = rec.upper + rec.ttl_us;
         if send > deadline + EPS_US {
             let (tok, late) = (rec.token, (send - deadline) / 1000);
@@ -827,11 +841,16 @@ impl Client {
                         if let Some(g) = g.filter(|_| list.iter().any(|e| Some(e.1) == mine)) {
                             self.proof(g, send, ack, "HOLDERS");
                         }
+                        let epoch = match sh.epoch() {
+                            e if e == self.sent_epoch => e,
+                            _ => u64::MAX,
+                        };
                         sh.hist().holders.push(HoldersRec {
                             key: k,
                             send,
                             ack,
                             grants: list,
+                            epoch,
                         });
                     }
                     Err(e) => sh.hist().violation(e),
@@ -1003,6 +1022,7 @@ pub(crate) fn operator(sh: Arc<Shared>, seed: u64) {
         let k = rng.below(sh.keys as u64) as usize;
         let key = sh.lock_key(k);
         // First a look at the key's holders (for the checker, and an owner to revoke).
+        let epoch = sh.epoch();
         let send = sh.now();
         let listed = c.call(&["FLOCK.HOLDERS", &key]);
         let ack = sh.now();
@@ -1020,6 +1040,7 @@ pub(crate) fn operator(sh: Arc<Shared>, seed: u64) {
                         send,
                         ack,
                         grants: list,
+                        epoch: if sh.epoch() == epoch { epoch } else { u64::MAX },
                     });
                 }
                 Err(e) => sh.hist().violation(e),

@@ -338,8 +338,9 @@ impl Injector {
                 .violation("replica did not become master".into());
         }
         self.master = r;
-        self.sh.port.store(rp, SeqCst);
+        // The epoch first: whatever runs on the new master was sent in the new epoch.
         self.sh.failover_epoch.fetch_add(1, SeqCst);
+        self.sh.port.store(rp, SeqCst);
         let snap = self.snapshot();
         self.pause_all();
         if let Some(snap) = snap {

@@ -71,6 +71,10 @@ pub(crate) struct GrantRec {
     pub(crate) upper: u64,
     /// Moments the grant was live on the server: some instant inside each (send, ack).
     pub(crate) proofs: Vec<(u64, u64)>,
+    /// The failover epoch of each proof's master (u64::MAX: a failover came while it ran). A
+    /// failover can lose a release and so revive a grant on the new master: a grant's proofs
+    /// show it live throughout a span only within one epoch.
+    pub(crate) proof_epochs: Vec<u64>,
     /// Observations that the lease had ended: (send, ack, failover epoch, lower at that time).
     pub(crate) ends: Vec<(u64, u64, u64, u64)>,
     /// The holder released it (acknowledged 1) at this time.
@@ -143,6 +147,8 @@ pub(crate) struct HoldersRec {
     pub(crate) ack: u64,
     /// (owner, token, ttl ms) as listed.
     pub(crate) grants: Vec<(String, i64, i64)>,
+    /// The failover epoch it ran in (u64::MAX: a failover came while it ran).
+    pub(crate) epoch: u64,
 }
 
 #[derive(Debug, Clone)]

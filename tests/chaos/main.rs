@@ -134,6 +134,7 @@ fn history_checker_under_faults() {
                 conn_id: None,
                 side: None,
                 side_id: None,
+                sent_epoch: 0,
                 n: 0,
                 seq: 0,
             };
