@@ -599,7 +599,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
 
     // G6 FIFO, one queue per key for all kinds: a request that surely waited in the queue
     // before another was sent is granted first; no later request is granted while it waits.
-    let mut fifo = [0u64; 3];
+    let (mut fifo, mut pairs) = ([0u64; 3], 0u64);
     for w in &h.waiters {
         let Some(queued) = w.queued_by else { continue };
         let mut checked = false;
@@ -608,6 +608,13 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             .iter()
             .filter(|g| g.key == w.key && g.send > queued)
         {
+            // Pairs where a jump was possible: the other request came before the waiter's
+            // answer (or its timeout).
+            pairs += match (w.granted, w.waited_until) {
+                (Some(_), _) => (g.send < w.ack) as u64,
+                (None, Some(until)) => (g.send < until) as u64,
+                (None, None) => 0,
+            };
             let jumped = match (w.granted, w.waited_until) {
                 (Some(t), _) => g.token != t && g.token < t && g.failover_epoch == w.epoch,
                 (None, Some(until)) => g.ack < until,
@@ -637,6 +644,9 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             fifo[w.kind as usize] += 1;
         }
     }
+    *h.checks
+        .entry("G6 FIFO: later requests checked against queued waiters")
+        .or_default() += pairs;
     for (kind, n) in [Kind::Exclusive, Kind::Shared, Kind::Permit]
         .iter()
         .zip(fifo)
@@ -977,6 +987,7 @@ fn the_checker_finds_planted_kind_violations() {
         send: ms(55),
         queued_by: Some(ms(56)),
         granted: Some(20),
+        ack: ms(60),
         waited_until: None,
         epoch: 0,
     });
@@ -994,6 +1005,7 @@ fn the_checker_finds_planted_kind_violations() {
         send: ms(50),
         queued_by: Some(ms(51)),
         granted: None,
+        ack: ms(100),
         waited_until: Some(ms(100)),
         epoch: 0,
     });

@@ -320,6 +320,7 @@ impl Client {
             send,
             queued_by,
             granted: None,
+            ack,
             waited_until: None,
             epoch,
         });

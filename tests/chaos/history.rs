@@ -133,6 +133,8 @@ pub(crate) struct WaitRec {
     pub(crate) queued_by: Option<u64>,
     /// The token it was granted.
     pub(crate) granted: Option<i64>,
+    /// When its answer came.
+    pub(crate) ack: u64,
     /// It timed out (nil): it waited in the queue at least until this moment (its send time
     /// plus its timeout, less the slack).
     pub(crate) waited_until: Option<u64>,
