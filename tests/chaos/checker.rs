@@ -645,7 +645,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         }
     }
     *h.checks
-        .entry("G6 FIFO: later requests checked against queued waiters")
+        .entry("G6 FIFO: later grants checked against queued waiters")
         .or_default() += pairs;
     for (kind, n) in [Kind::Exclusive, Kind::Shared, Kind::Permit]
         .iter()
