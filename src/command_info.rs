@@ -81,7 +81,7 @@ const KIND_CHOICE: [Arg; 2] = [
     keyword(c"shared", c"SHARED"),
     Arg {
         token: Some(c"LIMIT"),
-        ..arg(c"limit", Kind::Int)
+        ..arg(c"n", Kind::Int)
     },
 ];
 

@@ -65,14 +65,18 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
             Ok(a) => a,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        if a.bound {
-            // Connection-bound grants come with the binding registry (not built yet).
-            return ffi::reply_error_static(ctx, c"ERR BOUND is not supported by this build");
-        }
+        // A BOUND grant lives with the caller's connection: there must be one.
+        let bind_to = match a.bound {
+            false => None,
+            true => match waiters::client_connection(ctx) {
+                Some(client) => Some(client),
+                None => return reply_arg_error(ctx, ArgError::BoundNeedsClient),
+            },
+        };
         // Only a BLOCK call asks whether it may block (not inside MULTI or a script).
         let can_block = a.block.is_some() && waiters::can_block(ctx);
         write_op(ctx, args, true, Reply::Null, |state, env, host| {
-            engine::acquire(state, env, host, &a, can_block)
+            engine::acquire(state, env, host, &a, can_block, bind_to)
         })
     })
 }

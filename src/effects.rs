@@ -4,7 +4,7 @@
 
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::record::{self, KeyId, LockRecord, TimerSlot};
-use crate::{config, expiry, replication, server, stats, waiters};
+use crate::{bindings, config, expiry, replication, server, stats, waiters};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::lock_stats::Event as Measured;
@@ -44,6 +44,7 @@ fn event_name(e: Event) -> &'static CStr {
         Event::Released { .. } => c"flock.released",
         Event::Expired => c"flock.expired",
         Event::Revoked => c"flock.revoked",
+        Event::Closed => c"flock.closed",
     }
 }
 
@@ -71,6 +72,10 @@ impl Host for KeyHost<'_> {
                         stats::REVOKES.incr();
                         Measured::Revoked
                     }
+                    Event::Closed => {
+                        stats::BOUND_CLOSED.incr();
+                        Measured::Closed
+                    }
                 };
                 stats::record(ffi::bytes(&key), measured);
                 ffi::notify(ctx, event_name(e), key);
@@ -85,6 +90,10 @@ impl Host for KeyHost<'_> {
             Effect::ReplicateVerbatim => replication::verbatim(ctx),
             Effect::DeleteKey => self.delete = true,
             Effect::Arm(next) => expiry::arm(ctx, key, self.timer, next),
+            Effect::Bind { client, token } => {
+                bindings::bind(client, token, waiters::key_id(ctx, key));
+            }
+            Effect::Unbind { client, token } => bindings::unbind(client, token),
         }
     }
 
@@ -126,8 +135,13 @@ impl Host for KeyHost<'_> {
     }
 
     #[inline]
-    fn block(&mut self, args: &AcquireArgs<'_>, timeout_ms: u64) -> Result<(), BlockRefused> {
-        let blocked = waiters::block(self.ctx, self.key_name, args, timeout_ms);
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        timeout_ms: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused> {
+        let blocked = waiters::block(self.ctx, self.key_name, args, timeout_ms, bind_to);
         if blocked.is_ok() && self.watched.is_none() {
             // If this value is ever replaced or freed, its waiters must hear of it.
             *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));

@@ -5,9 +5,9 @@
 use crate::effects;
 use crate::expiry::{self, KeyRef};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::jobs::{self, Job};
+use crate::jobs::{self, Job, Task};
 use crate::record::{self, Found};
-use crate::{cluster, server, waiters};
+use crate::{bindings, cluster, server, waiters};
 use flock_core::engine::{self, Reply, RevisitPlan};
 use redis_module::raw;
 use std::os::raw::{c_char, c_int, c_void};
@@ -69,11 +69,33 @@ pub unsafe extern "C" fn on_keyspace_event(
 fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
     if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
         // Opened for reading (a write-mode close would signal the key as modified again);
-        // only the record's timer slot, which Redis never sees, changes.
+        // only what Redis never sees changes: the timer slot, and the binding of grants that
+        // arrived without one (RESTORE, MIGRATE), which the timer then ends and replicates.
         let mut k = Key::open(ctx, key, false);
+        let mut vacant = false;
         if let Found::Lock(rec) = record::lock_of_mut(&mut k) {
+            if event == b"restore" {
+                engine::orphan_bound(&mut rec.state, true);
+            }
+            if matches!(event, b"rename_to" | b"move_to") {
+                // The binding followed the value: the index must find it under its new name.
+                for g in rec.state.grants().iter() {
+                    if let Some(client) = g.bound_client() {
+                        bindings::moved(client, g.token, waiters::key_id(ctx, key));
+                    }
+                }
+            }
             let next = rec.state.next_deadline();
+            vacant = next.is_none();
             expiry::rearm(ctx, key, &mut rec.timer, next);
+        }
+        if vacant {
+            // A COPY that left bound grants out may hold nothing: a look right after the
+            // command deletes it (the engine decides).
+            jobs::schedule(Job::Revisit((
+                ffi::selected_db(ctx),
+                ffi::bytes(&key).to_vec(),
+            )));
         }
     }
     if waiters::blocked_now() > 0 {
@@ -142,6 +164,22 @@ pub unsafe extern "C" fn on_server_event(
             expiry::arm_all(ctx);
             revisit_all();
         }
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE
+            if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED =>
+        {
+            let info = data.cast::<raw::RedisModuleClientInfo>();
+            // SAFETY: for client change events Redis passes a `RedisModuleClientInfo` (or null).
+            if let Some(info) = unsafe { info.as_ref() } {
+                // Its waits ended already (the blocked client's disconnect callback); its
+                // bound grants end from the event loop, right after this disconnection.
+                for key in bindings::take(info.id) {
+                    jobs::schedule(Job::Close {
+                        key,
+                        client: info.id,
+                    });
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -174,10 +212,28 @@ pub fn on_due(ctx: Ctx, key_ref: &KeyRef) {
     });
 }
 
-/// A deferred look at a waited key (`jobs.rs`): hand it to its first waiter when it is free,
-/// fail its waiters when it now holds another type or moved away, and release `ghost` (a
-/// grant whose client vanished before its reply) first.
-pub fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
+/// A deferred job on a key (`jobs.rs`).
+pub fn run_job(ctx: Ctx, key_name: RStr, task: Task) {
+    match task {
+        Task::Revisit(ghost) => revisit(ctx, key_name, ghost),
+        Task::Close(client) => close(ctx, key_name, client),
+    }
+}
+
+/// Connection `client` closed: end its bound grants of `key_name` (if the lock is still
+/// there; a grant it no longer holds is left alone by the engine).
+fn close(ctx: Ctx, key_name: RStr, client: u64) {
+    let mut key = Key::open(ctx, key_name, true);
+    let _ = effects::with_lock(ctx, key_name, &mut key, false, |state, env, host| {
+        engine::close(state, env, host, client);
+        Reply::Null
+    });
+}
+
+/// A deferred look at a waited key: hand it to its first waiter when it is free, fail its
+/// waiters when it now holds another type or moved away, and release `ghost` (a grant whose
+/// client vanished before its reply) first.
+fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
     let mut key = Key::open(ctx, key_name, true);
     let found = match key.kind(server::lock_type()) {
         KeyKind::Ours => engine::Found::Lock,

@@ -237,6 +237,9 @@ unsafe extern "C" fn arm_scanned(
     // SAFETY: Redis passes a key handle valid during this callback.
     let mut key = unsafe { Key::borrowed(key) };
     if let Found::Lock(rec) = record::lock_of_mut(&mut key) {
+        // A master that loaded, restored or was promoted holds no binding for bound grants:
+        // they are not live from now on and come due at once (the engine decides).
+        flock_core::engine::orphan_bound(&mut rec.state, true);
         let next = rec.state.next_deadline();
         rearm(ctx, keyname, &mut rec.timer, next);
     }

@@ -104,6 +104,7 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_SetDisconnectCallback,
         RedisModule_GetBlockedClientPrivateData,
         RedisModule_GetClientId,
+        RedisModule_GetClientInfoById,
         RedisModule_Call,
         RedisModule_CallReplyType,
         RedisModule_ReplyWithCallReply,

@@ -1,6 +1,7 @@
-//! Deferred work on a key: what must not run inside a keyspace notification or a free
-//! callback (granting to the next waiter after a DEL, releasing a grant whose client vanished
-//! before its reply) is queued as a [`Job`] and run from a zero-delay timer, in a proper
+//! Deferred work on a key: what must not run inside a keyspace notification, a free callback
+//! or a client's disconnection (granting to the next waiter after a DEL, releasing a grant
+//! whose client vanished before its reply, ending the bound grants of a closed connection) is
+//! queued as a [`Job`] and run from a zero-delay timer, in a proper
 //! context, right after the command. What a job does is the business of the code that set
 //! the runner ([`set_runner`]): this mechanism only keeps and times the jobs.
 
@@ -17,11 +18,21 @@ pub enum Job {
     Revisit(KeyId),
     /// Release the grant `token` of `key` (its client vanished before the reply).
     ReleaseGhost { key: KeyId, token: u64 },
+    /// End the grants of `key` bound to connection `client`, which closed.
+    Close { key: KeyId, client: u64 },
 }
 
-/// Runs one job: the key's name in the database selected in `ctx`, and the ghost grant to
-/// release first, if any.
-pub type Runner = fn(Ctx, RStr, Option<u64>);
+/// What a job does to its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// Look at it again, releasing this ghost grant first, if any.
+    Revisit(Option<u64>),
+    /// End its grants bound to this connection.
+    Close(u64),
+}
+
+/// Runs one job: the key's name in the database selected in `ctx`, and what to do.
+pub type Runner = fn(Ctx, RStr, Task);
 
 static RUNNER: OnceLock<Runner> = OnceLock::new();
 
@@ -79,18 +90,22 @@ unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
         return;
     };
     for job in jobs {
-        let (db, name, ghost) = match &job {
-            Job::Revisit((db, name)) => (*db, name, None),
+        let (db, name, task) = match &job {
+            Job::Revisit((db, name)) => (*db, name, Task::Revisit(None)),
             Job::ReleaseGhost {
                 key: (db, name),
                 token,
-            } => (*db, name, Some(*token)),
+            } => (*db, name, Task::Revisit(Some(*token))),
+            Job::Close {
+                key: (db, name),
+                client,
+            } => (*db, name, Task::Close(*client)),
         };
         if !ffi::select_db(ctx, db) {
             continue;
         }
         let key = ffi::create_string(ctx, name);
-        runner(ctx, key, ghost);
+        runner(ctx, key, task);
         ffi::free_string(key);
     }
 }

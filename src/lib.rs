@@ -8,13 +8,15 @@
 //! - the record: `record` (the value under a lock key, reached through its open key).
 //! - mechanisms, which never call upward: `expiry` (the deadline index and its timer),
 //!   `waiters` (blocked clients and their queues), `jobs` (deferred work), `replication`
-//!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks).
+//!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks),
+//!   `bindings` (which connection holds which BOUND grant).
 //! - the effects executor: `effects` (runs an engine operation, carries out its effects).
 //! - entry points: `commands`, `fenced`, `stats_command` (FLOCK.STATS), `lock_type` (the
 //!   type's callbacks), `events`.
 //! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`),
 //!   with `command_info` (what each command is: arity, key specs, COMMAND DOCS).
 
+mod bindings;
 mod cluster;
 mod command_info;
 mod commands;

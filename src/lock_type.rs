@@ -77,8 +77,13 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     // SAFETY: Redis passes a live value of our type.
     match unsafe { record(value) } {
-        // The copy gets its own timer when the copy_to event arms it.
-        Some(rec) => LockRecord::boxed(rec.state.clone()).cast(),
+        // The copy gets its own timer when the copy_to event arms it. A binding lives with
+        // one connection and one value: COPY leaves bound grants out (G11).
+        Some(rec) => {
+            let mut state = rec.state.clone();
+            state.retain_grants(|g| !g.bound);
+            LockRecord::boxed(state).cast()
+        }
         None => ptr::null_mut(),
     }
 }
@@ -88,18 +93,15 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     match unsafe { record(value) } {
         Some(rec) => {
             let state = &rec.state;
-            let spilled_grants = if state.grants.spilled() {
-                state.grants.capacity() * std::mem::size_of::<flock_core::Grant>()
-            } else {
-                0
-            };
+            let spilled_grants =
+                state.grants().heap_capacity() * std::mem::size_of::<flock_core::Grant>();
             let spilled_delays = if state.delays.spilled() {
                 state.delays.capacity() * std::mem::size_of::<flock_core::Deadline>()
             } else {
                 0
             };
             std::mem::size_of::<LockRecord>()
-                + state.grants.iter().map(|g| g.owner.len()).sum::<usize>()
+                + state.grants().iter().map(|g| g.owner.len()).sum::<usize>()
                 + spilled_grants
                 + spilled_delays
                 + if rec.timer.handle != 0 {
@@ -126,7 +128,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
             api!(RedisModule_DigestAddLongLong, (); md, code as i64);
             api!(RedisModule_DigestAddLongLong, (); md, limit as i64);
         }
-        for g in &state.grants {
+        // In token order: master and replica may keep their grants in different orders.
+        for g in state.grants().by_token() {
             api!(RedisModule_DigestAddStringBuffer, (); md, g.owner.as_ptr().cast::<c_char>().cast_mut(), g.owner.len());
             api!(RedisModule_DigestAddLongLong, (); md, g.token as i64);
             api!(RedisModule_DigestAddLongLong, (); md, g.deadline.wall_ms);
@@ -134,11 +137,13 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
                 api!(RedisModule_DigestAddLongLong, (); md, 1);
             }
         }
-        if state.grants.is_empty() && !state.delays.is_empty() {
+        if state.grants().is_empty() && !state.delays.is_empty() {
             api!(RedisModule_DigestAddLongLong, (); md, state.last_token as i64);
         }
-        for d in &state.delays {
-            api!(RedisModule_DigestAddLongLong, (); md, d.wall_ms);
+        let mut ends: Vec<i64> = state.delays.iter().map(|d| d.wall_ms).collect();
+        ends.sort_unstable();
+        for end in ends {
+            api!(RedisModule_DigestAddLongLong, (); md, end);
         }
         api!(RedisModule_DigestEndSequence, (); md);
     }
@@ -160,8 +165,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
         api!(RedisModule_SaveUnsigned, (); rdb, code);
         api!(RedisModule_SaveUnsigned, (); rdb, limit);
         api!(RedisModule_SaveUnsigned, (); rdb, state.last_token);
-        api!(RedisModule_SaveUnsigned, (); rdb, state.grants.len() as u64);
-        for g in &state.grants {
+        api!(RedisModule_SaveUnsigned, (); rdb, state.grants().len() as u64);
+        // In token order, as every persisted form (LockImage::validate checks it).
+        for g in state.grants().by_token() {
             api!(RedisModule_SaveStringBuffer, (); rdb, g.owner.as_ptr().cast::<c_char>(), g.owner.len());
             api!(RedisModule_SaveUnsigned, (); rdb, g.token);
             api!(RedisModule_SaveSigned, (); rdb, g.deadline.wall_ms);

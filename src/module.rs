@@ -27,7 +27,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     server::init(raw_ctx, lock_type);
     ctx.set_module_options(raw::ModuleOptions::HANDLE_IO_ERRORS);
     expiry::set_due_handler(events::on_due);
-    jobs::set_runner(events::revisit);
+    jobs::set_runner(events::run_job);
     if let Err(e) = register_commands(raw_ctx).and_then(|()| command_info::describe(raw_ctx)) {
         ctx.log_warning(&format!("refusing to load: {e}"));
         return Status::Err;
@@ -133,6 +133,7 @@ fn subscribe(ctx: Ctx) {
         raw::REDISMODULE_EVENT_REPLICA_CHANGE,
         raw::REDISMODULE_EVENT_CONFIG,
         raw::REDISMODULE_EVENT_CRON_LOOP,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE,
     ] {
         // SAFETY: as above.
         unsafe {
@@ -155,7 +156,7 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
             h.max(),
         ]
     };
-    let fields: [(&CStr, u64); 17] = [
+    let fields: [(&CStr, u64); 19] = [
         (c"grants", stats::GRANTS.get()),
         (c"releases", stats::RELEASES.get()),
         (c"expirations", stats::EXPIRATIONS.get()),
@@ -168,6 +169,9 @@ unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: 
         (c"fenced_accepted", stats::FENCED_ACCEPTED.get()),
         (c"fenced_rejected", stats::FENCED_REJECTED.get()),
         (c"fenced_inner_errors", stats::FENCED_INNER_ERRORS.get()),
+        // Bound grants ended because their connection closed (or had none on this master).
+        (c"bound_closed", stats::BOUND_CLOSED.get()),
+        (c"bound_grants", crate::bindings::count() as u64),
         (c"token_high_water", server::tokens().high_water()),
         (
             c"replicating_effects",

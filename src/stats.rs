@@ -30,6 +30,7 @@ pub static TIMEOUTS: Counter = Counter::new();
 pub static FENCED_ACCEPTED: Counter = Counter::new();
 pub static FENCED_REJECTED: Counter = Counter::new();
 pub static FENCED_INNER_ERRORS: Counter = Counter::new();
+pub static BOUND_CLOSED: Counter = Counter::new();
 
 /// FLOCK.STATS's table: per server, not persisted, not replicated. Commands run on Redis's
 /// main thread, so the lock is never contended; it is there because statics must be Sync.

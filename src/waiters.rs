@@ -174,6 +174,26 @@ pub fn pop_if(ctx: Ctx, key: RStr, fits: &mut dyn FnMut(&Waiter) -> bool) -> Opt
     w
 }
 
+/// The id of the client connection behind `ctx`, or `None` when there is none: a script, a
+/// function or a module's call runs on a client of the server's own, which is not in the
+/// server's client table (BOUND needs a real connection to live with).
+pub fn client_connection(ctx: Ctx) -> Option<u64> {
+    let flags = ffi::context_flags(ctx);
+    if flags & (raw::REDISMODULE_CTX_FLAGS_LUA | raw::REDISMODULE_CTX_FLAGS_REPLICATED) != 0 {
+        return None;
+    }
+    // SAFETY: a live command context.
+    let id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
+    if id == 0 {
+        return None;
+    }
+    // SAFETY: a null info pointer only asks whether the id is a connected client.
+    let known = unsafe {
+        api!(RedisModule_GetClientInfoById, raw::REDISMODULE_ERR as c_int; ptr::null_mut(), id)
+    };
+    (known == raw::REDISMODULE_OK as c_int).then_some(id)
+}
+
 /// Whether this context may block its client (not inside MULTI, a script, or a context
 /// that denies blocking).
 pub fn can_block(ctx: Ctx) -> bool {
@@ -193,6 +213,7 @@ pub fn block(
     key: RStr,
     args: &AcquireArgs<'_>,
     timeout_ms: u64,
+    bind_to: Option<u64>,
 ) -> Result<(), BlockRefused> {
     let id = key_id(ctx, key);
     let mut guard = registry();
@@ -253,6 +274,7 @@ pub fn block(
             owner: args.owner.into(),
             ttl_ms: args.ttl_ms,
             mode: args.mode,
+            bind_to,
         });
     if let Some(earlier) = replaced.and_then(|w| reg.blocked.remove(&w.id)) {
         reg.by_client.remove(&earlier.client_id);
@@ -358,14 +380,22 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
     registry().get().queue(db, key).is_some()
 }
 
-/// Take waiter `waiter_id` out of its queue and the registry.
+/// Take waiter `waiter_id` out of its queue and the registry. When it was the head of its
+/// queue, those behind it may fit now (a reader behind a writer that timed out): the key is
+/// looked at again right after.
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
+    let mut look_again = false;
     if let Some(q) = reg.queue_mut(b.key.0, &b.key.1) {
+        let was_front = q.is_front(waiter_id);
         q.cancel(waiter_id);
+        look_again = was_front && !q.is_empty();
     }
     reg.drop_if_empty(b.key.0, &b.key.1);
+    if look_again {
+        jobs::schedule(Job::Revisit(b.key.clone()));
+    }
     Some(b)
 }
 

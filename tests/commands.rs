@@ -779,8 +779,8 @@ fn command_docs_and_arity() {
         (
             "flock.acquire",
             -4,
-            &["key", "owner", "ttl", "block"],
-            &["block"],
+            &["key", "owner", "ttl", "kind", "bound", "block"],
+            &["kind", "bound", "block"],
         ),
         ("flock.release", -3, &["key", "owner", "token"], &["token"]),
         (
@@ -791,6 +791,7 @@ fn command_docs_and_arity() {
         ),
         ("flock.check", 3, &["key", "token"], &[]),
         ("flock.info", 2, &["key"], &[]),
+        ("flock.holders", 2, &["key"], &[]),
         ("flock.revoke", -2, &["key", "owner"], &["owner"]),
         (
             "flock.fenced",
@@ -896,7 +897,7 @@ fn command_docs_and_arity() {
         .expect("redis-cli");
     let help = String::from_utf8_lossy(&cli.stdout);
     assert!(
-        help.contains("key owner ttl [BLOCK timeout]"),
+        help.contains("key owner ttl [SHARED|LIMIT n] [BOUND] [BLOCK timeout]"),
         "HELP FLOCK.ACQUIRE: {help}"
     );
     assert!(help.contains("fencing token"), "HELP FLOCK.ACQUIRE: {help}");

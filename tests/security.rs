@@ -310,14 +310,17 @@ fn forge_payload(dump: &[u8], old: i64, token: u64) -> Vec<u8> {
         u64::from_le_bytes(p[n - 8..].try_into().unwrap()),
         "our CRC-64 does not match Redis's"
     );
-    // SaveUnsigned(token): opcode 2, then a 64-bit length: 0x81 and 8 big-endian bytes.
+    // SaveUnsigned(token): opcode 2, then a 64-bit length: 0x81 and 8 big-endian bytes. The
+    // token is there twice (the key's last token and its grant's): forge both.
     let mut needle = vec![0x02u8, 0x81];
     needle.extend_from_slice(&(old as u64).to_be_bytes());
-    let at = p
-        .windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .expect("the token in the DUMP payload");
-    p[at + 2..at + 10].copy_from_slice(&token.to_be_bytes());
+    let at: Vec<usize> = (0..p.len().saturating_sub(needle.len()))
+        .filter(|&i| p[i..i + needle.len()] == needle[..])
+        .collect();
+    assert!(!at.is_empty(), "the token in the DUMP payload");
+    for i in at {
+        p[i + 2..i + 10].copy_from_slice(&token.to_be_bytes());
+    }
     let crc = crc64(&p[..n - 8]);
     p[n - 8..].copy_from_slice(&crc.to_le_bytes());
     p
@@ -619,10 +622,12 @@ fn max_waiters_bounds_memory_an_attacker_can_pin() {
             .expect("used_memory")
     };
     let base = used(&mut c);
-    let owner = "A".repeat(256);
     let mut socks = Vec::new();
     let mut refused = 0;
     for i in 0..300 {
+        // Distinct owners of the longest length (an owner waits once: the same owner again
+        // would take its own earlier place, not a new one).
+        let owner = format!("{i:A>256}");
         let mut s = RawConn::connect(srv.port()).expect("connect");
         s.send(&["FLOCK.ACQUIRE", "hot", &owner, "1000", "BLOCK", "0"])
             .expect("send");
@@ -651,6 +656,7 @@ fn max_waiters_bounds_memory_an_attacker_can_pin() {
         grant(&mut c, &format!("cold:{k}"), "holder", 600_000);
     }
     let base2 = used(&mut c);
+    let owner = "A".repeat(256);
     let mut socks2 = Vec::new();
     for k in 0..300 {
         let mut s = TcpStream::connect(("127.0.0.1", srv.port())).expect("connect");

@@ -462,16 +462,23 @@ fn the_holder_asking_with_block_gets_its_token_at_once() {
     let t = grant(&mut c, "lk", "a", 10_000);
     let r = call(&mut c, &["FLOCK.ACQUIRE", "lk", "a", "10000", "BLOCK", "0"]);
     assert_eq!(r.int(), Some(t));
-    // The same owner waiting twice on one key: both wait, in arrival order, each its own grant.
+    // The same owner waiting twice on one key waits once: the second request takes the
+    // first one's place in the queue (the first gets nil), so a retried wait is safe.
     let w1 = spawn_acquire(&srv, "lk", "dup", 10_000, 0);
     wait_blocked(&mut c, 1);
-    let w2 = spawn_acquire(&srv, "lk", "dup", 10_000, 0);
+    let other = spawn_acquire(&srv, "lk", "other", 10_000, 0);
     wait_blocked(&mut c, 2);
+    let w2 = spawn_acquire(&srv, "lk", "dup", 10_000, 0);
+    let (r1, _) = w1.join().expect("w1");
+    assert!(r1.is_nil(), "the replaced request gets nil, got {r1:?}");
+    wait_blocked(&mut c, 2);
+    assert_eq!(info(&mut c, "lk").map(|i| i.waiters), Some(2));
+    // The retried request kept the first one's turn, ahead of "other".
     assert_eq!(release(&mut c, "lk", "a"), 1);
-    let t1 = token_of(&w1.join().expect("w1").0, "first dup");
+    let t2 = token_of(&w2.join().expect("w2").0, "retried dup");
     assert_eq!(release(&mut c, "lk", "dup"), 1);
-    let t2 = token_of(&w2.join().expect("w2").0, "second dup");
-    assert!(t2 > t1 && t1 > t);
+    let t_other = token_of(&other.join().expect("other").0, "other");
+    assert!(t_other > t2 && t2 > t);
 }
 
 #[test]

@@ -228,6 +228,13 @@ export class Lease implements AsyncDisposable {
         return false;
       } catch (err) {
         if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
+        if (this.bound && !isReplyError(err)) {
+          // A bound lease's connection failed (it never reconnects): the server ends the grant
+          // when that connection closes, as on expiry, so nothing is left to release and the
+          // lease was lost. Retrying would only wait for the deadline on a dead connection.
+          this.#lose("connection-closed", true);
+          return false;
+        }
         // A connection error: the RELEASE may or may not have run. Retry while the grant can
         // still be live; past the deadline (no RENEW is sent any more) it has ended by itself.
         if (isClosedClientError(err) || now() >= this.#deadline) {

@@ -1,4 +1,6 @@
+import { kindsSuite } from "./kinds.js";
 import { libs } from "./libs.js";
 import { coreSuite } from "./suite.js";
 
 coreSuite(libs["ioredis"]);
+kindsSuite(libs["ioredis"]);

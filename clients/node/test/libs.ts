@@ -6,8 +6,8 @@ const req = createRequire(__filename);
 
 export interface Lib {
   name: string;
-  /** A connected client on one node. */
-  client(port: number): Promise<any>;
+  /** A connected client on one node (named `name` on the server, for CLIENT LIST). */
+  client(port: number, name?: string): Promise<any>;
   /** A connected cluster client given one node. */
   cluster(port: number): Promise<any>;
   /** One raw command on that client. */
@@ -17,8 +17,8 @@ export interface Lib {
 
 export const ioredis: Lib = {
   name: "ioredis",
-  async client(port) {
-    const c = new Redis({ port, host: "127.0.0.1" });
+  async client(port, name) {
+    const c = new Redis({ port, host: "127.0.0.1", ...(name ? { connectionName: name } : {}) });
     c.on("error", () => {});
     await c.ping();
     return c;
@@ -39,8 +39,8 @@ function nodeRedis(name: string, pkg: string): Lib {
   const { createClient, createCluster } = req(pkg);
   return {
     name,
-    async client(port) {
-      const c = createClient({ socket: { port, host: "127.0.0.1" } });
+    async client(port, name) {
+      const c = createClient({ socket: { port, host: "127.0.0.1" }, ...(name ? { name } : {}) });
       c.on("error", () => {});
       await c.connect();
       return c;

@@ -152,7 +152,9 @@ impl LockOptions {
         self
     }
     /// A grant bound to its connection (`BOUND`): it ends when that connection closes. The
-    /// lease then keeps a connection of its own, renews on it, and is lost when it fails.
+    /// lease then keeps a connection of its own, renews on it, and is lost when it fails: the
+    /// first call that finds it failed (the watchdog's next renewal at the latest) marks the
+    /// lease lost, and `release()` is then `Error::Lost`.
     pub fn bound(mut self, bound: bool) -> Self {
         self.bound = bound;
         self
@@ -583,6 +585,16 @@ impl Flock {
                     own = None;
                     tokio::time::sleep(backoff(failures)).await;
                 }
+                Err(e) if is_connection_error(&e) && failures < RETRIES => {
+                    // A bound wait's connection failed: the server dropped that waiter (and
+                    // would end a grant made to it). Wait again on a new connection, which the
+                    // grant will then be bound to.
+                    failures += 1;
+                    tokio::time::sleep(backoff(failures)).await;
+                    if let Some(c) = bound_conn.as_deref_mut() {
+                        *c = self.shared.dedicated().await?;
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -820,6 +832,13 @@ impl State {
             };
             match r {
                 Ok(v) => return Sent::Reply(v, sent, attempt > 0),
+                Err(e) if self.bound && is_connection_error(&e) => {
+                    // Rule 8: a bound grant lives with its connection, and the server ends it
+                    // when that connection closes. Whatever call found the failure, the lease
+                    // is lost.
+                    self.mark_lost();
+                    return Sent::Failed(e);
+                }
                 Err(e) if retry && !self.bound && is_transient(&e) && attempt < RETRIES => {
                     attempt += 1;
                     let mut pause = backoff(attempt);
@@ -855,6 +874,9 @@ impl State {
                 self.mark_lost();
                 Err(Error::Lost)
             }
+            // A bound lease's connection failed: the server ended the grant when it closed,
+            // so there is nothing left to release, and the lease was lost (rule 3).
+            Sent::Failed(e) if self.bound && is_connection_error(&e) => Err(Error::Lost),
             Sent::Failed(e) => Err(e.into()),
         };
         lock(&self.timing).released = true;
@@ -1020,7 +1042,8 @@ impl LeaseHandle {
         Ok(())
     }
     /// FLOCK.CHECK on the server: the remaining lease there; zero (and the lease marked
-    /// lost) when the grant is no longer live.
+    /// lost) when the grant is no longer live. On a bound lease whose connection failed it is
+    /// the connection's error, and the lease is lost.
     pub async fn check(&self) -> Result<Duration> {
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(&self.st.key).arg(self.st.token);

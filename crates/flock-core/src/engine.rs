@@ -16,7 +16,7 @@ use crate::args::AcquireArgs;
 use crate::clock::{Deadline, Now};
 use crate::queue::Waiter;
 use crate::snapshot::{LockImage, Snapshot};
-use crate::state::{Acquired, Grant, LockState, Mode};
+use crate::state::{Acquired, Binding, Grant, LockState, Mode};
 use crate::tokens::TokenIssuer;
 
 /// What an operation needs besides the key's state.
@@ -48,6 +48,8 @@ pub enum Event {
     },
     Expired,
     Revoked,
+    /// A BOUND grant ended because its connection closed (or it had none on this master).
+    Closed,
 }
 
 impl Event {
@@ -58,6 +60,7 @@ impl Event {
             Event::Released { .. } => "flock.released",
             Event::Expired => "flock.expired",
             Event::Revoked => "flock.revoked",
+            Event::Closed => "flock.closed",
         }
     }
 }
@@ -89,6 +92,17 @@ pub enum Effect<'a> {
     /// The key needs attention at this deadline (a lease's or a delayed slot's end); `None`:
     /// it needs none.
     Arm(Option<Deadline>),
+    /// The grant `token` of this key is now bound to connection `client` (BOUND): when that
+    /// connection closes, [`close`] must run on the key.
+    Bind {
+        client: u64,
+        token: u64,
+    },
+    /// The grant `token` is no longer bound to `client` (it ended or was rebound).
+    Unbind {
+        client: u64,
+        token: u64,
+    },
 }
 
 /// Why the caller could not wait for the key.
@@ -116,7 +130,13 @@ pub trait Host {
     fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool;
     /// Make the caller wait for this key (BLOCK) with the request `args`; `timeout_ms` 0 waits
     /// without limit. An earlier request of the same owner leaves the queue (it gets nil).
-    fn block(&mut self, args: &AcquireArgs<'_>, timeout_ms: u64) -> Result<(), BlockRefused>;
+    /// `bind_to`: with BOUND, the connection the grant is to live with.
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        timeout_ms: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused>;
 }
 
 /// An error reply decided by the engine.
@@ -204,6 +224,16 @@ fn held_ms(grant: &Grant, now: Now) -> u64 {
     now.mono_us.saturating_sub(grant.since_mono_us) / 1000
 }
 
+/// A grant ended: its connection, if it was bound to one, no longer holds it.
+fn unbind(host: &mut impl Host, grant: &Grant) {
+    if let Some(client) = grant.bound_client() {
+        host.effect(Effect::Unbind {
+            client,
+            token: grant.token,
+        });
+    }
+}
+
 // ---- the steps every write operation is made of ----
 
 /// Bring the key up to date at `now`: end run-out leases (`flock.expired` each), end finished
@@ -214,9 +244,15 @@ fn held_ms(grant: &Grant, now: Now) -> u64 {
 fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
     let now = env.now;
     let mut changed = false;
-    if !state.grants.is_empty()
-        && state.expire(now, env.lock_delay_ms, |_| {
-            host.effect(Effect::Notify(Event::Expired))
+    if !state.grants().is_empty()
+        && state.expire(now, env.lock_delay_ms, |g| {
+            let event = if g.binding == Binding::Lost {
+                Event::Closed
+            } else {
+                Event::Expired
+            };
+            host.effect(Effect::Notify(event));
+            unbind(host, g);
         }) > 0
     {
         changed = true;
@@ -241,12 +277,22 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
         let Some(token) = env.tokens.issue(now) else {
             return changed;
         };
-        state.grant(waiter.mode, &waiter.owner, waiter.ttl_ms, token, now);
+        state.grant(
+            waiter.mode,
+            &waiter.owner,
+            waiter.ttl_ms,
+            token,
+            now,
+            waiter.bind_to,
+        );
         changed = true;
         if host.deliver(&waiter, token) {
             host.effect(Effect::Notify(Event::Acquired {
                 ttl_ms: waiter.ttl_ms,
             }));
+            if let Some(client) = waiter.bind_to {
+                host.effect(Effect::Bind { client, token });
+            }
         } else {
             // The waiter vanished between its queueing and now: the next one may have it.
             state.ungrant_newest();
@@ -292,7 +338,7 @@ fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, change
 
 /// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]` on the key's
 /// state (a fresh, empty one when the key did not exist). `can_block`: the caller's context
-/// allows blocking (not MULTI, not a script).
+/// allows blocking (not MULTI, not a script). `bind_to`: with BOUND, the caller's connection.
 #[inline]
 pub fn acquire(
     state: &mut LockState,
@@ -300,6 +346,7 @@ pub fn acquire(
     host: &mut impl Host,
     args: &AcquireArgs<'_>,
     can_block: bool,
+    bind_to: Option<u64>,
 ) -> Reply<'static> {
     // Settle first (expiry, hand-off to waiters), publish once with the outcome.
     let (settled, waiting) = if env.master {
@@ -309,6 +356,10 @@ pub fn acquire(
         (false, 0)
     };
     let now = env.now;
+    // The connection the owner's grant is bound to now, if any (an indexed look-up).
+    let bound_before = state
+        .owner_grant(args.owner, now)
+        .and_then(Grant::bound_client);
     let outcome = state.acquire(
         args.owner,
         args.mode,
@@ -323,6 +374,7 @@ pub fn acquire(
             }
         },
         env.max_holders,
+        bind_to,
         env.tokens,
     );
     match outcome {
@@ -331,16 +383,27 @@ pub fn acquire(
             host.effect(Effect::Notify(Event::Acquired {
                 ttl_ms: args.ttl_ms,
             }));
+            if let Some(client) = bind_to {
+                host.effect(Effect::Bind { client, token });
+            }
             Reply::Int(token as i64)
         }
         Acquired::Refreshed(token) => {
             publish(state, env, host, true);
+            if bound_before != bind_to {
+                if let Some(client) = bound_before {
+                    host.effect(Effect::Unbind { client, token });
+                }
+                if let Some(client) = bind_to {
+                    host.effect(Effect::Bind { client, token });
+                }
+            }
             Reply::Int(token as i64)
         }
         Acquired::Busy => {
             host.effect(Effect::Count(Count::Contended));
             let blocked = match args.block {
-                Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms)),
+                Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms, bind_to)),
                 _ => None,
             };
             publish(state, env, host, settled);
@@ -384,6 +447,7 @@ pub fn release(
     host.effect(Effect::Notify(Event::Released {
         held_ms: held_ms(&grant, env.now),
     }));
+    unbind(host, &grant);
     settle(state, env, host, true);
     Reply::Int(1)
 }
@@ -422,8 +486,9 @@ pub fn revoke(
     if settle(state, env, host, false) {
         return Reply::Int(0);
     }
-    let n = state.revoke(owner, env.now, env.lock_delay_ms, |_| {
-        host.effect(Effect::Notify(Event::Revoked))
+    let n = state.revoke(owner, env.now, env.lock_delay_ms, |g| {
+        host.effect(Effect::Notify(Event::Revoked));
+        unbind(host, g);
     });
     if n == 0 {
         return Reply::Int(0);
@@ -499,7 +564,10 @@ pub fn info(
 /// `FLOCK.HOLDERS key` (read-only; `None`: no lock key).
 pub fn holders(state: Option<&LockState>, now: Now) -> Reply<'_> {
     Reply::Holders(state.map_or_else(Vec::new, |s| {
-        s.live(now)
+        s.grants()
+            .by_token()
+            .into_iter()
+            .filter(|g| g.is_live(now))
             .map(|g| (&*g.owner, g.token, g.remaining_ms(now)))
             .collect()
     }))
@@ -520,19 +588,33 @@ pub fn revisit(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, g
     }
     let mut changed = false;
     if let Some(token) = ghost {
-        if let Some(i) = state
-            .grants
-            .iter()
-            .position(|g| g.token == token && g.is_live(env.now))
-        {
-            let grant = state.grants.remove(i);
+        if let Some(grant) = state.take_token(token, env.now) {
             host.effect(Effect::Notify(Event::Released {
                 held_ms: held_ms(&grant, env.now),
             }));
+            unbind(host, &grant);
             changed = true;
         }
     }
     settle(state, env, host, changed);
+}
+
+/// Connection `client` closed (it left every wait queue already): its bound grants of this
+/// key end now, as on expiry (`flock.closed`, lock-delay, the next waiters are granted).
+pub fn close(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, client: u64) {
+    if !env.master {
+        return;
+    }
+    state.close(client);
+    settle(state, env, host, false);
+}
+
+/// On a master, a key that arrived from outside (restart, RESTORE or MIGRATE, promotion,
+/// DEBUG RELOAD): its bound grants have no connection in this process, so they are not live
+/// from now on; the key is then due at once ([`LockState::next_deadline`]) and its timer ends
+/// them and replicates that. Returns whether any grant lost its connection.
+pub fn orphan_bound(state: &mut LockState, master: bool) -> bool {
+    master && state.orphan_bound() > 0
 }
 
 /// What the key of a [`revisit`] holds now.

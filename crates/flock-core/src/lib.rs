@@ -9,6 +9,7 @@
 //! - [`clock`]: the two clocks of a command ([`clock::Now`]) and deadlines on both.
 //! - [`tokens`]: the fencing token issuer and the token space.
 //! - [`queue`]: the waiters of one key.
+//! - [`grants`]: the grants of one key (owner index, due hint).
 //! - [`state`]: the state of one lock key and its rules.
 //! - [`snapshot`]: the persisted form of a lock (RDB, AOF, digest, replication, FLOCK.APPLY).
 //! - [`args`]: argument parsing (Redis's integer rules) and the error texts of malformed calls.
@@ -23,6 +24,7 @@ pub mod args;
 pub mod clock;
 pub mod deadlines;
 pub mod engine;
+pub mod grants;
 pub mod lock_stats;
 pub mod queue;
 pub mod settings;

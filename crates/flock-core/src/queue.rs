@@ -15,6 +15,8 @@ pub struct Waiter {
     pub ttl_ms: u64,
     /// The kind of grant it waits for.
     pub mode: Mode,
+    /// BOUND: the connection its grant is to live with.
+    pub bind_to: Option<u64>,
 }
 
 /// The waiters of one key, first come first served, all kinds in one queue.
@@ -54,9 +56,10 @@ impl WaitQueue {
             .any(|w| *w.owner == *owner && self.live.contains_key(&w.id))
     }
 
-    /// Queue `waiter` at the end. An owner waits at most once per key: the live request of
-    /// the same owner, if any, leaves the queue and is returned (its client gets nil), so a
-    /// retried wait is safe.
+    /// Queue `waiter` at the end. An owner waits at most once per key: when the same owner
+    /// already waits, the new request takes the earlier one's place in the queue and the
+    /// earlier one is returned (its client gets nil), so a retried wait is safe and keeps its
+    /// turn.
     pub fn push(&mut self, waiter: Waiter) -> Option<Waiter> {
         if self.live.contains_key(&waiter.id) {
             return None;
@@ -65,18 +68,43 @@ impl WaitQueue {
             .entries
             .iter()
             .position(|w| self.live.contains_key(&w.id) && w.owner == waiter.owner);
-        let replaced = earlier.and_then(|i| self.entries.remove(i));
+        let shared = !waiter.mode.is_exclusive();
+        let id = waiter.id;
+        let replaced = match earlier.and_then(|i| self.entries.get_mut(i)) {
+            Some(slot) => Some(std::mem::replace(slot, waiter)),
+            None => {
+                self.entries.push_back(waiter);
+                None
+            }
+        };
         if let Some(r) = &replaced {
             self.forget(r.id);
         }
-        let shared = !waiter.mode.is_exclusive();
         if shared {
             self.shared_live += 1;
-            self.shared_mode = Some(waiter.mode);
         }
-        self.live.insert(waiter.id, shared);
-        self.entries.push_back(waiter);
+        self.live.insert(id, shared);
+        self.refresh_shared_mode();
         replaced
+    }
+
+    /// The mode of the shared waiters, after one joined or left (they all share the key's
+    /// limit; a retried request may name a new one only when it is the only shared waiter).
+    fn refresh_shared_mode(&mut self) {
+        self.shared_mode = if self.shared_live == 0 {
+            None
+        } else {
+            let live = &self.live;
+            self.entries
+                .iter()
+                .find(|w| !w.mode.is_exclusive() && live.contains_key(&w.id))
+                .map(|w| w.mode)
+        };
+    }
+
+    /// Whether waiter `id` is the first live one (its leaving may let those behind it in).
+    pub fn is_front(&mut self, id: u64) -> bool {
+        self.front().is_some_and(|w| w.id == id)
     }
 
     /// Take `id` off the live set; false when it was not there.
@@ -157,6 +185,7 @@ mod tests {
             owner: owner.as_bytes().into(),
             ttl_ms,
             mode: Mode::Exclusive,
+            bind_to: None,
         }
     }
 
@@ -207,15 +236,17 @@ mod tests {
         assert_eq!(q.push(shared(2, "b")), None);
         assert_eq!(q.push(shared(3, "c")), None);
         assert_eq!(q.shared_mode(), Some(Mode::Permits(3)));
-        // "b" waits again: its earlier request leaves (and is handed back), the new one is last.
+        // "b" waits again: its earlier request leaves (and is handed back), the new one takes
+        // its place, ahead of "c".
         assert_eq!(q.push(shared(4, "b")).map(|w| w.id), Some(2));
         assert_eq!(q.len(), 3);
-        assert!(q.cancel(3));
+        assert!(q.is_front(1));
         assert_eq!(q.shared_mode(), Some(Mode::Permits(3)));
         // A head that does not fit holds everyone behind it.
         assert_eq!(q.pop_if(|w| !w.mode.is_exclusive()), None);
         assert_eq!(q.pop_if(|w| w.mode.is_exclusive()).map(|w| w.id), Some(1));
         assert_eq!(q.pop().map(|w| w.id), Some(4));
+        assert!(q.cancel(3));
         assert_eq!(q.shared_mode(), None);
         assert!(q.is_empty());
     }

@@ -60,7 +60,7 @@ impl<'a> Snapshot<'a> {
     /// The snapshot of `state`; `None` when there is nothing to carry (no grant and no delayed
     /// slot: such a key is deleted rather than saved on a master).
     pub fn of(state: &'a LockState) -> Option<Snapshot<'a>> {
-        match (state.mode, &state.grants[..], &state.delays[..]) {
+        match (state.mode, state.grants().as_slice(), &state.delays[..]) {
             (_, [], []) => None,
             (Mode::Exclusive, [g], []) if !g.bound => Some(Snapshot::Held(g)),
             (Mode::Exclusive, [], [d]) => Some(Snapshot::Delayed {
@@ -107,8 +107,9 @@ impl LockImage {
             mode: state.mode,
             last_token: state.last_token,
             grants: state
-                .grants
-                .iter()
+                .grants()
+                .by_token()
+                .into_iter()
                 .map(|g| GrantImage {
                     owner: g.owner.to_vec(),
                     token: g.token,
@@ -161,15 +162,13 @@ impl LockImage {
     /// The state of a key loaded from this image at `now`: on this server a deadline is what
     /// is left of it by the local wall clock (then measured on the monotonic clock, G9).
     pub fn restore(self, now: Now) -> LockState {
-        let mut state = LockState {
-            mode: self.mode,
-            last_token: self.token(),
-            ..LockState::default()
-        };
+        let mut state = LockState::default();
+        state.mode = self.mode;
+        state.last_token = self.token();
         for g in self.grants {
             let mut grant = Grant::from_wall_deadline(&g.owner, g.token, g.deadline_wall_ms, now);
             grant.bound = g.bound;
-            state.grants.push(grant);
+            state.push_grant(grant);
         }
         for until in self.delays {
             state.delays.push(Deadline::from_wall(until, now));
@@ -207,12 +206,12 @@ impl LockImage {
 /// deadline, bound) and the ends of the delayed slots, each list after its length.
 pub fn state_fields(state: &LockState) -> Vec<Vec<u8>> {
     let num = |v: i128| v.to_string().into_bytes();
-    let mut out = Vec::with_capacity(5 + 4 * state.grants.len() + state.delays.len());
+    let mut out = Vec::with_capacity(5 + 4 * state.grants().len() + state.delays.len());
     out.push(state.mode.name().as_bytes().to_vec());
     out.push(num(i128::from(state.mode.limit())));
     out.push(num(i128::from(state.last_token)));
-    out.push(num(state.grants.len() as i128));
-    for g in &state.grants {
+    out.push(num(state.grants().len() as i128));
+    for g in state.grants().by_token() {
         out.push(g.owner.to_vec());
         out.push(num(i128::from(g.token)));
         out.push(num(i128::from(g.deadline.wall_ms)));
@@ -259,7 +258,7 @@ mod tests {
         let mut s = LockState::default();
         for o in ["a", "b"] {
             let t = tokens.issue(T0).expect("token");
-            s.grant(Mode::Permits(3), o.as_bytes(), 1000, t, T0);
+            s.grant(Mode::Permits(3), o.as_bytes(), 1000, t, T0, None);
         }
         s.delays.push(Deadline::after(50, T0));
         s
@@ -270,10 +269,13 @@ mod tests {
         let mut tokens = TokenIssuer::new();
         let mut held = LockState::default();
         let t = tokens.issue(T0).expect("token");
-        held.grant(Mode::Exclusive, b"a", 1000, t, T0);
+        held.grant(Mode::Exclusive, b"a", 1000, t, T0, None);
         let delayed = LockState::delayed(Mode::Exclusive, 7, Deadline::after(50, T0));
-        let mut bound = held.clone();
-        bound.grants[0].bound = true;
+        let mut bound = LockState::default();
+        let mut g = Grant::new(b"a", 5, 1000, T0);
+        g.bind(Some(9));
+        bound.push_grant(g);
+        bound.last_token = 5;
         let there = Now::new(T0.wall_us + 300_000, 42);
         for state in [held, delayed, shared_state(&mut tokens), bound] {
             let image = LockImage::of(&state);
@@ -289,7 +291,7 @@ mod tests {
         // 300 ms later elsewhere: 700 ms of the lease are left there.
         let image = LockImage::from_rdb_v1(1, T0.wall_ms + 1000, b"a").expect("valid");
         let back = image.restore(there);
-        assert_eq!(back.grants[0].remaining_ms(there), 700);
+        assert_eq!(back.grants().as_slice()[0].remaining_ms(there), 700);
     }
 
     #[test]
@@ -298,10 +300,13 @@ mod tests {
         let shared = shared_state(&mut tokens);
         assert!(matches!(Snapshot::of(&shared), Some(Snapshot::Full(_))));
         let mut held = LockState::default();
-        held.grant(Mode::Exclusive, b"a", 1000, 5, T0);
+        held.grant(Mode::Exclusive, b"a", 1000, 5, T0, None);
         assert!(matches!(Snapshot::of(&held), Some(Snapshot::Held(_))));
-        held.grants[0].bound = true;
-        assert!(matches!(Snapshot::of(&held), Some(Snapshot::Full(_))));
+        let mut bound = LockState::default();
+        let mut g = Grant::new(b"a", 5, 1000, T0);
+        g.bind(Some(9));
+        bound.push_grant(g);
+        assert!(matches!(Snapshot::of(&bound), Some(Snapshot::Full(_))));
         assert_eq!(Snapshot::of(&LockState::default()), None);
     }
 

@@ -6,6 +6,7 @@
 //! order a command needs and turns their outcomes into replies and effects.
 
 use crate::clock::{Deadline, Now};
+use crate::grants::Grants;
 use crate::tokens::TokenIssuer;
 use smallvec::SmallVec;
 
@@ -60,6 +61,21 @@ impl Mode {
     }
 }
 
+/// Which connection a BOUND grant lives with, on this server (never persisted or replicated:
+/// RDB, AOF, effects and DUMP carry only the grant's `bound` mark).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Binding {
+    /// Not bound here: an unbound grant, or a bound one on a replica (which follows its
+    /// master), or one just loaded on a master and not yet looked at.
+    #[default]
+    None,
+    /// Bound to the client connection with this id.
+    Client(u64),
+    /// A bound grant whose connection closed, or that arrived on a master with no binding
+    /// (restart, RESTORE, promotion): not live from that moment; ended by the next settle.
+    Lost,
+}
+
 /// One continuous holding of a key by one owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -70,9 +86,10 @@ pub struct Grant {
     /// measures hold times from. Not persisted: a grant loaded or replicated starts counting
     /// when it arrives.
     pub since_mono_us: u64,
-    /// Made with BOUND: the persisted and replicated mark (the binding to a connection is
-    /// memory of the master process and lives in the module).
+    /// Made with BOUND: the persisted and replicated mark.
     pub bound: bool,
+    /// The connection a bound grant lives with on this server.
+    pub binding: Binding,
 }
 
 impl Grant {
@@ -84,6 +101,21 @@ impl Grant {
             deadline: Deadline::after(ttl_ms, now),
             since_mono_us: now.mono_us,
             bound: false,
+            binding: Binding::None,
+        }
+    }
+
+    /// Bind the grant to connection `client` (BOUND), or unbind it (`None`).
+    pub fn bind(&mut self, client: Option<u64>) {
+        self.bound = client.is_some();
+        self.binding = client.map_or(Binding::None, Binding::Client);
+    }
+
+    /// The connection this grant is bound to here, if any.
+    pub fn bound_client(&self) -> Option<u64> {
+        match self.binding {
+            Binding::Client(c) => Some(c),
+            _ => None,
         }
     }
 
@@ -96,6 +128,7 @@ impl Grant {
             deadline: Deadline::from_wall(deadline_wall_ms, now),
             since_mono_us: now.mono_us,
             bound: false,
+            binding: Binding::None,
         }
     }
 
@@ -104,8 +137,9 @@ impl Grant {
         *self.owner == *owner && token.is_none_or(|t| t == self.token)
     }
 
+    /// Live: its lease runs and, when bound, its connection is still there (G11).
     pub fn is_live(&self, now: Now) -> bool {
-        !self.deadline.passed(now)
+        !self.deadline.passed(now) && self.binding != Binding::Lost
     }
 
     pub fn remaining_ms(&self, now: Now) -> u64 {
@@ -133,9 +167,9 @@ pub enum Acquired {
 
 /// The state of one lock key.
 ///
-/// Grants are kept in token order (a new grant always has the largest token), so HOLDERS
-/// lists them oldest first and RENEW never moves one. An exclusive key has at most one grant
-/// or one delayed slot; the inline capacity of one keeps such a key in one allocation.
+/// The grants live in [`Grants`] (unordered, indexed by owner past a few, with a due hint),
+/// so that commands on a key with many readers cost about what they cost on a key with one.
+/// An exclusive key has at most one grant or one delayed slot, kept inline: one allocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockState {
     /// The kind of the key's grants and delayed slots (all alike, G1); meaningless when it
@@ -143,7 +177,7 @@ pub struct LockState {
     pub mode: Mode,
     /// The grants, live or run out (a run-out grant is cleared lazily, by the next command
     /// that touches the key, or actively by the expiry timer on a master).
-    pub grants: SmallVec<[Grant; 1]>,
+    grants: Grants,
     /// Lock-delay: slots of grants that expired or were revoked, each taken until its end.
     pub delays: SmallVec<[Deadline; 1]>,
     /// The token of the latest grant of this key (shown by FLOCK.INFO when nobody holds it).
@@ -173,13 +207,34 @@ impl LockState {
         state
     }
 
-    /// The live grants, oldest first.
+    /// The grants, live or not, in no particular order ([`Grants::by_token`] sorts).
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// Add a grant that arrived from outside (a loaded image).
+    pub fn push_grant(&mut self, grant: Grant) {
+        self.grants.push(grant);
+    }
+
+    /// Keep only the grants `keep` says to keep (COPY leaves bound grants out).
+    pub fn retain_grants(&mut self, keep: impl FnMut(&Grant) -> bool) {
+        self.grants.retain(keep, |_| {});
+    }
+
+    /// The live grants, in no particular order.
     pub fn live(&self, now: Now) -> impl Iterator<Item = &Grant> + '_ {
         self.grants.iter().filter(move |g| g.is_live(now))
     }
 
+    /// How many grants are live. O(1) when no grant can have stopped being live yet (the
+    /// common case: a settled key), else a count.
     pub fn live_count(&self, now: Now) -> usize {
-        self.live(now).count()
+        if self.grants.maybe_due(now) {
+            self.live(now).count()
+        } else {
+            self.grants.len()
+        }
     }
 
     /// The only live grant when the key is exclusive (what INFO shows as `owner`).
@@ -192,17 +247,21 @@ impl LockState {
 
     /// `owner`'s live grant, if it holds one.
     pub fn owner_grant(&self, owner: &[u8], now: Now) -> Option<&Grant> {
-        self.live(now).find(|g| *g.owner == *owner)
+        let at = self.grants.position_of(owner)?;
+        self.grants.get(at).filter(|g| g.is_live(now))
     }
 
     /// Delayed slots still running at `now`.
     pub fn active_delays(&self, now: Now) -> usize {
+        if self.delays.is_empty() {
+            return 0;
+        }
         self.delays.iter().filter(|d| !d.passed(now)).count()
     }
 
     /// The mode that the key's live grants and running delayed slots give it, if any.
     pub fn held_mode(&self, now: Now) -> Option<Mode> {
-        let taken = self.live(now).next().is_some() || self.active_delays(now) > 0;
+        let taken = self.live_count(now) > 0 || self.active_delays(now) > 0;
         taken.then_some(self.mode)
     }
 
@@ -233,35 +292,39 @@ impl LockState {
         self.grants.is_empty() && self.active_delays(now) == 0
     }
 
-    /// When this key next needs attention: the earliest end of a lease or delayed slot.
+    /// When this key next needs attention: the earliest end of a lease or delayed slot (at
+    /// once for a grant that lost its connection). It may come early (see [`Grants`]), never
+    /// late.
     pub fn next_deadline(&self) -> Option<Deadline> {
         self.grants
-            .iter()
-            .map(|g| g.deadline)
+            .next_due()
+            .into_iter()
             .chain(self.delays.iter().copied())
             .min_by_key(|d| d.mono_us)
     }
 
-    /// Clear the grants whose lease ran out, each leaving a delayed slot of `lock_delay_ms`
-    /// counted from its deadline. Calls `ended` with each ended grant, oldest first.
+    /// Clear the grants that are no longer live, each leaving a delayed slot of
+    /// `lock_delay_ms` counted from its deadline (a lease that ran out) or from `now` (a
+    /// bound grant whose connection is gone). Calls `ended` with each.
     pub fn expire(&mut self, now: Now, lock_delay_ms: u64, mut ended: impl FnMut(&Grant)) -> usize {
-        let before = self.grants.len();
-        if self.grants.iter().all(|g| g.is_live(now)) {
+        if !self.grants.maybe_due(now) {
             return 0;
         }
-        let mut kept: SmallVec<[Grant; 1]> = SmallVec::new();
-        for g in std::mem::take(&mut self.grants) {
-            if g.is_live(now) {
-                kept.push(g);
-                continue;
-            }
-            ended(&g);
+        let mut gone: SmallVec<[Grant; 1]> = SmallVec::new();
+        self.grants.retain(|g| g.is_live(now), |g| gone.push(g));
+        gone.sort_unstable_by_key(|g| g.token);
+        for g in &gone {
+            ended(g);
             if lock_delay_ms > 0 {
-                self.push_delay(g.deadline.plus(lock_delay_ms));
+                let from = if g.binding == Binding::Lost && !g.deadline.passed(now) {
+                    Deadline::after(0, now)
+                } else {
+                    g.deadline
+                };
+                self.push_delay(from.plus(lock_delay_ms));
             }
         }
-        self.grants = kept;
-        before - self.grants.len()
+        gone.len()
     }
 
     /// Add a delayed slot. Exclusive and permit keys have at most one slot per grant they
@@ -285,11 +348,35 @@ impl LockState {
     }
 
     /// Add a grant of `mode` to `owner` with a freshly issued `token` (the caller checked
-    /// that it fits).
-    pub fn grant(&mut self, mode: Mode, owner: &[u8], ttl_ms: u64, token: u64, now: Now) {
+    /// that it fits), bound to connection `bind_to` when given.
+    pub fn grant(
+        &mut self,
+        mode: Mode,
+        owner: &[u8],
+        ttl_ms: u64,
+        token: u64,
+        now: Now,
+        bind_to: Option<u64>,
+    ) {
         self.mode = mode;
-        self.grants.push(Grant::new(owner, token, ttl_ms, now));
+        let mut g = Grant::new(owner, token, ttl_ms, now);
+        g.bind(bind_to);
+        self.grants.push(g);
         self.last_token = token;
+    }
+
+    /// The connection `client` closed: its bound grants are no longer live (the next settle
+    /// ends them). Returns how many.
+    pub fn close(&mut self, client: u64) -> usize {
+        self.grants
+            .mark_lost(|g| g.binding == Binding::Client(client))
+    }
+
+    /// On a master: bound grants that have no binding in this process (loaded, restored,
+    /// promoted) lose their connection. Returns how many.
+    pub fn orphan_bound(&mut self) -> usize {
+        self.grants
+            .mark_lost(|g| g.bound && g.binding == Binding::None)
     }
 
     /// Take back the newest grant (its waiter vanished before it could be told).
@@ -303,6 +390,7 @@ impl LockState {
     ///
     /// Checks come in the contract's order: the owner's own grant (mode, then limit), then the
     /// key's limit, then whether the request fits.
+    /// `bind_to`: the connection a BOUND request comes from.
     #[allow(clippy::too_many_arguments)]
     pub fn acquire(
         &mut self,
@@ -313,18 +401,20 @@ impl LockState {
         waiting: usize,
         waiting_mode: impl FnOnce() -> Option<Mode>,
         max_holders: u32,
+        bind_to: Option<u64>,
         tokens: &mut TokenIssuer,
     ) -> Acquired {
-        if let Some(g) = self
-            .grants
-            .iter_mut()
-            .find(|g| g.is_live(now) && *g.owner == *owner)
-        {
+        if let Some(at) = self.live_position(owner, None, now) {
             if self.mode != mode {
                 return Acquired::OwnerHolds(self.mode);
             }
-            g.deadline = Deadline::after(ttl_ms, now);
-            return Acquired::Refreshed(g.token);
+            // The repeat sets the binding anew: to this connection with BOUND, else none.
+            self.grants
+                .refresh(at, Deadline::after(ttl_ms, now), Some(bind_to));
+            return match self.grants.get(at) {
+                Some(g) => Acquired::Refreshed(g.token),
+                None => Acquired::Busy,
+            };
         }
         if let Some(key_mode) = self.limit_of_key(now, waiting_mode) {
             if !mode.is_exclusive() && key_mode != mode {
@@ -336,11 +426,20 @@ impl LockState {
         }
         match tokens.issue(now) {
             Some(token) => {
-                self.grant(mode, owner, ttl_ms, token, now);
+                self.grant(mode, owner, ttl_ms, token, now, bind_to);
                 Acquired::Granted(token)
             }
             None => Acquired::TokensExhausted,
         }
+    }
+
+    /// Where `owner`'s live grant is (with `token`, when given).
+    fn live_position(&self, owner: &[u8], token: Option<u64>, now: Now) -> Option<usize> {
+        let at = self.grants.position_of(owner)?;
+        self.grants
+            .get(at)
+            .filter(|g| g.is_live(now) && g.is(owner, token))
+            .map(|_| at)
     }
 
     /// The shared mode (and so the limit) the key has: that of its live shared grants and
@@ -361,11 +460,18 @@ impl LockState {
     /// late retry of an earlier grant's release never ends a later one). Returns the ended
     /// grant; a released slot frees at once (no lock-delay).
     pub fn release(&mut self, owner: &[u8], token: Option<u64>, now: Now) -> Option<Grant> {
-        let i = self
-            .grants
-            .iter()
-            .position(|g| g.is_live(now) && g.is(owner, token))?;
-        Some(self.grants.remove(i))
+        let at = self.live_position(owner, token, now)?;
+        self.grants.take(at)
+    }
+
+    /// Take out the live grant with `token`, whoever holds it (a grant made to a client that
+    /// went away before its reply).
+    pub fn take_token(&mut self, token: u64, now: Now) -> Option<Grant> {
+        let at = self.grants.position_of_token(token)?;
+        if !self.grants.get(at).is_some_and(|g| g.is_live(now)) {
+            return None;
+        }
+        self.grants.take(at)
     }
 
     /// FLOCK.REVOKE: end every live grant (only `owner`'s, when given) now, each leaving a
@@ -377,25 +483,26 @@ impl LockState {
         lock_delay_ms: u64,
         mut ended: impl FnMut(&Grant),
     ) -> usize {
-        let hit = |g: &Grant| g.is_live(now) && owner.is_none_or(|o| *g.owner == *o);
-        if !self.grants.iter().any(hit) {
-            return 0;
-        }
-        let mut kept: SmallVec<[Grant; 1]> = SmallVec::new();
-        let mut n = 0;
-        for g in std::mem::take(&mut self.grants) {
-            if !hit(&g) {
-                kept.push(g);
-                continue;
+        let mut gone: SmallVec<[Grant; 1]> = SmallVec::new();
+        match owner {
+            Some(o) => {
+                if let Some(g) = self
+                    .live_position(o, None, now)
+                    .and_then(|at| self.grants.take(at))
+                {
+                    gone.push(g);
+                }
             }
-            ended(&g);
-            n += 1;
+            None => self.grants.retain(|g| !g.is_live(now), |g| gone.push(g)),
+        }
+        gone.sort_unstable_by_key(|g| g.token);
+        for g in &gone {
+            ended(g);
             if lock_delay_ms > 0 {
                 self.push_delay(Deadline::after(lock_delay_ms, now));
             }
         }
-        self.grants = kept;
-        n
+        gone.len()
     }
 
     /// FLOCK.RENEW: the token when `owner` holds a live grant (with `token`, when given),
@@ -408,12 +515,9 @@ impl LockState {
         token: Option<u64>,
         now: Now,
     ) -> Option<u64> {
-        let g = self
-            .grants
-            .iter_mut()
-            .find(|g| g.is_live(now) && g.is(owner, token))?;
-        g.deadline = Deadline::after(ttl_ms, now);
-        Some(g.token)
+        let at = self.live_position(owner, token, now)?;
+        self.grants.refresh(at, Deadline::after(ttl_ms, now), None);
+        self.grants.get(at).map(|g| g.token)
     }
 
     /// The live grant with `token`.

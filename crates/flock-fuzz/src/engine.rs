@@ -209,7 +209,12 @@ impl Host for KeyHost<'_> {
             }
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
-            Effect::Notify(_) | Effect::Count(_) | Effect::ReplicateVerbatim | Effect::Arm(_) => {}
+            Effect::Notify(_)
+            | Effect::Count(_)
+            | Effect::ReplicateVerbatim
+            | Effect::Arm(_)
+            | Effect::Bind { .. }
+            | Effect::Unbind { .. } => {}
         }
     }
     fn waiting(&mut self) -> usize {
@@ -228,7 +233,12 @@ impl Host for KeyHost<'_> {
         self.delivered.push((w.id, token));
         true
     }
-    fn block(&mut self, args: &AcquireArgs<'_>, _timeout_ms: u64) -> Result<(), BlockRefused> {
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        _timeout_ms: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused> {
         *self.next_waiter += 1;
         let id = *self.next_waiter;
         // An earlier request of the same owner leaves the queue (the model does the same).
@@ -237,6 +247,7 @@ impl Host for KeyHost<'_> {
             owner: args.owner.into(),
             ttl_ms: args.ttl_ms,
             mode: args.mode,
+            bind_to,
         });
         self.blocked = Some(id);
         Ok(())
@@ -329,9 +340,9 @@ fn assert_same(real: &Server, model: &Model, k: usize, now: Now, step: usize, wh
         );
         return;
     };
-    assert!(st.mode.is_exclusive() && st.grants.len() <= 1 && st.delays.len() <= 1);
+    assert!(st.mode.is_exclusive() && st.grants().len() <= 1 && st.delays.len() <= 1);
     assert_eq!(
-        st.grants.first().map(grant_view),
+        st.grants().as_slice().first().map(grant_view),
         mk.holder,
         "step {step} ({what}): holder of key {k}"
     );
@@ -467,7 +478,7 @@ pub fn state_machine_target(data: &[u8]) {
                 };
                 let (got, out) = real
                     .run(k, now, lock_delay_ms, true, |s, env, host| {
-                        engine::acquire(s, env, host, &args, true)
+                        engine::acquire(s, env, host, &args, true, None)
                     })
                     .expect("ACQUIRE creates the key");
                 // The model.

@@ -37,10 +37,14 @@ impl Host for Recorder {
                 format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
+            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound) => {
+                "repl state".into()
+            }
             Effect::Replicate(Snapshot::Full(s)) => {
                 let owners: Vec<String> = s
-                    .grants
-                    .iter()
+                    .grants()
+                    .by_token()
+                    .into_iter()
                     .map(|g| String::from_utf8_lossy(&g.owner).into_owned())
                     .collect();
                 format!(
@@ -58,6 +62,8 @@ impl Host for Recorder {
             }
             Effect::Arm(Some(_)) => "arm".into(),
             Effect::Arm(None) => "disarm".into(),
+            Effect::Bind { client, .. } => format!("bind {client}"),
+            Effect::Unbind { client, .. } => format!("unbind {client}"),
         };
         self.log.push(s);
     }
@@ -78,7 +84,12 @@ impl Host for Recorder {
         self.delivered.push((w.id, token));
         true
     }
-    fn block(&mut self, args: &AcquireArgs<'_>, _timeout: u64) -> Result<(), BlockRefused> {
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        _timeout: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused> {
         if self.queue.len() >= self.max_waiters {
             return Err(BlockRefused::TooMany);
         }
@@ -89,6 +100,7 @@ impl Host for Recorder {
             owner: args.owner.into(),
             ttl_ms: args.ttl_ms,
             mode: args.mode,
+            bind_to,
         });
         if let Some(r) = replaced {
             self.log.push(format!("replaced {}", r.id));
@@ -103,6 +115,12 @@ enum Op {
     AcquireBlock(&'static str, u64),
     /// ACQUIRE in a mode, with BLOCK when the flag says so.
     Kind(&'static str, Mode, u64, bool),
+    /// Exclusive ACQUIRE ... BOUND from connection `client`, with BLOCK when the flag says so.
+    Bound(&'static str, u64, u64, bool),
+    /// Connection `client` closed.
+    Close(u64),
+    /// The key arrived on a master from outside (restart, RESTORE, promotion).
+    Orphan,
     RevokeOwner(&'static str),
     Release(&'static str),
     Renew(&'static str, u64),
@@ -137,26 +155,42 @@ impl Key {
         // as the module does; ACQUIRE starts from a fresh state.
         let needs_lock = !matches!(
             op,
-            Op::Acquire(..) | Op::AcquireBlock(..) | Op::Kind(..) | Op::Vanish(_)
+            Op::Acquire(..) | Op::AcquireBlock(..) | Op::Kind(..) | Op::Bound(..) | Op::Vanish(_)
         );
         if needs_lock && self.state.is_none() {
             return ("missing".into(), Vec::new());
         }
         let state = self.state.get_or_insert_with(LockState::default);
         let reply = match op {
-            Op::Acquire(o, ttl) | Op::AcquireBlock(o, ttl) | Op::Kind(o, _, ttl, _) => {
-                let (mode, block) = match op {
-                    Op::Kind(_, mode, _, block) => (mode, block),
-                    _ => (Mode::Exclusive, matches!(op, Op::AcquireBlock(..))),
+            Op::Acquire(o, ttl)
+            | Op::AcquireBlock(o, ttl)
+            | Op::Kind(o, _, ttl, _)
+            | Op::Bound(o, _, ttl, _) => {
+                let (mode, block, bind_to) = match op {
+                    Op::Kind(_, mode, _, block) => (mode, block, None),
+                    Op::Bound(_, client, _, block) => (Mode::Exclusive, block, Some(client)),
+                    _ => (Mode::Exclusive, matches!(op, Op::AcquireBlock(..)), None),
                 };
                 let args = AcquireArgs {
                     owner: o.as_bytes(),
                     ttl_ms: ttl,
                     mode,
-                    bound: false,
+                    bound: bind_to.is_some(),
                     block: block.then_some(0),
                 };
-                format!("{:?}", acquire(state, &mut env, host, &args, true))
+                format!("{:?}", acquire(state, &mut env, host, &args, true, bind_to))
+            }
+            Op::Close(client) => {
+                close(state, &mut env, host, client);
+                "-".into()
+            }
+            Op::Orphan => {
+                // The key travels (RDB, RESTORE, a replica's copy) and arrives on a master.
+                let image = crate::snapshot::LockImage::of(state);
+                *state = load(image, now, env.tokens);
+                let lost = orphan_bound(state, true);
+                let live = state.live_count(now);
+                format!("{lost} live {live}")
             }
             Op::RevokeOwner(o) => {
                 format!("{:?}", revoke(state, &mut env, host, Some(o.as_bytes())))
@@ -659,6 +693,84 @@ fn engine_table() {
                 ),
             ],
         ),
+        (
+            "a bound grant ends when its connection closes, as on expiry (G11)",
+            20,
+            &[
+                (
+                    0,
+                    Bound("a", 7, 100, false),
+                    "Int(token)",
+                    &["repl state", "arm", "acquired", "bind 7"],
+                ),
+                (
+                    1,
+                    Bound("b", 8, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (2, Close(9), "-", &["arm"]),
+                (3, Close(7), "-", &["closed", "repl delay", "arm"]),
+                (
+                    23,
+                    Expire,
+                    "-",
+                    &["acquired", "bind 8", "repl state", "arm"],
+                ),
+                (
+                    24,
+                    Release("b"),
+                    "Int(1)",
+                    &["arm", "released", "unbind 8", "repl del", "delete"],
+                ),
+            ],
+        ),
+        (
+            "the holder's repeat without BOUND unbinds, with BOUND rebinds",
+            0,
+            &[
+                (
+                    0,
+                    Bound("a", 7, 100, false),
+                    "Int(token)",
+                    &["repl state", "arm", "acquired", "bind 7"],
+                ),
+                (
+                    1,
+                    Bound("a", 8, 100, false),
+                    "Int(token)",
+                    &["repl state", "arm", "unbind 7", "bind 8"],
+                ),
+                (2, Close(7), "-", &["arm"]),
+                (
+                    3,
+                    Acquire("a", 100),
+                    "Int(token)",
+                    &["repl grant a", "arm", "unbind 8"],
+                ),
+                (4, Close(8), "-", &["arm"]),
+                (
+                    5,
+                    Release("a"),
+                    "Int(1)",
+                    &["arm", "released", "repl del", "delete"],
+                ),
+            ],
+        ),
+        (
+            "a bound grant with no binding on a master is not live, then ends",
+            0,
+            &[
+                (
+                    0,
+                    Bound("a", 7, 100, false),
+                    "Int(token)",
+                    &["repl state", "arm", "acquired", "bind 7"],
+                ),
+                (1, Orphan, "true live 0", &[]),
+                (2, Expire, "-", &["closed", "repl del", "delete"]),
+            ],
+        ),
     ];
     for (name, lock_delay, steps) in cases {
         let mut key = Key {
@@ -697,7 +809,7 @@ fn block_refused_by_max_waiters_and_context() {
         block: None,
     };
     assert!(matches!(
-        acquire(&mut state, &mut env, &mut host, &a, true),
+        acquire(&mut state, &mut env, &mut host, &a, true, None),
         Reply::Int(_)
     ));
     let b = AcquireArgs {
@@ -708,12 +820,12 @@ fn block_refused_by_max_waiters_and_context() {
         block: Some(0),
     };
     assert_eq!(
-        acquire(&mut state, &mut env, &mut host, &b, true),
+        acquire(&mut state, &mut env, &mut host, &b, true, None),
         Reply::Error(ReplyError::TooManyWaiters)
     );
     // Inside MULTI or a script the caller cannot wait: nil.
     assert_eq!(
-        acquire(&mut state, &mut env, &mut host, &b, false),
+        acquire(&mut state, &mut env, &mut host, &b, false, None),
         Reply::Null
     );
 }
@@ -744,7 +856,7 @@ fn a_replica_settles_nothing_on_its_own() {
     revisit(&mut state, &mut env, &mut host, Some(7));
     assert!(host.log.is_empty(), "{:?}", host.log);
     assert!(
-        !state.grants.is_empty(),
+        !state.grants().is_empty(),
         "the master's DEL ends it, not the replica's clock"
     );
     assert_eq!(check(Some(&state), 7, at(200)), Reply::Int(0));
@@ -754,7 +866,17 @@ fn a_replica_settles_nothing_on_its_own() {
 fn info_and_check_read_without_settling() {
     let mut tokens = TokenIssuer::new();
     let mut state = LockState::default();
-    state.acquire(b"a", Mode::Exclusive, 100, T0, 0, || None, 3, &mut tokens);
+    state.acquire(
+        b"a",
+        Mode::Exclusive,
+        100,
+        T0,
+        0,
+        || None,
+        3,
+        None,
+        &mut tokens,
+    );
     let t = state.last_token;
     assert_eq!(check(Some(&state), t, at(40)), Reply::Int(60));
     assert_eq!(check(None, t, at(40)), Reply::Int(0));

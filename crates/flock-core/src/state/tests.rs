@@ -38,7 +38,17 @@ fn acq_mode(
 ) -> Acquired {
     state.expire(now, 0, |_| {});
     state.end_delays(now);
-    state.acquire(owner.as_bytes(), mode, ttl, now, 0, || None, 100, tokens)
+    state.acquire(
+        owner.as_bytes(),
+        mode,
+        ttl,
+        now,
+        0,
+        || None,
+        100,
+        None,
+        tokens,
+    )
 }
 
 #[test]
@@ -260,7 +270,7 @@ fn tokens_stop_below_2_pow_53() {
         acq(&mut state, "a", 10, T0, &mut tokens),
         Acquired::TokensExhausted
     );
-    assert!(state.grants.is_empty());
+    assert!(state.grants().is_empty());
 }
 
 #[test]
