@@ -246,6 +246,32 @@ impl Injector {
                 }
             }
         }
+        if !lossless {
+            // What the old master acknowledged between the cut and its death ran there (sent
+            // before the epoch moved on): lost too when the new master does not have it, or a
+            // later kill -9 would count it against the new master's AOF.
+            let epoch = self.sh.epoch();
+            for w in h.writes.iter_mut() {
+                if w.outcome == Outcome::Accepted
+                    && w.ack >= cut
+                    && w.epoch != epoch
+                    && !w.lost_in_failover
+                    && !snap.logs[&w.key].contains(&w.tag)
+                {
+                    w_lost += 1;
+                    w.lost_in_failover = true;
+                }
+            }
+            for i in 0..h.grants.len() {
+                let g = &h.grants[i];
+                let there = snap.holders[&g.key]
+                    .iter()
+                    .any(|(o, t)| *o == g.owner && *t == g.token);
+                if g.ack >= cut && g.failover_epoch != epoch && !g.lost_in_failover && !there {
+                    h.grants[i].lost_in_failover = true;
+                }
+            }
+        }
         let what = if lossless { "restart" } else { "failover" };
         if lossless && w_lost > 0 {
             h.violation(format!(
