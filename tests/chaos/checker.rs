@@ -606,7 +606,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         for g in h
             .grants
             .iter()
-            .filter(|g| g.key == w.key && g.send > queued)
+            .filter(|g| g.key == w.key && g.queue_send > queued)
         {
             // Pairs where a jump was possible: the other request came before the waiter's
             // answer (or its timeout).
@@ -623,7 +623,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             checked |= w.granted.is_some() || w.waited_until.is_some();
             if jumped {
                 v.push(format!(
-                    "{} request sent at {:.3}s after a {} waiter of {} (sent at {:.3}s) was \
+                    "{} request sent at {:.3}s after a {} waiter of {} (sent at {:.3}s{}) was \
                      queued ({:.3}s) was granted token {} while that waiter waited ({}) (G6 \
                      FIFO)",
                     g.kind.name(),
@@ -631,6 +631,11 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
                     w.kind.name(),
                     sh.lock_key(w.key),
                     w.send as f64 / 1e6,
+                    if w.retried {
+                        ", a retry in its earlier request's place"
+                    } else {
+                        ""
+                    },
                     queued as f64 / 1e6,
                     g.token,
                     match w.granted {
@@ -691,6 +696,7 @@ fn kind_rec(
         ttl_us: ttl_ms * 1000,
         send: proofs[0].0,
         ack: proofs[0].1,
+        queue_send: proofs[0].0,
         lower: proofs[0].0,
         upper: proofs[0].1,
         proofs: proofs.to_vec(),
@@ -985,6 +991,7 @@ fn the_checker_finds_planted_kind_violations() {
         key: 1,
         kind: Kind::Exclusive,
         send: ms(55),
+        retried: false,
         queued_by: Some(ms(56)),
         granted: Some(20),
         ack: ms(60),
@@ -1003,6 +1010,7 @@ fn the_checker_finds_planted_kind_violations() {
         key: 2,
         kind: Kind::Permit,
         send: ms(50),
+        retried: false,
         queued_by: Some(ms(51)),
         granted: None,
         ack: ms(100),

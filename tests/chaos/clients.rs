@@ -146,7 +146,8 @@ impl Client {
     /// the side connection (a client that gave up on its first connection's answer). The first
     /// must answer nil (the retry takes its place), or its grant if it came before the retry was
     /// read, and then the retry is the holder repeating ACQUIRE (G4: the same token). Returns
-    /// the answer that counts, the time the retry was seen queued, and its request's send time.
+    /// the answer that counts, the time from which the retry surely waited in the queue (in the
+    /// earlier request's place), and its request's send time.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn call_block_retried(
         &mut self,
@@ -169,6 +170,11 @@ impl Client {
         }
         sleep(Duration::from_millis(self.rng.below(15)));
         let queued = self.queued_now();
+        // The client gives up on the first answer a while later, as a client-side timeout
+        // would: others may queue meanwhile, behind the place that the retry takes over.
+        if queued.is_some() {
+            sleep(Duration::from_millis(self.rng.below(250)));
+        }
         let retry_send = sh.now();
         let retried = queued.is_some()
             && self.side.as_mut().is_some_and(|s| {
@@ -202,10 +208,15 @@ impl Client {
                 return (other, None, send);
             }
         };
-        let queued = if earlier.is_none() {
-            self.looks_queued(true)
-        } else {
-            None
+        // The retry takes the earlier request's place in the queue (SPEC Lock kinds): it waited
+        // there since the earlier one was seen queued, unless the earlier one's nil may have
+        // been its own timeout (then the retry is a new arrival, seen queued or not).
+        let block_ms: u64 = args.last().and_then(|t| t.parse().ok()).unwrap_or(0);
+        let replaced = block_ms == 0 || first_ack + EPS_US < send + block_ms * 1000;
+        let queued = match earlier {
+            None if replaced => queued,
+            None => self.looks_queued(true),
+            Some(_) => None,
         };
         let r = match self.side.as_mut() {
             Some(s) => s.read_reply(),
@@ -299,6 +310,7 @@ impl Client {
         };
         let epoch = sh.epoch();
         let mut send = sh.now();
+        let first_send = send;
         let (r, queued_by) = if block.is_some() && mode >= 90 {
             let (r, q, s) = self.call_block_retried(&args, limit, k, kind, ttl_ms, epoch);
             send = s;
@@ -318,6 +330,7 @@ impl Client {
             key: k,
             kind,
             send,
+            retried: block.is_some() && mode >= 90,
             queued_by,
             granted: None,
             ack,
@@ -334,6 +347,7 @@ impl Client {
                     sh.hist().waiters.push(w);
                 }
                 let g = self.new_grant(k, &owner, token, kind, ttl_ms, send, ack, epoch);
+                sh.hist().grants[g].queue_send = first_send;
                 self.hold(g);
             }
             Call::Reply(Reply::Nil) => {
@@ -423,6 +437,7 @@ impl Client {
             ttl_us: ttl_ms * 1000,
             send,
             ack,
+            queue_send: send,
             lower: send,
             upper: ack,
             proofs: vec![(send, ack)],

@@ -63,6 +63,9 @@ pub(crate) struct GrantRec {
     pub(crate) ttl_us: u64,
     pub(crate) send: u64,
     pub(crate) ack: u64,
+    /// When the request that holds its place in the queue was sent: `send`, or for a retried
+    /// wait its earlier request's (the retry takes that one's place).
+    pub(crate) queue_send: u64,
     /// Send time of the last acknowledged extension (the grant itself, a RENEW, a repeated
     /// ACQUIRE): the lease runs at least until this + ttl.
     pub(crate) lower: u64,
@@ -127,6 +130,9 @@ pub(crate) struct WaitRec {
     pub(crate) key: usize,
     pub(crate) kind: Kind,
     pub(crate) send: u64,
+    /// A retried wait: `send` is the retry's, `queued_by` its earlier request's, whose place
+    /// it took.
+    pub(crate) retried: bool,
     /// A moment by which it surely waited in the key's queue: the acknowledgement of a CLIENT
     /// LIST on another connection that showed the request's connection blocked in
     /// FLOCK.ACQUIRE. None when no probe saw it blocked.
