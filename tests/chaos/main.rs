@@ -10,8 +10,8 @@
 //! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
 //! and with a token not theirs, stall past their lease and write anyway, release or abandon.
 //! Some waiters hang up while they wait, some retry their wait from a second connection (the
-//! retry replaces the first request, which gets nil); that second connection also looks
-//! (CLIENT LIST) whether a BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
+//! retry takes the first request's place in the queue, the first gets nil); that second
+//! connection also looks (CLIENT LIST) whether a BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
 //! one listed owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP),
 //! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from
 //! its AOF, and kills the master and promotes the replica.
@@ -46,7 +46,8 @@
 //!   failover are counted, not failed.
 //! - G6: every waiter ends with a grant, a timeout (not early) or an error; one FIFO queue per
 //!   key for all kinds: no request sent after a waiter was seen queued is granted before it
-//!   (a smaller token) or while it still waits (before its timeout).
+//!   (a smaller token) or while it still waits (before its timeout); a retried wait holds its
+//!   first request's place.
 //! - G7: master and replica have the same DEBUG DIGEST once the replica caught up.
 //! - G8, G10: no crash or panic in any server log; at the end no lock key, no waiter is left.
 //!
