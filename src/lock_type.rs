@@ -81,7 +81,7 @@ unsafe extern "C" fn copy(
         // one connection and one value: COPY leaves bound grants out (G11).
         Some(rec) => {
             let mut state = rec.state.clone();
-            state.retain_grants(|g| !g.bound);
+            state.retain_grants(|g| !g.bound());
             LockRecord::boxed(state).cast()
         }
         None => ptr::null_mut(),
@@ -93,13 +93,8 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     match unsafe { record(value) } {
         Some(rec) => {
             let state = &rec.state;
-            let spilled_grants =
-                state.grants().heap_capacity() * std::mem::size_of::<flock_core::Grant>();
-            let spilled_delays = if state.delays.spilled() {
-                state.delays.capacity() * std::mem::size_of::<flock_core::Deadline>()
-            } else {
-                0
-            };
+            let spilled_grants = state.grants().heap_bytes();
+            let spilled_delays = state.delays.heap_bytes();
             std::mem::size_of::<LockRecord>()
                 + state.grants().iter().map(|g| g.owner.len()).sum::<usize>()
                 + spilled_grants
@@ -133,7 +128,7 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
             api!(RedisModule_DigestAddStringBuffer, (); md, g.owner.as_ptr().cast::<c_char>().cast_mut(), g.owner.len());
             api!(RedisModule_DigestAddLongLong, (); md, g.token as i64);
             api!(RedisModule_DigestAddLongLong, (); md, g.deadline.wall_ms);
-            if g.bound {
+            if g.bound() {
                 api!(RedisModule_DigestAddLongLong, (); md, 1);
             }
         }
@@ -171,10 +166,10 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
             api!(RedisModule_SaveStringBuffer, (); rdb, g.owner.as_ptr().cast::<c_char>(), g.owner.len());
             api!(RedisModule_SaveUnsigned, (); rdb, g.token);
             api!(RedisModule_SaveSigned, (); rdb, g.deadline.wall_ms);
-            api!(RedisModule_SaveUnsigned, (); rdb, u64::from(g.bound));
+            api!(RedisModule_SaveUnsigned, (); rdb, u64::from(g.bound()));
         }
         api!(RedisModule_SaveUnsigned, (); rdb, state.delays.len() as u64);
-        for d in &state.delays {
+        for d in state.delays.iter() {
             api!(RedisModule_SaveSigned, (); rdb, d.wall_ms);
         }
     }

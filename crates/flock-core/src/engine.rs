@@ -246,7 +246,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
     let mut changed = false;
     if !state.grants().is_empty()
         && state.expire(now, env.lock_delay_ms, |g| {
-            let event = if g.binding == Binding::Lost {
+            let event = if g.binding() == Binding::Lost {
                 Event::Closed
             } else {
                 Event::Expired
@@ -405,6 +405,12 @@ pub fn acquire(
             let blocked = match args.block {
                 Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms, bind_to)),
                 _ => None,
+            };
+            // A retried wait takes the owner's earlier request out of the queue: when that
+            // was the head that held the others behind it, the new head may fit now (G6).
+            let settled = match blocked {
+                Some(Ok(())) if env.master => settle_state(state, env, host) || settled,
+                _ => settled,
             };
             publish(state, env, host, settled);
             match blocked {

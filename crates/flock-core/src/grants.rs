@@ -12,11 +12,11 @@
 //!   looking at, and the key's timer is armed for it. It is exact after [`Grants::retain`]
 //!   and only ever lowered in between (an early timer costs one look, a late one would
 //!   break G6).
-//! - An exclusive key has one grant, kept inline: no allocation beyond the lock's record.
+//! - An exclusive key has one grant, kept inline: no allocation beyond the lock's record, and
+//!   a key with several grants pays for the list, the index and the hint in a box of its own.
 
 use crate::clock::{Deadline, Now};
 use crate::state::{Binding, Grant};
-use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
@@ -59,9 +59,30 @@ impl OwnerIndex {
 /// The grants of one key, live or run out.
 #[derive(Clone, Debug, Default)]
 pub struct Grants {
-    list: SmallVec<[Grant; 1]>,
-    index: Option<Box<OwnerIndex>>,
+    repr: Repr,
+}
+
+/// None, one inline (every exclusive key: no allocation beyond the lock's record, and no
+/// bookkeeping either), or many in a box of their own.
+#[derive(Clone, Debug, Default)]
+enum Repr {
+    #[default]
+    Empty,
+    One(Grant),
+    Many(Box<Many>),
+}
+
+#[derive(Clone, Debug)]
+struct Many {
+    list: Vec<Grant>,
+    index: Option<OwnerIndex>,
     due_hint_us: u64,
+}
+
+impl Many {
+    fn index_if_large(&mut self) {
+        self.index = (self.list.len() > INDEX_FROM).then(|| OwnerIndex::build(&self.list));
+    }
 }
 
 impl PartialEq for Grants {
@@ -75,7 +96,7 @@ impl Eq for Grants {}
 
 /// When a grant stops being live, on the monotonic clock.
 fn due_us(g: &Grant) -> u64 {
-    if g.binding == Binding::Lost {
+    if g.binding() == Binding::Lost {
         0
     } else {
         g.deadline.mono_us
@@ -84,152 +105,202 @@ fn due_us(g: &Grant) -> u64 {
 
 impl Grants {
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.as_slice().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        matches!(self.repr, Repr::Empty)
     }
 
     pub fn iter(&self) -> std::slice::Iter<'_, Grant> {
-        self.list.iter()
+        self.as_slice().iter()
     }
 
     pub fn as_slice(&self) -> &[Grant] {
-        &self.list
+        match &self.repr {
+            Repr::Empty => &[],
+            Repr::One(g) => std::slice::from_ref(g),
+            Repr::Many(m) => &m.list,
+        }
     }
 
-    /// Whether the list lives outside the record (more than one grant), and its capacity:
-    /// what MEMORY USAGE counts.
-    pub fn heap_capacity(&self) -> usize {
-        if self.list.spilled() {
-            self.list.capacity()
-        } else {
-            0
+    fn as_mut_slice(&mut self) -> &mut [Grant] {
+        match &mut self.repr {
+            Repr::Empty => &mut [],
+            Repr::One(g) => std::slice::from_mut(g),
+            Repr::Many(m) => &mut m.list,
+        }
+    }
+
+    /// The bytes the grants take outside the lock's record (a key with more than one grant),
+    /// owners aside: what MEMORY USAGE counts.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.repr {
+            Repr::Many(m) => {
+                std::mem::size_of::<Many>()
+                    + m.list.capacity() * std::mem::size_of::<Grant>()
+                    + m.index
+                        .as_ref()
+                        .map_or(0, |ix| ix.positions.capacity() * 16)
+            }
+            _ => 0,
         }
     }
 
     /// The grants in token order (oldest first).
     pub fn by_token(&self) -> Vec<&Grant> {
-        let mut v: Vec<&Grant> = self.list.iter().collect();
+        let mut v: Vec<&Grant> = self.iter().collect();
         v.sort_unstable_by_key(|g| g.token);
         v
     }
 
     /// The newest grant (the one `push` added last, as long as none left since).
     pub fn last(&self) -> Option<&Grant> {
-        self.list.last()
+        self.as_slice().last()
     }
 
     /// A lower bound of the moment the first grant stops being live (see the module doc).
     pub fn due_hint_us(&self) -> u64 {
-        self.due_hint_us
+        match &self.repr {
+            Repr::Empty => 0,
+            Repr::One(g) => due_us(g),
+            Repr::Many(m) => m.due_hint_us,
+        }
     }
 
     /// Whether some grant may have stopped being live at `now`.
     pub fn maybe_due(&self, now: Now) -> bool {
-        !self.list.is_empty() && now.mono_us >= self.due_hint_us
+        !self.is_empty() && now.mono_us >= self.due_hint_us()
     }
 
     /// The earliest moment a grant needs attention, as a deadline to arm for.
     pub fn next_due(&self) -> Option<Deadline> {
-        let first = self.list.first()?;
-        if self.due_hint_us == 0 {
+        let first = self.as_slice().first()?;
+        let due = self.due_hint_us();
+        if due == 0 {
             return Some(Deadline::default());
         }
         // The wall-clock part only travels; for arming, the monotonic part decides.
         Some(Deadline {
             wall_ms: first.deadline.wall_ms,
-            mono_us: self.due_hint_us,
+            mono_us: due,
         })
     }
 
     pub fn push(&mut self, g: Grant) {
-        let due = due_us(&g);
-        self.due_hint_us = if self.list.is_empty() {
-            due
-        } else {
-            self.due_hint_us.min(due)
-        };
-        self.list.push(g);
-        let at = self.list.len() - 1;
-        match self.index.as_mut() {
-            Some(ix) => ix.insert(&self.list[at].owner, at),
-            None if self.list.len() > INDEX_FROM => {
-                self.index = Some(Box::new(OwnerIndex::build(&self.list)));
+        match std::mem::take(&mut self.repr) {
+            Repr::Empty => self.repr = Repr::One(g),
+            Repr::One(first) => {
+                let due_hint_us = due_us(&first).min(due_us(&g));
+                self.repr = Repr::Many(Box::new(Many {
+                    list: vec![first, g],
+                    index: None,
+                    due_hint_us,
+                }));
             }
-            None => {}
+            Repr::Many(mut m) => {
+                m.due_hint_us = m.due_hint_us.min(due_us(&g));
+                m.list.push(g);
+                let at = m.list.len() - 1;
+                match m.index.as_mut() {
+                    Some(ix) => ix.insert(&m.list[at].owner, at),
+                    None if m.list.len() > INDEX_FROM => m.index_if_large(),
+                    None => {}
+                }
+                self.repr = Repr::Many(m);
+            }
         }
     }
 
     /// The position of `owner`'s grant, live or not.
     pub fn position_of(&self, owner: &[u8]) -> Option<usize> {
-        if let Some(ix) = self.index.as_ref().filter(|ix| !ix.collided) {
-            let at = *ix.positions.get(&ix.hash(owner))? as usize;
-            return self.list.get(at).filter(|g| *g.owner == *owner).map(|_| at);
+        if let Repr::Many(m) = &self.repr {
+            if let Some(ix) = m.index.as_ref().filter(|ix| !ix.collided) {
+                let at = *ix.positions.get(&ix.hash(owner))? as usize;
+                return m.list.get(at).filter(|g| *g.owner == *owner).map(|_| at);
+            }
         }
-        self.list.iter().position(|g| *g.owner == *owner)
+        self.iter().position(|g| *g.owner == *owner)
     }
 
     /// The position of the grant with `token`.
     pub fn position_of_token(&self, token: u64) -> Option<usize> {
-        self.list.iter().position(|g| g.token == token)
+        self.iter().position(|g| g.token == token)
     }
 
     pub fn get(&self, at: usize) -> Option<&Grant> {
-        self.list.get(at)
+        self.as_slice().get(at)
     }
 
     /// A new lease end (and binding) for the grant at `at`.
     pub fn refresh(&mut self, at: usize, deadline: Deadline, bind_to: Option<Option<u64>>) {
-        let Some(g) = self.list.get_mut(at) else {
+        let Some(g) = self.as_mut_slice().get_mut(at) else {
             return;
         };
         g.deadline = deadline;
         if let Some(client) = bind_to {
             g.bind(client);
         }
-        self.due_hint_us = self.due_hint_us.min(due_us(g));
+        let due = due_us(g);
+        if let Repr::Many(m) = &mut self.repr {
+            m.due_hint_us = m.due_hint_us.min(due);
+        }
     }
 
     /// Take the grant at `at` out (the last one takes its place).
     pub fn take(&mut self, at: usize) -> Option<Grant> {
-        if at >= self.list.len() {
-            return None;
-        }
-        let g = self.list.swap_remove(at);
-        if self.list.is_empty() {
-            self.index = None;
-            self.due_hint_us = 0;
-        } else if let Some(ix) = self.index.as_mut() {
-            if !ix.collided {
-                ix.positions.remove(&ix.hash(&g.owner));
-                if let Some(moved) = self.list.get(at) {
-                    let h = ix.hash(&moved.owner);
-                    ix.positions.insert(h, at as u32);
+        match std::mem::take(&mut self.repr) {
+            Repr::Empty => None,
+            Repr::One(g) if at == 0 => Some(g),
+            one @ Repr::One(_) => {
+                self.repr = one;
+                None
+            }
+            Repr::Many(mut m) => {
+                if at >= m.list.len() {
+                    self.repr = Repr::Many(m);
+                    return None;
                 }
+                let g = m.list.swap_remove(at);
+                if m.list.len() == 1 {
+                    // Back to one: inline again, the box goes.
+                    if let Some(last) = m.list.pop() {
+                        self.repr = Repr::One(last);
+                    }
+                    return Some(g);
+                }
+                if let Some(ix) = m.index.as_mut().filter(|ix| !ix.collided) {
+                    ix.positions.remove(&ix.hash(&g.owner));
+                    if let Some(moved) = m.list.get(at) {
+                        let h = ix.hash(&moved.owner);
+                        ix.positions.insert(h, at as u32);
+                    }
+                }
+                self.repr = Repr::Many(m);
+                Some(g)
             }
         }
-        Some(g)
     }
 
     /// Take the newest grant out (its waiter vanished before it could be told).
     pub fn pop(&mut self) -> Option<Grant> {
-        let last = self.list.len().checked_sub(1)?;
+        let last = self.len().checked_sub(1)?;
         self.take(last)
     }
 
     /// Mark the grants that `lost` picks as having lost their connection; returns how many.
     pub fn mark_lost(&mut self, mut lost: impl FnMut(&Grant) -> bool) -> usize {
         let mut n = 0;
-        for g in self.list.iter_mut() {
+        for g in self.as_mut_slice() {
             if lost(g) {
-                g.binding = Binding::Lost;
+                g.lose_binding();
                 n += 1;
             }
         }
         if n > 0 {
-            self.due_hint_us = 0;
+            if let Repr::Many(m) = &mut self.repr {
+                m.due_hint_us = 0;
+            }
         }
         n
     }
@@ -237,18 +308,26 @@ impl Grants {
     /// Keep the grants `keep` says to keep; the others go to `gone`, in list order. Rebuilds
     /// the index and makes the due hint exact. O(n): only when something may have ended.
     pub fn retain(&mut self, mut keep: impl FnMut(&Grant) -> bool, mut gone: impl FnMut(Grant)) {
-        let mut kept: SmallVec<[Grant; 1]> = SmallVec::new();
-        for g in std::mem::take(&mut self.list) {
+        let list: Vec<Grant> = match std::mem::take(&mut self.repr) {
+            Repr::Empty => Vec::new(),
+            Repr::One(g) => vec![g],
+            Repr::Many(m) => m.list,
+        };
+        let mut kept = Vec::with_capacity(list.len());
+        for g in list {
             if keep(&g) {
                 kept.push(g);
             } else {
                 gone(g);
             }
         }
-        self.list = kept;
-        self.due_hint_us = self.list.iter().map(due_us).min().unwrap_or(0);
-        self.index =
-            (self.list.len() > INDEX_FROM).then(|| Box::new(OwnerIndex::build(&self.list)));
+        for g in kept {
+            self.push(g);
+        }
+        // Pushing built the index (past INDEX_FROM); the hint becomes exact.
+        if let Repr::Many(m) = &mut self.repr {
+            m.due_hint_us = m.list.iter().map(due_us).min().unwrap_or(0);
+        }
     }
 }
 
@@ -267,7 +346,8 @@ mod tests {
             for i in 0..n {
                 gs.push(grant(&format!("o{i}"), i as u64 + 1, 1000 + i as u64));
             }
-            assert_eq!(gs.index.is_some(), n > INDEX_FROM, "{n} grants");
+            let indexed = matches!(&gs.repr, Repr::Many(m) if m.index.is_some());
+            assert_eq!(indexed, n > INDEX_FROM, "{n} grants");
             for i in 0..n {
                 let at = gs.position_of(format!("o{i}").as_bytes()).expect("found");
                 assert_eq!(gs.get(at).map(|g| g.token), Some(i as u64 + 1));

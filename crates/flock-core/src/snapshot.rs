@@ -62,7 +62,7 @@ impl<'a> Snapshot<'a> {
     pub fn of(state: &'a LockState) -> Option<Snapshot<'a>> {
         match (state.mode, state.grants().as_slice(), &state.delays[..]) {
             (_, [], []) => None,
-            (Mode::Exclusive, [g], []) if !g.bound => Some(Snapshot::Held(g)),
+            (Mode::Exclusive, [g], []) if !g.bound() => Some(Snapshot::Held(g)),
             (Mode::Exclusive, [], [d]) => Some(Snapshot::Delayed {
                 last_token: state.last_token,
                 until_wall_ms: d.wall_ms,
@@ -83,7 +83,7 @@ impl Snapshot<'_> {
                     owner: g.owner.to_vec(),
                     token: g.token,
                     deadline_wall_ms: g.deadline.wall_ms,
-                    bound: g.bound,
+                    bound: g.bound(),
                 }],
                 delays: Vec::new(),
             },
@@ -114,7 +114,7 @@ impl LockImage {
                     owner: g.owner.to_vec(),
                     token: g.token,
                     deadline_wall_ms: g.deadline.wall_ms,
-                    bound: g.bound,
+                    bound: g.bound(),
                 })
                 .collect(),
             delays: state.delays.iter().map(|d| d.wall_ms).collect(),
@@ -167,7 +167,7 @@ impl LockImage {
         state.last_token = self.token();
         for g in self.grants {
             let mut grant = Grant::from_wall_deadline(&g.owner, g.token, g.deadline_wall_ms, now);
-            grant.bound = g.bound;
+            grant.set_bound_mark(g.bound);
             state.push_grant(grant);
         }
         for until in self.delays {
@@ -215,10 +215,10 @@ pub fn state_fields(state: &LockState) -> Vec<Vec<u8>> {
         out.push(g.owner.to_vec());
         out.push(num(i128::from(g.token)));
         out.push(num(i128::from(g.deadline.wall_ms)));
-        out.push(num(i128::from(g.bound)));
+        out.push(num(i128::from(g.bound())));
     }
     out.push(num(state.delays.len() as i128));
-    for d in &state.delays {
+    for d in state.delays.iter() {
         out.push(num(i128::from(d.wall_ms)));
     }
     out

@@ -86,10 +86,44 @@ pub struct Grant {
     /// measures hold times from. Not persisted: a grant loaded or replicated starts counting
     /// when it arrives.
     pub since_mono_us: u64,
-    /// Made with BOUND: the persisted and replicated mark.
-    pub bound: bool,
-    /// The connection a bound grant lives with on this server.
-    pub binding: Binding,
+    /// The BOUND mark (persisted and replicated) and the binding (this server's only), in
+    /// one word: see [`Tie`].
+    tie: Tie,
+}
+
+/// A grant's BOUND mark and binding packed in one word (a grant is in every lock record, so
+/// its size is the lock's): bit 63 is the mark; the other bits are 0 (no binding), all ones
+/// (lost) or a client id (Redis's ids count up from 1 and never reach 2^63 - 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tie(u64);
+
+impl Tie {
+    const MARK: u64 = 1 << 63;
+    const LOST: u64 = Tie::MARK - 1;
+
+    fn bound(self) -> bool {
+        self.0 & Tie::MARK != 0
+    }
+
+    fn binding(self) -> Binding {
+        match self.0 & !Tie::MARK {
+            0 => Binding::None,
+            Tie::LOST => Binding::Lost,
+            id => Binding::Client(id),
+        }
+    }
+
+    fn with(bound: bool, binding: Binding) -> Tie {
+        let low = match binding {
+            Binding::None => 0,
+            Binding::Lost => Tie::LOST,
+            // An id past the packed range cannot be told apart: treat it as lost (never
+            // happens: ids would have to reach 2^63).
+            Binding::Client(id) if id >= Tie::LOST => Tie::LOST,
+            Binding::Client(id) => id,
+        };
+        Tie(if bound { low | Tie::MARK } else { low })
+    }
 }
 
 impl Grant {
@@ -100,20 +134,41 @@ impl Grant {
             token,
             deadline: Deadline::after(ttl_ms, now),
             since_mono_us: now.mono_us,
-            bound: false,
-            binding: Binding::None,
+            tie: Tie::default(),
         }
     }
 
     /// Bind the grant to connection `client` (BOUND), or unbind it (`None`).
     pub fn bind(&mut self, client: Option<u64>) {
-        self.bound = client.is_some();
-        self.binding = client.map_or(Binding::None, Binding::Client);
+        self.tie = Tie::with(
+            client.is_some(),
+            client.map_or(Binding::None, Binding::Client),
+        );
+    }
+
+    /// Whether the grant was made with BOUND (the mark that travels).
+    pub fn bound(&self) -> bool {
+        self.tie.bound()
+    }
+
+    /// Set the BOUND mark of a grant that arrived from outside (it has no binding here).
+    pub fn set_bound_mark(&mut self, bound: bool) {
+        self.tie = Tie::with(bound, Binding::None);
+    }
+
+    /// The connection a bound grant lives with on this server.
+    pub fn binding(&self) -> Binding {
+        self.tie.binding()
+    }
+
+    /// The connection went away (or there is none on this master): not live from now on.
+    pub fn lose_binding(&mut self) {
+        self.tie = Tie::with(self.bound(), Binding::Lost);
     }
 
     /// The connection this grant is bound to here, if any.
     pub fn bound_client(&self) -> Option<u64> {
-        match self.binding {
+        match self.binding() {
             Binding::Client(c) => Some(c),
             _ => None,
         }
@@ -127,8 +182,7 @@ impl Grant {
             token,
             deadline: Deadline::from_wall(deadline_wall_ms, now),
             since_mono_us: now.mono_us,
-            bound: false,
-            binding: Binding::None,
+            tie: Tie::default(),
         }
     }
 
@@ -139,7 +193,7 @@ impl Grant {
 
     /// Live: its lease runs and, when bound, its connection is still there (G11).
     pub fn is_live(&self, now: Now) -> bool {
-        !self.deadline.passed(now) && self.binding != Binding::Lost
+        !self.deadline.passed(now) && self.binding() != Binding::Lost
     }
 
     pub fn remaining_ms(&self, now: Now) -> u64 {
@@ -165,6 +219,53 @@ pub enum Acquired {
     TokensExhausted,
 }
 
+/// The delayed slots of a key (lock-delay). Most keys have none (`flock.lock-delay-ms` is 0
+/// by default), so they cost one word in the record and a box of their own when present.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delays(Option<Box<Vec<Deadline>>>);
+
+impl std::ops::Deref for Delays {
+    type Target = [Deadline];
+    fn deref(&self) -> &[Deadline] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl Delays {
+    pub fn push(&mut self, until: Deadline) {
+        self.0.get_or_insert_with(Box::default).push(until);
+    }
+
+    /// Keep the slots `keep` says to keep (the box goes with the last one).
+    pub fn retain(&mut self, keep: impl FnMut(&Deadline) -> bool) {
+        if let Some(v) = self.0.as_mut() {
+            v.retain(keep);
+            if v.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+
+    pub fn swap_remove(&mut self, at: usize) -> Option<Deadline> {
+        let v = self.0.as_mut()?;
+        if at >= v.len() {
+            return None;
+        }
+        let d = v.swap_remove(at);
+        if v.is_empty() {
+            self.0 = None;
+        }
+        Some(d)
+    }
+
+    /// The bytes outside the record: what MEMORY USAGE counts.
+    pub fn heap_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |v| {
+            std::mem::size_of::<Vec<Deadline>>() + v.capacity() * std::mem::size_of::<Deadline>()
+        })
+    }
+}
+
 /// The state of one lock key.
 ///
 /// The grants live in [`Grants`] (unordered, indexed by owner past a few, with a due hint),
@@ -179,7 +280,7 @@ pub struct LockState {
     /// that touches the key, or actively by the expiry timer on a master).
     grants: Grants,
     /// Lock-delay: slots of grants that expired or were revoked, each taken until its end.
-    pub delays: SmallVec<[Deadline; 1]>,
+    pub delays: Delays,
     /// The token of the latest grant of this key (shown by FLOCK.INFO when nobody holds it).
     pub last_token: u64,
 }
@@ -316,7 +417,7 @@ impl LockState {
         for g in &gone {
             ended(g);
             if lock_delay_ms > 0 {
-                let from = if g.binding == Binding::Lost && !g.deadline.passed(now) {
+                let from = if g.binding() == Binding::Lost && !g.deadline.passed(now) {
                     Deadline::after(0, now)
                 } else {
                     g.deadline
@@ -369,14 +470,14 @@ impl LockState {
     /// ends them). Returns how many.
     pub fn close(&mut self, client: u64) -> usize {
         self.grants
-            .mark_lost(|g| g.binding == Binding::Client(client))
+            .mark_lost(|g| g.binding() == Binding::Client(client))
     }
 
     /// On a master: bound grants that have no binding in this process (loaded, restored,
     /// promoted) lose their connection. Returns how many.
     pub fn orphan_bound(&mut self) -> usize {
         self.grants
-            .mark_lost(|g| g.bound && g.binding == Binding::None)
+            .mark_lost(|g| g.bound() && g.binding() == Binding::None)
     }
 
     /// Take back the newest grant (its waiter vanished before it could be told).

@@ -5,8 +5,12 @@
 //!
 //! - [`args_target`]: every parser against an independent reference written from the
 //!   contract.
-//! - [`state_machine_target`]: random operation sequences through the engine against a
-//!   reference model, with G1-G4, G6, G7 and G9 as assertions.
+//! - [`state_machine_target`]: random operation sequences on keys of every kind (exclusive,
+//!   shared, permits) through the engine against a reference model written from the
+//!   contract, with G1-G4, G6, G7 and G9 as assertions.
+//!
+//! A saved failing input replays without libFuzzer:
+//! `FLOCK_FUZZ_TRACE=1 cargo run --release -p flock-fuzz --example replay -- state_machine FILE`.
 
 mod args;
 mod bytes;
@@ -14,4 +18,4 @@ mod engine;
 
 pub use args::{args_target, check_args, ref_int};
 pub use bytes::Bytes;
-pub use engine::state_machine_target;
+pub use engine::{state_machine_run, state_machine_target};

@@ -37,7 +37,7 @@ impl Host for Recorder {
                 format!("repl grant {}", String::from_utf8_lossy(&g.owner))
             }
             Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
-            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound) => {
+            Effect::Replicate(Snapshot::Full(s)) if s.grants().iter().any(|g| g.bound()) => {
                 "repl state".into()
             }
             Effect::Replicate(Snapshot::Full(s)) => {
@@ -130,6 +130,9 @@ enum Op {
     Vanish(u64),
     /// A grant's client went away before its reply: release that grant (the n-th delivered).
     Ghost(usize),
+    /// The waiter with this id left (timeout, disconnect) and its queue heard of it; the
+    /// host then looks at the key again.
+    Leave(u64),
 }
 
 /// The key as the module keeps it: absent, or a state.
@@ -214,6 +217,11 @@ impl Key {
             Op::Ghost(n) => {
                 let token = host.delivered[n].1;
                 revisit(state, &mut env, host, Some(token));
+                "-".into()
+            }
+            Op::Leave(id) => {
+                assert!(host.queue.cancel(id), "waiter {id} waits");
+                revisit(state, &mut env, host, None);
                 "-".into()
             }
         };
@@ -616,6 +624,65 @@ fn engine_table() {
                     Kind("p1", P2, 100, true),
                     "Blocked",
                     &["contended", "replaced 1", "arm"],
+                ),
+            ],
+        ),
+        (
+            "a retried BLOCK that takes the head's place out lets the new head in (G6)",
+            0,
+            &[
+                (
+                    0,
+                    Kind("p1", P3, 100, false),
+                    "Int(token)",
+                    &["repl permits [p1] delays 0", "arm", "acquired"],
+                ),
+                (1, Kind("w", X, 100, true), "Blocked", &["contended", "arm"]),
+                (
+                    2,
+                    Kind("r", P3, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                // "w" waits again, for a permit: its exclusive request (the head, which
+                // did not fit) leaves, and both permits now fit.
+                (
+                    3,
+                    Kind("w", P3, 100, true),
+                    "Blocked",
+                    &[
+                        "contended",
+                        "replaced 1",
+                        "acquired",
+                        "acquired",
+                        "repl permits [p1 w r] delays 0",
+                        "arm",
+                    ],
+                ),
+            ],
+        ),
+        (
+            "a head waiter that leaves uncovers readers that fit: the revisit grants them",
+            0,
+            &[
+                (
+                    0,
+                    Kind("r1", S, 100, false),
+                    "Int(token)",
+                    &["repl shared [r1] delays 0", "arm", "acquired"],
+                ),
+                (1, Kind("w", X, 100, true), "Blocked", &["contended", "arm"]),
+                (
+                    2,
+                    Kind("r2", S, 100, true),
+                    "Blocked",
+                    &["contended", "arm"],
+                ),
+                (
+                    3,
+                    Leave(1),
+                    "-",
+                    &["acquired", "repl shared [r1 r2] delays 0", "arm"],
                 ),
             ],
         ),
