@@ -65,12 +65,25 @@ impl Injector {
     }
 
     pub(crate) fn set_lock_delay(&self, ms: u64) {
-        for s in &self.servers {
-            let _ = raw_call(
+        self.delay_unknown();
+        let mut on_master = false;
+        for (i, s) in self.servers.iter().enumerate() {
+            let r = raw_call(
                 s.port(),
                 &["CONFIG", "SET", "flock.lock-delay-ms", &ms.to_string()],
             );
+            on_master |= i == self.master && matches!(r, Ok(Reply::Status(_)));
         }
+        if on_master {
+            let now = self.sh.now();
+            self.sh.hist().lock_delay.push((now, Some(ms)));
+        }
+    }
+
+    /// From now on the master's lock-delay is not known (a CONFIG SET on its way, a kill).
+    pub(crate) fn delay_unknown(&self) {
+        let now = self.sh.now();
+        self.sh.hist().lock_delay.push((now, None));
     }
 
     /// Pause clients and operator; wait until all of them have parked.
@@ -137,11 +150,14 @@ impl Injector {
             {
                 continue;
             }
-            let touched = h.operator.iter().any(|o| o.key == g.key && o.done > g.send);
-            let replaced = h
-                .grants
-                .iter()
-                .any(|o| o.key == g.key && o.token != g.token && o.ack > g.send);
+            let touched = h.operator.iter().any(|o| o.may_end(g) && o.done > g.send);
+            // A later grant that cannot live beside this one means this one ended.
+            let replaced = h.grants.iter().any(|o| {
+                o.key == g.key
+                    && o.token != g.token
+                    && o.ack > g.send
+                    && (o.kind == Kind::Exclusive || g.kind == Kind::Exclusive)
+            });
             if !touched && !replaced {
                 out.push(i);
             }
@@ -150,7 +166,7 @@ impl Injector {
     }
 
     /// What the server holds right after a restart or a promotion, before any client is let
-    /// back in: each lock key's holder and each key's log.
+    /// back in: each lock key's live grants (FLOCK.HOLDERS) and each key's log.
     pub(crate) fn snapshot(&self) -> Option<Snapshot> {
         let port = self.master_port();
         let mut c = match RawConn::connect(port) {
@@ -166,8 +182,16 @@ impl Injector {
         let mut holders = HashMap::new();
         let mut logs = HashMap::new();
         for k in 0..self.sh.keys {
-            let r = c.call(&["FLOCK.INFO", &self.sh.lock_key(k)]);
-            holders.insert(k, r.ok().and_then(|r| parse_info_opt(&r)));
+            let r = c.call(&["FLOCK.HOLDERS", &self.sh.lock_key(k)]);
+            let list = match r.as_ref().map(parse_holders) {
+                Ok(Ok(list)) => list.into_iter().map(|(o, t, _)| (o, t)).collect(),
+                Ok(Err(e)) => {
+                    self.sh.hist().violation(e);
+                    Vec::new()
+                }
+                Err(_) => Vec::new(),
+            };
+            holders.insert(k, list);
             let r = c.call(&["LRANGE", &self.sh.log_key(k), "0", "-1"]);
             let set: std::collections::HashSet<String> = r
                 .ok()
@@ -192,9 +216,7 @@ impl Injector {
         for i in live {
             let g = h.grants[i].clone();
             let info = &snap.holders[&g.key];
-            let same = info
-                .as_ref()
-                .is_some_and(|(o, t)| o.as_deref() == Some(g.owner.as_bytes()) && *t == g.token);
+            let same = info.iter().any(|(o, t)| *o == g.owner && *t == g.token);
             if same {
                 kept += 1;
             } else if lossless {
@@ -221,6 +243,32 @@ impl Injector {
                 w_lost += 1;
                 if !lossless {
                     w.lost_in_failover = true;
+                }
+            }
+        }
+        if !lossless {
+            // What the old master acknowledged between the cut and its death ran there (sent
+            // before the epoch moved on): lost too when the new master does not have it, or a
+            // later kill -9 would count it against the new master's AOF.
+            let epoch = self.sh.epoch();
+            for w in h.writes.iter_mut() {
+                if w.outcome == Outcome::Accepted
+                    && w.ack >= cut
+                    && w.epoch != epoch
+                    && !w.lost_in_failover
+                    && !snap.logs[&w.key].contains(&w.tag)
+                {
+                    w_lost += 1;
+                    w.lost_in_failover = true;
+                }
+            }
+            for i in 0..h.grants.len() {
+                let g = &h.grants[i];
+                let there = snap.holders[&g.key]
+                    .iter()
+                    .any(|(o, t)| *o == g.owner && *t == g.token);
+                if g.ack >= cut && g.failover_epoch != epoch && !g.lost_in_failover && !there {
+                    h.grants[i].lost_in_failover = true;
                 }
             }
         }
@@ -260,6 +308,7 @@ impl Injector {
 
     pub(crate) fn kill_and_restart(&mut self) {
         self.fault("kill -9 master, restart from AOF");
+        self.delay_unknown();
         let cut = self.sh.now();
         let m = self.master;
         self.servers[m].stop();
@@ -296,6 +345,7 @@ impl Injector {
         } else {
             self.fault("kill -9 master, promote replica");
         }
+        self.delay_unknown();
         let cut = self.sh.now();
         let old = self.master;
         self.servers[old].stop();
@@ -314,8 +364,9 @@ impl Injector {
                 .violation("replica did not become master".into());
         }
         self.master = r;
-        self.sh.port.store(rp, SeqCst);
+        // The epoch first: whatever runs on the new master was sent in the new epoch.
         self.sh.failover_epoch.fetch_add(1, SeqCst);
+        self.sh.port.store(rp, SeqCst);
         let snap = self.snapshot();
         self.pause_all();
         if let Some(snap) = snap {
@@ -382,20 +433,9 @@ impl Injector {
     }
 }
 
-/// (owner, token) of a lock's live grant, as FLOCK.INFO shows it.
-pub(crate) type Holder = (Option<Vec<u8>>, i64);
-
 pub(crate) struct Snapshot {
     pub(crate) at: u64,
-    pub(crate) holders: HashMap<usize, Option<Holder>>,
+    /// (owner, token) of every live grant of each key.
+    pub(crate) holders: HashMap<usize, Vec<(String, i64)>>,
     pub(crate) logs: HashMap<usize, std::collections::HashSet<String>>,
-}
-
-/// (owner, token) of a FLOCK.INFO reply, None when nil.
-pub(crate) fn parse_info_opt(r: &Reply) -> Option<Holder> {
-    if r.is_nil() || r.is_err() {
-        return None;
-    }
-    let i = parse_info(r, "FLOCK.INFO");
-    i.map(|i| (i.owner, i.token))
 }

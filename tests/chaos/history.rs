@@ -7,14 +7,65 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering:
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
+/// The kind of one grant (SPEC "Lock kinds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Exclusive,
+    Shared,
+    Permit,
+}
+
+impl Kind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "exclusive",
+            Kind::Shared => "shared",
+            Kind::Permit => "permit",
+        }
+    }
+}
+
+/// How the clients use a lock key, fixed per key for the whole run: a mutex, a read/write lock
+/// (SHARED readers plus exclusive writers), or a semaphore of `n` permits (LIMIT n only). Mixing
+/// SHARED and LIMIT on one key is an error by design (limit mismatch), so a key keeps one use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    Exclusive,
+    ReadWrite,
+    Semaphore(u64),
+}
+
+impl KeyKind {
+    /// The most live grants the key may have at one moment (G1). A read/write key's readers are
+    /// bounded only by `flock.max-holders` (10000 by default), far above the clients of a run.
+    pub(crate) fn limit(self) -> usize {
+        match self {
+            KeyKind::Exclusive => 1,
+            KeyKind::ReadWrite => 10_000,
+            KeyKind::Semaphore(n) => n as usize,
+        }
+    }
+    pub(crate) fn name(self) -> String {
+        match self {
+            KeyKind::Exclusive => "exclusive".into(),
+            KeyKind::ReadWrite => "read/write".into(),
+            KeyKind::Semaphore(n) => format!("semaphore of {n}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct GrantRec {
     pub(crate) key: usize,
     pub(crate) owner: String,
     pub(crate) token: i64,
+    pub(crate) kind: Kind,
     pub(crate) ttl_us: u64,
     pub(crate) send: u64,
     pub(crate) ack: u64,
+    /// When the request that holds its place in the queue was sent: `send`, or for a retried
+    /// wait its earlier request's (the retry takes that one's place).
+    pub(crate) queue_send: u64,
     /// Send time of the last acknowledged extension (the grant itself, a RENEW, a repeated
     /// ACQUIRE): the lease runs at least until this + ttl.
     pub(crate) lower: u64,
@@ -23,6 +74,10 @@ pub(crate) struct GrantRec {
     pub(crate) upper: u64,
     /// Moments the grant was live on the server: some instant inside each (send, ack).
     pub(crate) proofs: Vec<(u64, u64)>,
+    /// The failover epoch of each proof's master (u64::MAX: a failover came while it ran). A
+    /// failover can lose a release and so revive a grant on the new master: a grant's proofs
+    /// show it live throughout a span only within one epoch.
+    pub(crate) proof_epochs: Vec<u64>,
     /// Observations that the lease had ended: (send, ack, failover epoch, lower at that time).
     pub(crate) ends: Vec<(u64, u64, u64, u64)>,
     /// The holder released it (acknowledged 1) at this time.
@@ -51,11 +106,64 @@ pub(crate) struct WriteRec {
     pub(crate) ack: u64,
     pub(crate) outcome: Outcome,
     pub(crate) lost_in_failover: bool,
+    /// The kind of the grant whose token it carried (a shared one must always be refused).
+    pub(crate) kind: Kind,
+    /// The failover epoch it ran in (u64::MAX: a failover came while it ran).
+    pub(crate) epoch: u64,
+}
+
+/// A FENCED LINDEX log -1 under a shared (read) token that was accepted: the read ran right
+/// after the log entry `last` (None: the log was empty) and before the entry that follows it
+/// on the same master.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadRec {
+    pub(crate) key: usize,
+    pub(crate) token: i64,
+    pub(crate) last: Option<String>,
+    /// The failover epoch it ran in (u64::MAX: a failover came while it ran).
+    pub(crate) epoch: u64,
+}
+
+/// One BLOCK request, for the FIFO check (G6).
+#[derive(Debug, Clone)]
+pub(crate) struct WaitRec {
+    pub(crate) key: usize,
+    pub(crate) kind: Kind,
+    pub(crate) send: u64,
+    /// A retried wait: `send` is the retry's, `queued_by` its earlier request's, whose place
+    /// it took.
+    pub(crate) retried: bool,
+    /// A moment by which it surely waited in the key's queue: the acknowledgement of a CLIENT
+    /// LIST on another connection that showed the request's connection blocked in
+    /// FLOCK.ACQUIRE. None when no probe saw it blocked.
+    pub(crate) queued_by: Option<u64>,
+    /// The token it was granted.
+    pub(crate) granted: Option<i64>,
+    /// When its answer came.
+    pub(crate) ack: u64,
+    /// It timed out (nil): it waited in the queue at least until this moment (its send time
+    /// plus its timeout, less the slack).
+    pub(crate) waited_until: Option<u64>,
+    pub(crate) epoch: u64,
+}
+
+/// A FLOCK.HOLDERS reply: every live grant of the key at one instant inside (send, ack).
+#[derive(Debug, Clone)]
+pub(crate) struct HoldersRec {
+    pub(crate) key: usize,
+    pub(crate) send: u64,
+    pub(crate) ack: u64,
+    /// (owner, token, ttl ms) as listed.
+    pub(crate) grants: Vec<(String, i64, i64)>,
+    /// The failover epoch it ran in (u64::MAX: a failover came while it ran).
+    pub(crate) epoch: u64,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct OperatorOp {
     pub(crate) key: usize,
+    /// REVOKE key owner: only that owner's grant can have ended; None for REVOKE key and DEL.
+    pub(crate) owner: Option<String>,
     pub(crate) send: u64,
     /// The reply time, or the time the connection failed (the effect came no later).
     pub(crate) done: u64,
@@ -66,6 +174,13 @@ pub(crate) struct History {
     pub(crate) grants: Vec<GrantRec>,
     pub(crate) writes: Vec<WriteRec>,
     pub(crate) operator: Vec<OperatorOp>,
+    pub(crate) reads: Vec<ReadRec>,
+    pub(crate) waiters: Vec<WaitRec>,
+    pub(crate) holders: Vec<HoldersRec>,
+    /// `flock.lock-delay-ms` on the master from each moment on: Some(ms) once CONFIG SET
+    /// answered; None (unknown) from when it was sent, and from each kill (a restarted server
+    /// has the default until the next CONFIG SET) and failover.
+    pub(crate) lock_delay: Vec<(u64, Option<u64>)>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
@@ -122,7 +237,18 @@ pub(crate) struct Shared {
     pub(crate) hist: Mutex<History>,
     pub(crate) failover_epoch: AtomicU64,
     pub(crate) keys: usize,
+    pub(crate) kinds: Vec<KeyKind>,
     pub(crate) workers: usize,
+}
+
+/// The use of key `k`: every third key a mutex, a read/write lock, a semaphore (of 2 or 3 in
+/// turn), so that the 4 keys of `make test` have each kind and `make chaos`'s 6 both semaphores.
+pub(crate) fn key_kind(k: usize) -> KeyKind {
+    match k % 3 {
+        0 => KeyKind::Exclusive,
+        1 => KeyKind::ReadWrite,
+        _ => KeyKind::Semaphore(2 + (k / 3) as u64 % 2),
+    }
 }
 
 impl Shared {
@@ -141,6 +267,7 @@ impl Shared {
             hist: Mutex::new(History::default()),
             failover_epoch: AtomicU64::new(0),
             keys,
+            kinds: (0..keys).map(key_kind).collect(),
             workers,
         }
     }
@@ -160,4 +287,35 @@ impl Shared {
     pub(crate) fn epoch(&self) -> u64 {
         self.failover_epoch.load(SeqCst)
     }
+}
+
+impl OperatorOp {
+    /// Whether this operator action can have ended grant `g` (REVOKE key owner ends only that
+    /// owner's grant; REVOKE key and DEL end every grant of the key).
+    pub(crate) fn may_end(&self, g: &GrantRec) -> bool {
+        self.key == g.key && self.owner.as_ref().is_none_or(|o| *o == g.owner)
+    }
+}
+
+/// The (owner, token, ttl) triples of a FLOCK.HOLDERS reply; Err when its shape is wrong.
+pub(crate) fn parse_holders(r: &flock_testkit::Reply) -> Result<Vec<(String, i64, i64)>, String> {
+    let a = r
+        .array()
+        .ok_or_else(|| format!("FLOCK.HOLDERS: not an array: {r:?}"))?;
+    let mut out = Vec::with_capacity(a.len());
+    for e in a {
+        match e.array() {
+            Some([o, flock_testkit::Reply::Int(t), flock_testkit::Reply::Int(ttl)])
+                if o.string().is_some() =>
+            {
+                out.push((o.string().unwrap_or_default(), *t, *ttl))
+            }
+            _ => {
+                return Err(format!(
+                    "FLOCK.HOLDERS: entry is not [owner, token, ttl]: {e:?}"
+                ))
+            }
+        }
+    }
+    Ok(out)
 }

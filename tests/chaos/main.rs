@@ -2,29 +2,52 @@
 //! `appendfsync always`), with faults injected, every operation recorded, and the history
 //! checked against the guarantees of SPEC.md at the end.
 //!
-//! Clients take random leases (plain and BLOCK), write through FLOCK.FENCED into a per-key log,
-//! check, renew, repeat ACQUIRE, try to release and renew as impostors, stall past their lease
-//! and write anyway, release or abandon. Some waiters hang up while they wait. An operator
-//! REVOKEs and DELs lock keys at random. A fault injector stalls the server (DEBUG SLEEP),
-//! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it
-//! from its AOF, and kills the master and promotes the replica.
+//! Keys come in three uses (history.rs `key_kind`): mutexes (exclusive grants), read/write
+//! locks (SHARED readers, exclusive writers) and semaphores of 2 or 3 permits (LIMIT n).
+//! Clients take random leases in their key's mode (plain and BLOCK), write through FLOCK.FENCED
+//! into a per-key log (readers read it instead, and now and then try a write that must be
+//! refused), check, list HOLDERS, renew and release with and without the token, repeat ACQUIRE
+//! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
+//! and with a token not theirs, stall past their lease and write anyway, release or abandon.
+//! Some waiters hang up while they wait, some retry their wait from a second connection (the
+//! retry takes the first request's place in the queue, the first gets nil); that second
+//! connection also looks (CLIENT LIST) whether a BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
+//! one listed owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP),
+//! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from
+//! its AOF, and kills the master and promotes the replica.
 //!
 //! Checked (each violation is printed and fails the test):
-//! - G1: no two grants of a key are live at one moment (a grant is live throughout the span
-//!   between two of its proofs; no other grant of the key may prove itself inside that span),
-//!   and the FENCED log of each key never goes back in token order.
-//! - G2: an owner that never held the key cannot release or renew it.
+//! - G1, for every kind: an exclusive grant is its key's only live grant and no key has more
+//!   live grants than its limit. A grant is live throughout the span between two of its proofs
+//!   (grant, CHECK > 0, accepted FENCED, RENEW, release, a HOLDERS listing): no overlapping spans
+//!   and no proof inside other grants' spans may break that. From the resource's side: a token
+//!   was live from its first log entry to its last, so the tokens whose entries surround an
+//!   entry are live with it (one writer on a mutex or read/write key, at most n on a semaphore);
+//!   a reader's read that falls between two entries of one writer met that writer; the log of a
+//!   mutex or read/write key never goes back in token order. Every HOLDERS listing is one
+//!   instant: within the limit, an exclusive grant alone, in token order, owners unique, and no
+//!   grant that was surely live then left out. Every FLOCK.INFO agrees with the key's use
+//!   (mode, holders within the limit, the limit). Lock-delay per slot: while a grant that
+//!   surely expired keeps its slot (its deadline + the lock-delay known on that master), a
+//!   mutex grants nothing and no key grants an exclusive request.
+//! - G2: an owner that never held the key cannot release or renew it (not even naming the
+//!   holder's token), nor can the holder naming a token not its own (another holder's);
+//!   REVOKE ends at most the key's limit (one for an owner).
 //! - G3: no token is issued twice; a grant acknowledged before another was asked for has the
-//!   smaller token (across restarts and failovers too).
-//! - G4: the holder repeating ACQUIRE gets its token back while its lease runs.
-//! - G5: a refused FENCED write never shows up in the log; a write after the holder's own
-//!   release is refused.
-//! - G9: no grant proves itself after its lease ran out (last extension acknowledged + ttl),
-//!   and no lease ends early while nobody revoked or deleted it.
+//!   smaller token, whatever the kinds of both (across restarts and failovers too).
+//! - G4: the holder repeating ACQUIRE in its mode gets its token back while its lease runs;
+//!   in another mode it is refused.
+//! - G5: a refused FENCED write never shows up in the log; a FENCED after the holder's own
+//!   release is refused; a write under a shared token is never accepted.
+//! - G9: no grant proves itself (nor is listed) after its lease ran out (last extension
+//!   acknowledged + ttl), and no lease ends early while nobody revoked or deleted it.
 //! - durability: every grant and every FENCED write acknowledged before a SIGKILL is there
 //!   after the restart (AOF, fsync always). Grants and writes lost to an (asynchronous)
 //!   failover are counted, not failed.
-//! - G6: every waiter ends with a grant, a timeout (not early) or an error.
+//! - G6: every waiter ends with a grant, a timeout (not early) or an error; one FIFO queue per
+//!   key for all kinds: no request sent after a waiter was seen queued is granted before it
+//!   (a smaller token) or while it still waits (before its timeout); a retried wait holds its
+//!   first request's place.
 //! - G7: master and replica have the same DEBUG DIGEST once the replica caught up.
 //! - G8, G10: no crash or panic in any server log; at the end no lock key, no waiter is left.
 //!
@@ -63,6 +86,17 @@ pub(crate) fn env_num(name: &str, default: u64) -> u64 {
 /// travel through the AOF or replication are rounded to milliseconds).
 pub(crate) const EPS_US: u64 = 5_000;
 
+/// "N exclusive, N shared, N permits".
+fn grants_by_kind(h: &History) -> String {
+    let n = |k: Kind| h.grants.iter().filter(|g| g.kind == k).count();
+    format!(
+        "{} exclusive, {} shared, {} permits",
+        n(Kind::Exclusive),
+        n(Kind::Shared),
+        n(Kind::Permit)
+    )
+}
+
 #[test]
 fn history_checker_under_faults() {
     let secs = env_num("FLOCK_CHAOS_SECS", 20);
@@ -77,6 +111,10 @@ fn history_checker_under_faults() {
     let a = aof_server();
     let b = aof_server();
     let sh = Arc::new(Shared::new(a.port(), keys, clients + 1));
+    let uses: Vec<String> = (0..keys)
+        .map(|k| format!("{}: {}", sh.lock_key(k), sh.kinds[k].name()))
+        .collect();
+    eprintln!("chaos: keys {}", uses.join(", "));
     let mut inj = Injector {
         sh: sh.clone(),
         servers: vec![a, b],
@@ -94,6 +132,10 @@ fn history_checker_under_faults() {
                 sh,
                 rng: Rng::new(seed.wrapping_add(id as u64 + 1)),
                 conn: None,
+                conn_id: None,
+                side: None,
+                side_id: None,
+                sent_epoch: 0,
                 n: 0,
                 seq: 0,
             };
@@ -191,9 +233,11 @@ fn history_checker_under_faults() {
         eprintln!("  {k:<45} {n}");
     }
     eprintln!(
-        "grants: {}, FENCED writes: {}",
+        "grants: {} ({}), FENCED writes: {}, FENCED reads: {}",
         h.grants.len(),
-        h.writes.len()
+        grants_by_kind(&h),
+        h.writes.len(),
+        h.reads.len()
     );
     eprintln!("violations: {}", h.violations.len());
     for x in h.violations.iter().take(30) {
@@ -207,8 +251,9 @@ fn history_checker_under_faults() {
             .unwrap_or(server.clone());
         let faults: Vec<String> = h.faults.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let row = format!(
-            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants, {} FENCED writes) | {total_faults} ({}) | {} |\n",
+            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes) | {total_faults} ({}) | {} |\n",
             h.grants.len(),
+            grants_by_kind(&h),
             h.writes.len(),
             faults.join(", "),
             h.violations.len()
@@ -232,5 +277,23 @@ fn history_checker_under_faults() {
         "the run exercised too little: {} grants, faults {:?}",
         h.grants.len(),
         h.faults
+    );
+    // Every kind of key took part (the first three keys are a mutex, a read/write lock and a
+    // semaphore), and the queue was seen with waiters in it.
+    let kinds = grants_by_kind(&h);
+    let each = [Kind::Exclusive, Kind::Shared, Kind::Permit]
+        .iter()
+        .all(|&k| h.grants.iter().filter(|g| g.kind == k).count() >= 10);
+    let fifo: u64 = h
+        .checks
+        .iter()
+        .filter(|(k, _)| k.starts_with("G6 FIFO"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        keys < 3 || (each && fifo > 0 && !h.holders.is_empty()),
+        "the run exercised too few kinds: grants {kinds}, {fifo} queued waiters checked, {} \
+         HOLDERS listings",
+        h.holders.len()
     );
 }
