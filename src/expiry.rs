@@ -72,7 +72,10 @@ pub fn arm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
 }
 
 /// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
+/// The record's FLOCK.STATS class is forgotten too: its next event counts for the class of
+/// the name it has now.
 pub fn rearm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
+    slot.class = Default::default();
     arm_with(ctx, key, slot, next, true)
 }
 
