@@ -7,7 +7,6 @@ use crate::server;
 use flock_core::lock_stats::ClassRef;
 use flock_core::LockState;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A key by database and name, owned (it outlives commands: waiter queues, deferred jobs).
 pub type KeyId = (c_int, Vec<u8>);
@@ -19,9 +18,8 @@ pub struct TimerSlot {
     /// The lock class of the key, found on its first counted event (see `ClassRef`); cleared
     /// when the record is put under another name (`expiry::rearm`), whose class may differ.
     pub class: ClassRef,
-    /// Unique per record on this server: a timer acts only on the record it was armed for.
-    pub record_id: u64,
-    /// The index entry (0: none) and when it is due, on the monotonic clock.
+    /// The index entry (0: none) and when it is due, on the monotonic clock. Handles are
+    /// unique, so an entry that comes due acts only on the record that holds its handle.
     pub handle: u64,
     pub at_us: u64,
 }
@@ -36,18 +34,11 @@ pub struct LockRecord {
     pub watched: Option<Box<KeyId>>,
 }
 
-static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
-
 impl LockRecord {
     pub fn new(state: LockState) -> LockRecord {
         LockRecord {
             state,
-            timer: TimerSlot {
-                record_id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
-                handle: 0,
-                at_us: 0,
-                class: ClassRef::default(),
-            },
+            timer: TimerSlot::default(),
             watched: None,
         }
     }

@@ -7,6 +7,13 @@
 //! key reference it holds) and the heap entry becomes garbage, skipped when it surfaces. When
 //! garbage outnumbers live entries the heap is rebuilt, so memory stays proportional to the
 //! live entries (G10: a lock that ended leaves nothing behind).
+//!
+//! Every held lock has an entry, so an entry is kept small: a slot is its generation, a
+//! 32-bit group the host chooses (the glue: the database) and the item (the glue: the key
+//! name, inline when short), with no padding; the deadline lives only in the heap entry
+//! (16 bytes). A handle names its entry uniquely among every entry ever made (up to 2^32
+//! reuses of one slot), so the host can tell its own entry from any other by the handle
+//! alone.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -16,7 +23,16 @@ pub type Handle = u64;
 
 struct Slot<T> {
     generation: u32,
-    item: Option<(u64, T)>,
+    group: u32,
+    item: Option<T>,
+}
+
+/// An entry that came due, with the handle it had and its group.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Due<T> {
+    pub handle: Handle,
+    pub group: u32,
+    pub item: T,
 }
 
 pub struct DeadlineIndex<T> {
@@ -51,6 +67,11 @@ fn split(h: Handle) -> (usize, u32) {
 }
 
 impl<T> DeadlineIndex<T> {
+    /// Bytes one entry takes in the index (its slot and its heap entry), besides what its
+    /// item points to and the vectors' spare capacity.
+    pub const ENTRY_BYTES: usize =
+        std::mem::size_of::<Slot<T>>() + std::mem::size_of::<Reverse<(u64, Handle)>>();
+
     pub fn len(&self) -> usize {
         self.live
     }
@@ -64,20 +85,22 @@ impl<T> DeadlineIndex<T> {
         self.heap.len()
     }
 
-    /// Add `item`, due at `deadline`. Returns its handle.
-    pub fn insert(&mut self, deadline: u64, item: T) -> Handle {
+    /// Add `item` of `group`, due at `deadline`. Returns its handle.
+    pub fn insert(&mut self, deadline: u64, group: u32, item: T) -> Handle {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
                 self.slots.push(Slot {
                     generation: self.base_generation,
+                    group: 0,
                     item: None,
                 });
                 (self.slots.len() - 1) as u32
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.item = Some((deadline, item));
+        slot.item = Some(item);
+        slot.group = group;
         let h = handle(index, slot.generation);
         self.heap.push(Reverse((deadline, h)));
         self.live += 1;
@@ -99,7 +122,7 @@ impl<T> DeadlineIndex<T> {
         if slot.generation != generation {
             return None;
         }
-        let (_, item) = slot.item.take()?;
+        let item = slot.item.take()?;
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(index as u32);
         self.live -= 1;
@@ -120,7 +143,7 @@ impl<T> DeadlineIndex<T> {
     }
 
     /// Take every entry due at or before `now`, earliest first.
-    pub fn pop_due(&mut self, now: u64) -> Vec<T> {
+    pub fn pop_due(&mut self, now: u64) -> Vec<Due<T>> {
         let mut due = Vec::new();
         while let Some(Reverse((deadline, h))) = self.heap.peek().copied() {
             if deadline > now {
@@ -128,8 +151,13 @@ impl<T> DeadlineIndex<T> {
             }
             self.heap.pop();
             let (index, generation) = split(h);
+            let group = self.slots.get(index).map_or(0, |s| s.group);
             if let Some(item) = self.take(index, generation) {
-                due.push(item);
+                due.push(Due {
+                    handle: h,
+                    group,
+                    item,
+                });
             }
         }
         self.compact_if_needed();
@@ -140,7 +168,7 @@ impl<T> DeadlineIndex<T> {
     pub fn drain(&mut self) -> Vec<T> {
         let mut out = Vec::with_capacity(self.live);
         for slot in &mut self.slots {
-            if let Some((_, item)) = slot.item.take() {
+            if let Some(item) = slot.item.take() {
                 out.push(item);
             }
         }
@@ -148,13 +176,13 @@ impl<T> DeadlineIndex<T> {
         out
     }
 
-    /// Take the live entries for which `pred` holds.
-    pub fn drain_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+    /// Take the live entries of the groups for which `pred` holds.
+    pub fn drain_where(&mut self, mut pred: impl FnMut(u32) -> bool) -> Vec<T> {
         let chosen: Vec<(usize, u32)> = self
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.item.as_ref().is_some_and(|(_, item)| pred(item)))
+            .filter(|(_, s)| s.item.is_some() && pred(s.group))
             .map(|(index, s)| (index, s.generation))
             .collect();
         let out: Vec<T> = chosen
@@ -211,18 +239,22 @@ impl<T> DeadlineIndex<T> {
 mod tests {
     use super::*;
 
+    fn items<T>(due: Vec<Due<T>>) -> Vec<T> {
+        due.into_iter().map(|d| d.item).collect()
+    }
+
     #[test]
     fn pops_in_deadline_order_and_skips_removed() {
         let mut ix = DeadlineIndex::default();
-        let a = ix.insert(30, "a");
-        ix.insert(10, "b");
-        ix.insert(20, "c");
-        let d = ix.insert(5, "d");
+        let a = ix.insert(30, 0, "a");
+        ix.insert(10, 0, "b");
+        ix.insert(20, 0, "c");
+        let d = ix.insert(5, 0, "d");
         assert_eq!(ix.remove(d), Some("d"));
         assert_eq!(ix.remove(d), None, "removed twice");
         assert_eq!(ix.len(), 3);
         assert_eq!(ix.next(), Some(10));
-        assert_eq!(ix.pop_due(20), vec!["b", "c"]);
+        assert_eq!(items(ix.pop_due(20)), vec!["b", "c"]);
         assert_eq!(ix.remove(a), Some("a"));
         assert_eq!(ix.next(), None);
         assert!(ix.is_empty());
@@ -231,19 +263,27 @@ mod tests {
     #[test]
     fn stale_handles_never_touch_reused_slots() {
         let mut ix = DeadlineIndex::default();
-        let old = ix.insert(10, 1);
+        let old = ix.insert(10, 0, 1);
         assert_eq!(ix.remove(old), Some(1));
-        let new = ix.insert(20, 2);
+        let new = ix.insert(20, 0, 2);
         assert_ne!(old, new, "a reused slot gets a new generation");
         assert_eq!(ix.remove(old), None);
-        assert_eq!(ix.pop_due(100), vec![2]);
+        let due = ix.pop_due(100);
+        assert_eq!(due.len(), 1);
+        assert_eq!(
+            (due[0].handle, due[0].item),
+            (new, 2),
+            "due with its handle"
+        );
         assert_eq!(ix.remove(new), None, "popped entries are gone");
     }
 
     #[test]
     fn memory_follows_the_live_entries() {
         let mut ix = DeadlineIndex::default();
-        let handles: Vec<Handle> = (0..100_000).map(|i| ix.insert(1_000_000 + i, i)).collect();
+        let handles: Vec<Handle> = (0..100_000)
+            .map(|i| ix.insert(1_000_000 + i, 0, i))
+            .collect();
         for h in handles {
             ix.remove(h);
         }
@@ -259,9 +299,9 @@ mod tests {
             ix.slots.capacity()
         );
         // Interleaved: a few live entries among many removed.
-        let keep: Vec<Handle> = (0..10).map(|i| ix.insert(i, i)).collect();
+        let keep: Vec<Handle> = (0..10).map(|i| ix.insert(i, 0, i)).collect();
         for i in 0..50_000 {
-            let h = ix.insert(500 + i, i);
+            let h = ix.insert(500 + i, 0, i);
             ix.remove(h);
         }
         assert!(ix.heap_len() <= 2 * 10 + 1024);
@@ -271,11 +311,11 @@ mod tests {
     #[test]
     fn handles_from_before_the_slab_was_given_back_stay_dead() {
         let mut ix = DeadlineIndex::default();
-        let old: Vec<Handle> = (0..2000).map(|i| ix.insert(i, i)).collect();
+        let old: Vec<Handle> = (0..2000).map(|i| ix.insert(i, 0, i)).collect();
         for h in &old {
             ix.remove(*h);
         }
-        let fresh: Vec<Handle> = (0..2000).map(|i| ix.insert(i, i + 10_000)).collect();
+        let fresh: Vec<Handle> = (0..2000).map(|i| ix.insert(i, 0, i + 10_000)).collect();
         for h in &old {
             assert_eq!(ix.remove(*h), None, "an old handle matched a new slot");
         }
@@ -285,20 +325,33 @@ mod tests {
     #[test]
     fn handles_are_never_zero_and_drain_where_filters() {
         let mut ix = DeadlineIndex::default();
-        let hs: Vec<Handle> = (0..10).map(|i| ix.insert(i, i)).collect();
+        let hs: Vec<Handle> = (0..10u64)
+            .map(|i| ix.insert(i, (i % 2) as u32, i))
+            .collect();
         assert!(hs.iter().all(|&h| h != 0));
-        let mut even = ix.drain_where(|v| v % 2 == 0);
+        let mut even = ix.drain_where(|group| group == 0);
         even.sort();
         assert_eq!(even, vec![0, 2, 4, 6, 8]);
-        assert_eq!(ix.pop_due(100), vec![1, 3, 5, 7, 9]);
+        let due = ix.pop_due(100);
+        assert!(due
+            .iter()
+            .all(|d| d.group == 1 && hs[d.item as usize] == d.handle));
+        assert_eq!(items(due), vec![1, 3, 5, 7, 9]);
+    }
+
+    #[test]
+    fn a_slot_is_its_item_and_eight_bytes() {
+        // An item with a niche (here a box) makes `Option` free: generation and group add 8.
+        assert_eq!(std::mem::size_of::<Slot<Box<[u8]>>>(), 16 + 8);
+        assert_eq!(DeadlineIndex::<Box<[u8]>>::ENTRY_BYTES, 24 + 16);
     }
 
     #[test]
     fn drain_takes_everything() {
         let mut ix = DeadlineIndex::default();
-        ix.insert(1, 'x');
-        let h = ix.insert(2, 'y');
-        ix.insert(3, 'z');
+        ix.insert(1, 0, 'x');
+        let h = ix.insert(2, 0, 'y');
+        ix.insert(3, 0, 'z');
         ix.remove(h);
         let mut all = ix.drain();
         all.sort();
