@@ -384,6 +384,8 @@ pub struct Stats {
     last: usize,
     /// Which table this is (see [`ClassRef`]); never 0.
     epoch: u32,
+    /// Where a key's class is folded: kept, rather than zeroed on the stack for every grant.
+    scratch: [u8; MAX_CLASS_LEN],
     /// Grants of classes beyond `max_classes`.
     pub overflow: u64,
     /// Hold times of every release, all classes together (INFO flock).
@@ -397,6 +399,7 @@ impl Default for Stats {
             index: HashMap::default(),
             last: 0,
             epoch: 1,
+            scratch: [0; MAX_CLASS_LEN],
             overflow: 0,
             all_holds: LogHistogram::default(),
         }
@@ -469,9 +472,8 @@ impl Stats {
 
     /// The entry of `key`'s class, created when new and within `max_classes`.
     fn find_or_add(&mut self, key: &[u8], max_classes: usize) -> Option<usize> {
-        let mut buf = [0u8; MAX_CLASS_LEN];
-        let n = fold_class(key, &mut buf);
-        let class = buf.get(..n).unwrap_or(&[]);
+        let n = fold_class(key, &mut self.scratch);
+        let class = self.scratch.get(..n).unwrap_or(&[]);
         let at = match self.entries.get(self.last) {
             Some((name, _)) if **name == *class => self.last,
             _ => match self.index.get(class) {
