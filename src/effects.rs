@@ -77,12 +77,12 @@ impl Host for KeyHost<'_> {
                         Measured::Closed
                     }
                 };
-                stats::record(ffi::bytes(&key), measured);
+                stats::record(&mut self.timer.class, ffi::bytes(&key), measured);
                 ffi::notify(ctx, event_name(e), key);
             }
             Effect::Count(Count::Renewed) => {
                 stats::RENEWALS.incr();
-                stats::record(ffi::bytes(&key), Measured::Renewed);
+                stats::record(&mut self.timer.class, ffi::bytes(&key), Measured::Renewed);
             }
             Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
             Effect::Replicate(snapshot) => replication::state(ctx, key, snapshot),
@@ -127,7 +127,8 @@ impl Host for KeyHost<'_> {
         match waiters::deliver(waiter.id, token) {
             Some(waited_us) => {
                 let wait_ms = waited_us / 1000;
-                stats::record(ffi::bytes(&self.key_name), Measured::Waited { wait_ms });
+                let key = ffi::bytes(&self.key_name);
+                stats::record(&mut self.timer.class, key, Measured::Waited { wait_ms });
                 true
             }
             None => false,

@@ -3,7 +3,7 @@
 //! (`jobs.rs` calls [`revisit`]). Each runs the engine through the effects executor.
 
 use crate::effects;
-use crate::expiry::{self, KeyRef};
+use crate::expiry::{self, DueKey};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::jobs::{self, Job, Task};
 use crate::record::{self, Found};
@@ -193,20 +193,30 @@ fn revisit_all() {
 }
 
 /// A key's deadline came (`expiry.rs`): settle it, if the entry's record is still there.
-pub fn on_due(ctx: Ctx, key_ref: &KeyRef) {
-    if !ffi::select_db(ctx, key_ref.db) {
+pub fn on_due(ctx: Ctx, due: &DueKey) {
+    if !ffi::select_db(ctx, due.db) {
         return;
     }
-    let mut key = Key::open(ctx, key_ref.key, true);
+    let name = ffi::create_string(ctx, due.name.bytes());
+    if name.is_null() {
+        return;
+    }
+    settle_due(ctx, name, due.handle);
+    ffi::free_string(name);
+}
+
+fn settle_due(ctx: Ctx, name: RStr, handle: u64) {
+    let mut key = Key::open(ctx, name, true);
     match record::lock_of_mut(&mut key) {
-        // Only the record this entry was armed for (not one that replaced it).
-        Found::Lock(rec) if rec.timer.record_id == key_ref.record_id => {
+        // Only the record this entry was armed for (not one that replaced it): handles are
+        // unique, and a record keeps the handle of its entry until the entry is gone.
+        Found::Lock(rec) if rec.timer.handle == handle => {
             rec.timer.handle = 0;
             rec.timer.at_us = 0;
         }
         _ => return,
     }
-    let _ = effects::with_lock(ctx, key_ref.key, &mut key, false, |state, env, host| {
+    let _ = effects::with_lock(ctx, name, &mut key, false, |state, env, host| {
         engine::expire(state, env, host);
         Reply::Null
     });

@@ -2,11 +2,12 @@
 //! of its lease, or of its lock-delay), and one Redis timer is armed for the earliest.
 //!
 //! Redis module timers run on the monotonic clock (G9). The index (`deadlines.rs`) costs
-//! O(log n) per insert with no allocation and O(1) per removal, much less than a Redis timer
-//! per lock. An entry owns its key reference (database, key name, record id) and acts only
-//! when it finds that same record under that name; an entry that outlived its record
-//! (flushed asynchronously, replaced) is a no-op. A renewal keeps the pending entry: when it
-//! comes due early it settles nothing and re-arms for the new deadline.
+//! O(log n) per insert and O(1) per removal, much less than a Redis timer per lock. An entry
+//! keeps its key's database and a copy of its name ([`KeyName`]); the record keeps the
+//! entry's handle, and a due entry acts only when it finds a record holding that same handle
+//! under that name; an entry that outlived its record (flushed asynchronously, replaced) is a
+//! no-op. A renewal keeps the pending entry: when it comes due early it settles nothing and
+//! re-arms for the new deadline.
 //!
 //! Replicas arm nothing and never expire on their own: they learn expiry from the master's
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
@@ -15,38 +16,69 @@
 use crate::ffi::{self, Ctx, Key, RStr};
 use crate::record::{self, Found, TimerSlot};
 use crate::{api, server};
-use flock_core::deadlines::{DeadlineIndex, Handle};
+use flock_core::deadlines::{DeadlineIndex, Due, Handle};
 use flock_core::Deadline;
 use redis_module::raw;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-/// What an armed lock costs besides its record (index slot, heap entry, key reference).
-pub const TIMER_BYTES: usize = std::mem::size_of::<KeyRef>() + 48;
+/// What an armed lock costs besides its record: its index entry (slot and heap entry, with a
+/// short name inline; a longer name's copy comes on top).
+pub const TIMER_BYTES: usize = DeadlineIndex::<KeyName>::ENTRY_BYTES;
 
-/// An index entry's reference to its key: database, a held copy of the name, and the record
-/// it was armed for.
-pub struct KeyRef {
-    pub db: c_int,
-    pub key: RStr,
-    pub record_id: u64,
+/// The longest name kept inline in an index entry.
+const INLINE_NAME: usize = 22;
+
+/// The index's copy of a key name: inline when it is short, as most lock names are (no
+/// allocation per grant; an allocator call costs about as much as the rest of arming), boxed
+/// beyond. 24 bytes, so an index slot is 32 (`deadlines.rs`) and a held lock with a short name
+/// costs 48 bytes of index (slot and heap entry) where the held RedisModuleString it replaces
+/// cost a 48-byte slot, a 16-byte heap entry and the string (32 bytes for a 12-byte name).
+pub enum KeyName {
+    Inline { len: u8, bytes: [u8; INLINE_NAME] },
+    Boxed(Box<[u8]>),
 }
 
-impl Drop for KeyRef {
-    fn drop(&mut self) {
-        ffi::free_string(self.key);
+// The enum's tag leaves room for Option's: an empty slot costs nothing more.
+const _: () = assert!(std::mem::size_of::<Option<KeyName>>() == 24);
+
+impl KeyName {
+    fn new(name: &[u8]) -> KeyName {
+        let mut bytes = [0u8; INLINE_NAME];
+        match (bytes.get_mut(..name.len()), u8::try_from(name.len())) {
+            (Some(inline), Ok(len)) => {
+                inline.copy_from_slice(name);
+                KeyName::Inline { len, bytes }
+            }
+            _ => KeyName::Boxed(name.into()),
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            KeyName::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(&[]),
+            KeyName::Boxed(b) => b,
+        }
     }
 }
 
+/// An index entry that came due: its handle (what its record keeps, if it is still there),
+/// its key's database and name.
+pub struct DueKey {
+    pub handle: Handle,
+    pub db: c_int,
+    pub name: KeyName,
+}
+
 struct Expiry {
-    index: DeadlineIndex<KeyRef>,
+    index: DeadlineIndex<KeyName>,
     /// The Redis timer armed for the earliest deadline (0: none), and when it fires.
     alarm: u64,
     alarm_at_us: u64,
 }
 
-// Only Redis's main thread touches the index and the key references in it.
+// Only Redis's main thread touches the index and the key names in it.
 unsafe impl Send for Expiry {}
 
 static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
@@ -72,7 +104,10 @@ pub fn arm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
 }
 
 /// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
+/// The record's FLOCK.STATS class is forgotten too: its next event counts for the class of
+/// the name it has now.
 pub fn rearm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
+    slot.class = Default::default();
     arm_with(ctx, key, slot, next, true)
 }
 
@@ -88,13 +123,11 @@ fn arm_with(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>, r
         return; // due no later than needed, and re-arms then
     }
     disarm(slot);
-    let key_ref = KeyRef {
-        db: ffi::selected_db(ctx),
-        key: ffi::hold_string(key),
-        record_id: slot.record_id,
-    };
+    let name = KeyName::new(ffi::bytes(&key));
+    // Databases are numbered from 0: the group is the number's bits.
+    let db = ffi::selected_db(ctx) as u32;
     slot.handle = with_expiry(|e| {
-        let h = e.index.insert(next.mono_us, key_ref);
+        let h = e.index.insert(next.mono_us, db, name);
         ensure_alarm(e, next.mono_us);
         h
     });
@@ -113,13 +146,16 @@ pub fn disarm(slot: &mut TimerSlot) {
 /// Remove entry `h` (a record being freed on the main thread).
 pub fn forget(h: Handle) {
     let removed = with_expiry(|e| e.index.remove(h));
-    drop(removed); // frees the key reference outside the lock
+    drop(removed); // frees the key name outside the lock
 }
 
 /// Drop the entries of database `db` (all databases: `None`), before a flush frees their
 /// records, possibly on another thread.
 pub fn forget_db(db: Option<c_int>) {
-    let dropped = with_expiry(|e| e.index.drain_where(|k| db.is_none_or(|d| k.db == d)));
+    let dropped = with_expiry(|e| {
+        e.index
+            .drain_where(|group| db.is_none_or(|d| group == d as u32))
+    });
     drop(dropped);
 }
 
@@ -142,7 +178,7 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
 
 /// What to do with an entry that came due: settle its key (set once by the module's
 /// registration; the mechanism never calls up into the code that runs the engine).
-pub type DueHandler = fn(Ctx, &KeyRef);
+pub type DueHandler = fn(Ctx, &DueKey);
 
 static ON_DUE: OnceLock<DueHandler> = OnceLock::new();
 
@@ -167,11 +203,20 @@ unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
         e.index.pop_due(now.mono_us)
     });
     if let Some(handler) = ON_DUE.get() {
-        for key_ref in &due {
-            handler(ctx, key_ref);
+        for Due {
+            handle,
+            group,
+            item,
+        } in due
+        {
+            let key = DueKey {
+                handle,
+                db: group as c_int,
+                name: item,
+            };
+            handler(ctx, &key);
         }
     }
-    drop(due);
     with_expiry(|e| {
         if let Some(next) = e.index.next() {
             ensure_alarm(e, next);

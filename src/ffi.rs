@@ -148,12 +148,6 @@ pub fn create_string(ctx: Ctx, b: &[u8]) -> RStr {
     }
 }
 
-/// Keep `s` alive beyond the command (a reference or a copy); free it with [`free_string`].
-pub fn hold_string(s: RStr) -> RStr {
-    // SAFETY: `s` is a live string handle; a null context is allowed (no auto-memory).
-    unsafe { api!(RedisModule_HoldString, ptr::null_mut(); ptr::null_mut(), s) }
-}
-
 pub fn free_string(s: RStr) {
     if !s.is_null() {
         // SAFETY: `s` was created or held by us and is freed once (by its single owner).

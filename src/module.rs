@@ -147,15 +147,14 @@ fn subscribe(ctx: Ctx) {
 unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     // SAFETY: the INFO context Redis passed; the names are NUL-terminated.
     unsafe { api!(RedisModule_InfoAddSection, 0; ctx, c"".as_ptr()) };
-    let holds = {
-        let table = stats::classes();
+    let holds = stats::with_classes(|table| {
         let h = &table.all_holds;
         [
             h.quantile(0.5).unwrap_or(0),
             h.quantile(0.99).unwrap_or(0),
             h.max(),
         ]
-    };
+    });
     let fields: [(&CStr, u64); 19] = [
         (c"grants", stats::GRANTS.get()),
         (c"releases", stats::RELEASES.get()),

@@ -4,19 +4,22 @@
 
 use crate::ffi::{Key, KeyKind};
 use crate::server;
+use flock_core::lock_stats::ClassRef;
 use flock_core::LockState;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A key by database and name, owned (it outlives commands: waiter queues, deferred jobs).
 pub type KeyId = (c_int, Vec<u8>);
 
-/// The deadline-index entry of a record (see `expiry.rs`).
+/// What this server keeps of a record beside its state, which Redis never sees: its
+/// deadline-index entry (see `expiry.rs`) and its FLOCK.STATS class.
 #[derive(Debug, Default)]
 pub struct TimerSlot {
-    /// Unique per record on this server: a timer acts only on the record it was armed for.
-    pub record_id: u64,
-    /// The index entry (0: none) and when it is due, on the monotonic clock.
+    /// The lock class of the key, found on its first counted event (see `ClassRef`); cleared
+    /// when the record is put under another name (`expiry::rearm`), whose class may differ.
+    pub class: ClassRef,
+    /// The index entry (0: none) and when it is due, on the monotonic clock. Handles are
+    /// unique, so an entry that comes due acts only on the record that holds its handle.
     pub handle: u64,
     pub at_us: u64,
 }
@@ -31,17 +34,11 @@ pub struct LockRecord {
     pub watched: Option<Box<KeyId>>,
 }
 
-static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
-
 impl LockRecord {
     pub fn new(state: LockState) -> LockRecord {
         LockRecord {
             state,
-            timer: TimerSlot {
-                record_id: NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed),
-                handle: 0,
-                at_us: 0,
-            },
+            timer: TimerSlot::default(),
             watched: None,
         }
     }

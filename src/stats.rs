@@ -1,9 +1,9 @@
 //! Counters shown in `INFO flock` (the INFO section itself is built in `module.rs`), and the
 //! per-class lock statistics of FLOCK.STATS (flock-core's `lock_stats`).
 
-use flock_core::lock_stats::{Event, Stats};
+use flock_core::lock_stats::{ClassRef, Event, Stats};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
 
 pub struct Counter(AtomicU64);
 
@@ -32,16 +32,24 @@ pub static FENCED_REJECTED: Counter = Counter::new();
 pub static FENCED_INNER_ERRORS: Counter = Counter::new();
 pub static BOUND_CLOSED: Counter = Counter::new();
 
-/// FLOCK.STATS's table: per server, not persisted, not replicated. Commands run on Redis's
-/// main thread, so the lock is never contended; it is there because statics must be Sync.
-static CLASSES: LazyLock<Mutex<Stats>> = LazyLock::new(|| Mutex::new(Stats::default()));
-
-pub fn classes() -> MutexGuard<'static, Stats> {
-    CLASSES.lock().unwrap_or_else(|p| p.into_inner())
+thread_local! {
+    /// FLOCK.STATS's table: per server, not persisted, not replicated. Only Redis's main
+    /// thread runs the code that counts and reads it (commands, timers, keyspace and server
+    /// events, INFO), so a thread-local table is the server's one table, without the lock
+    /// a shared static would need (a lock and unlock cost more than the counting itself).
+    /// Lazy-free threads only free records and never reach it.
+    static CLASSES: RefCell<Stats> = RefCell::new(Stats::default());
 }
 
-/// Count `event` for the lock class of `key`.
+/// Run `f` on FLOCK.STATS's table.
+pub fn with_classes<R>(f: impl FnOnce(&mut Stats) -> R) -> R {
+    CLASSES.with(|t| f(&mut t.borrow_mut()))
+}
+
+/// Count `event` for the lock class of `key`, whose class the lock keeps in `class` (set on
+/// the first event, then used instead of the name: see `ClassRef`).
 #[inline]
-pub fn record(key: &[u8], event: Event) {
-    classes().record(key, event, crate::config::stats_max_classes());
+pub fn record(class: &mut ClassRef, key: &[u8], event: Event) {
+    let max = crate::config::stats_max_classes();
+    with_classes(|t| t.record_for(class, key, event, max));
 }

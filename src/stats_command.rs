@@ -10,7 +10,7 @@ use std::os::raw::c_int;
 /// `FLOCK.STATS GET [class ...]`: argv is `FLOCK.STATS GET class...`.
 pub fn get(ctx: Ctx, args: &[RStr]) -> c_int {
     let names: Vec<&[u8]> = args.iter().skip(2).map(ffi::bytes).collect();
-    let report = stats::classes().report((!names.is_empty()).then_some(names.as_slice()));
+    let report = stats::with_classes(|t| t.report((!names.is_empty()).then_some(names.as_slice())));
     send(ctx, &report)
 }
 
@@ -19,7 +19,7 @@ pub fn reset(ctx: Ctx, args: &[RStr]) -> c_int {
     if args.len() != 2 {
         return ffi::wrong_arity(ctx);
     }
-    stats::classes().reset();
+    stats::with_classes(|t| t.reset());
     ffi::reply_simple(ctx, c"OK")
 }
 

@@ -89,6 +89,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
     let cad = c.script(CAD);
     let facq = c.script(FENCE_ACQ);
     let fw = c.script(FENCE_WRITE);
+    let delifeq = has_delifeq(&mut c);
     let owner = uuid(424242);
     let tok = c
         .call(&["FLOCK.ACQUIRE", "wlk", &owner, LONG_TTL])
@@ -99,7 +100,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
     c.call(&["SET", "wlk:owner", &owner]);
     let n = cfg.cg_calls;
     type Maker<'a> = Box<dyn Fn(usize, &mut Conn) + 'a>;
-    let phases: Vec<(&str, &str, Maker)> = vec![
+    let mut phases: Vec<(&str, &str, Maker)> = vec![
         (
             "FLOCK.ACQUIRE",
             "flock",
@@ -154,6 +155,22 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
             Box::new(|i, c: &mut Conn| push_fenced_write(c, Some(&fw), i, &tok)),
         ),
     ];
+    if delifeq {
+        // Valkey 9's owner-checked delete, on keys of its own (their SETs are a phase of their
+        // own, not reported).
+        phases.push((
+            "SET NX PX, keys for DELIFEQ",
+            "set",
+            Box::new(|i, c: &mut Conn| {
+                c.push(&["SET", &format!("d:{i:07}"), &uuid(i), "NX", "PX", TTL])
+            }),
+        ));
+        phases.push((
+            "DELIFEQ",
+            "set",
+            Box::new(|i, c: &mut Conn| c.push(&["DELIFEQ", &format!("d:{i:07}"), &uuid(i)])),
+        ));
+    }
     let mut files = vec![];
     let _ = run_out("callgrind_control", &["-z", &pid]);
     for (pi, (name, _, make)) in phases.iter().enumerate() {
@@ -252,6 +269,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
             "FLOCK.RELEASE",
             "FLOCK.CHECK",
             "FLOCK.FENCED + SET",
+            "DELIFEQ",
         ]
         .contains(name)
         {
@@ -268,13 +286,16 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
         return;
     }
     let get = |k: &str| ir.get(k).copied().unwrap_or([f64::NAN; 5]);
-    let pairs = [
+    let mut pairs = vec![
         ("FLOCK.ACQUIRE", "SET NX PX"),
         ("FLOCK.ACQUIRE", "Lua fenced acquire"),
         ("FLOCK.RELEASE", "Lua compare-and-delete"),
         ("FLOCK.CHECK", "GET"),
         ("FLOCK.FENCED + SET", "Lua token check + SET"),
     ];
+    if delifeq {
+        pairs.insert(3, ("FLOCK.RELEASE", "DELIFEQ"));
+    }
     let mut rows = vec![];
     for (i, k) in ["ir", "i1", "d1", "ll"].iter().enumerate() {
         rep.fact(&format!("cg.{k}.acq"), get("FLOCK.ACQUIRE")[i]);

@@ -14,6 +14,18 @@ pub(crate) const FENCE_WRITE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] t
 pub(crate) const TTL: &str = "60000";
 pub(crate) const LONG_TTL: &str = "3600000";
 
+/// Whether the server has Valkey's owner-checked delete, `DELIFEQ key value` (Valkey 9):
+/// then it is the release a Valkey user would pick, and the bench measures RELEASE against it
+/// too. `COMMAND INFO` answers an unknown command with a nil entry.
+pub(crate) fn has_delifeq(c: &mut Conn) -> bool {
+    match c.call(&["COMMAND", "INFO", "DELIFEQ"]) {
+        flock_testkit::Reply::Array(v) => v
+            .first()
+            .is_some_and(|e| !matches!(e, flock_testkit::Reply::Nil)),
+        _ => false,
+    }
+}
+
 pub(crate) fn lock_key(i: usize) -> String {
     format!("lock:{i:07}")
 }

@@ -21,6 +21,9 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     let cad = c.script(CAD);
     let facq = c.script(FENCE_ACQ);
     let fw = c.script(FENCE_WRITE);
+    let delifeq = has_delifeq(&mut c);
+    // Valkey 9's DELIFEQ: a fourth lock kind's release (SET NX PX, then DELIFEQ).
+    let groups: &[usize] = if delifeq { &[0, 1, 2, 3] } else { &[0, 1, 2] };
     let mut s = Samples::default();
     let (conns, depth) = (8, 16);
     // warm up the fresh server (page faults, allocator); not measured
@@ -36,7 +39,7 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     }
     for round in 0..cfg.s1_rounds {
         eprintln!("  round {}/{}", round + 1, cfg.s1_rounds);
-        for g in rotate(&[0, 1, 2], round) {
+        for g in rotate(groups, round) {
             c.call(&["FLUSHALL"]);
             wait_rehash(&mut c);
             c.reset_stats();
@@ -67,12 +70,24 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
                     expect("Lua compare-and-delete", &t, n, |t| t.one);
                     s.add("rel.cad", c.cmdstats().cost("evalsha"));
                 }
-                _ => {
+                2 => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
                         push_acquire(c, Kind::LuaFenced, &lock_key(i), &uuid(i), &facq)
                     });
                     expect("Lua fenced acquire", &t, n, |t| t.int);
                     s.add("acq.lua", c.cmdstats().cost("evalsha"));
+                }
+                _ => {
+                    let t = drive(port, conns, depth, n, 1, &|i, c| {
+                        push_acquire(c, Kind::SetNx, &lock_key(i), &uuid(i), &facq)
+                    });
+                    expect("SET NX PX", &t, n, |t| t.ok);
+                    c.reset_stats();
+                    let t = drive(port, conns, depth, n, 1, &|i, c| {
+                        c.push(&["DELIFEQ", &lock_key(i), &uuid(i)])
+                    });
+                    expect("DELIFEQ", &t, n, |t| t.one);
+                    s.add("rel.delifeq", c.cmdstats().cost("delifeq"));
                 }
             }
         }
@@ -129,6 +144,9 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         s.ratio("r.acq_set", "acq.flock", "acq.set");
         s.ratio("r.acq_lua", "acq.flock", "acq.lua");
         s.ratio("r.rel_cad", "rel.flock", "rel.cad");
+        if delifeq {
+            s.ratio("r.rel_delifeq", "rel.flock", "rel.delifeq");
+        }
         s.ratio("r.check_get", "check", "get");
         s.ratio("r.fenced_luaw", "fenced", "luaw");
         s.ratio("r.fenced_set", "fenced", "set");
@@ -168,6 +186,14 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         s.med("r.rel_cad"),
         Some(Goal::AtMost(0.4)),
     );
+    if delifeq {
+        rep.check(
+            sec,
+            "FLOCK.RELEASE / DELIFEQ",
+            s.med("r.rel_delifeq"),
+            Some(Goal::AtMost(1.0)),
+        );
+    }
     rep.check(sec, "FLOCK.CHECK / GET", s.med("r.check_get"), None);
     rep.check(
         sec,
@@ -193,7 +219,7 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
             rep.mark_of(what),
         ]
     };
-    let rows = vec![
+    let mut rows = vec![
         row(
             "`FLOCK.ACQUIRE`",
             "acq.flock",
@@ -249,6 +275,20 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
             "—",
         ),
     ];
+    if delifeq {
+        rows.insert(
+            3,
+            row(
+                "`FLOCK.RELEASE`",
+                "rel.flock",
+                "`DELIFEQ key owner` (Valkey 9)",
+                "rel.delifeq",
+                "r.rel_delifeq",
+                "FLOCK.RELEASE / DELIFEQ",
+                "≤ 1.00x",
+            ),
+        );
+    }
     let mut body = format!(
         "`INFO commandstats` usec per call (usec / calls), lower is better. {} rounds; each round \
          runs every command over {} keys (each key acquired once and released once, so every \
@@ -259,9 +299,15 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
          `EVALSHA`, as client libraries do. The load comes from the bench's own pipelining \
          client rather than `redis-benchmark`, whose random keys cannot make every RELEASE \
          find its lock held (nor every ACQUIRE find its key free); the server time per call \
-         that `INFO commandstats` reports does not depend on the client.\n\n",
+         that `INFO commandstats` reports does not depend on the client.{}\n\n",
         cfg.s1_rounds,
-        thousands(n)
+        thousands(n),
+        if delifeq {
+            " The server has Valkey's `DELIFEQ` (an owner-checked delete, Valkey 9), so it is a \
+             baseline too: a fourth lock kind, `SET NX PX` then `DELIFEQ`, in the rotation."
+        } else {
+            ""
+        }
     );
     body += &table(
         &[

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 
 /// FNV-1a over the class name: the class table is looked up on every grant and release, and
 /// class names are short and not attacker-chosen in a way a DoS could use beyond the
@@ -36,52 +37,110 @@ impl Hasher for ClassHasher {
 /// The longest class name kept (bytes); longer names are cut.
 pub const MAX_CLASS_LEN: usize = 128;
 
+/// What [`fold_class`] needs to know of a byte, one table lookup per byte (the fold runs on
+/// every grant: a few instructions a byte instead of a chain of range tests).
+const ALNUM: u8 = 1;
+const HEX: u8 = 2;
+const DIGIT: u8 = 4;
+const PRINTABLE: u8 = 8;
+
+const BYTE_KIND: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        let mut k = 0;
+        if c.is_ascii_alphanumeric() {
+            k |= ALNUM;
+        }
+        if c.is_ascii_hexdigit() {
+            k |= HEX;
+        }
+        if c.is_ascii_digit() {
+            k |= DIGIT;
+        }
+        if c >= 0x20 && c < 0x7f {
+            k |= PRINTABLE;
+        }
+        t[b] = k;
+        b += 1;
+    }
+    t
+};
+
 /// The class of a key: every maximal run of ASCII letters and digits that consists only of hex
 /// digits and holds at least one decimal digit becomes `#`, and `#`s separated only by `-`
 /// merge into one. Unprintable bytes become `?`; the class is cut to [`MAX_CLASS_LEN`] bytes.
 /// Writes into `out` (no allocation) and returns the class's length.
+///
+/// One pass, one table lookup a byte (this runs on every grant): a run's bytes are copied as
+/// they come, and taken back for a `#` when the run turns out to be an identifier.
 pub fn fold_class(key: &[u8], out: &mut [u8; MAX_CLASS_LEN]) -> usize {
     let mut n = 0;
     let mut i = 0;
-    // One pass over the key (this runs on every grant and release); stops once the class
-    // is full.
-    while i < key.len() && n < MAX_CLASS_LEN {
-        let b = key[i];
-        if !b.is_ascii_alphanumeric() {
-            out[n] = if (0x20..0x7f).contains(&b) { b } else { b'?' };
+    while let Some(&b) = key.get(i) {
+        if n >= MAX_CLASS_LEN {
+            break;
+        }
+        i += 1;
+        let kind = BYTE_KIND[usize::from(b)];
+        if kind & ALNUM == 0 {
+            if let Some(o) = out.get_mut(n) {
+                *o = if kind & PRINTABLE != 0 { b } else { b'?' };
+            }
             n += 1;
-            i += 1;
             continue;
         }
-        let start = i;
-        let (mut all_hex, mut any_digit) = (true, false);
+        // A run of letters and digits: where it starts in `out`, and what all of its bytes
+        // and any of them are. Past the end of `out` it is still read to its end: it may
+        // fold to one `#`.
+        let at = n;
+        let (mut all, mut any) = (kind, kind);
+        if let Some(o) = out.get_mut(n) {
+            *o = b;
+            n += 1;
+        }
         while let Some(&c) = key.get(i) {
-            if !c.is_ascii_alphanumeric() {
+            let k = BYTE_KIND[usize::from(c)];
+            if k & ALNUM == 0 {
                 break;
             }
-            all_hex &= c.is_ascii_hexdigit();
-            any_digit |= c.is_ascii_digit();
-            i += 1;
-        }
-        if all_hex && any_digit {
-            // Merge with a `#` that only dashes separate from this one.
-            let mut back = n;
-            while back > 0 && out[back - 1] == b'-' {
-                back -= 1;
-            }
-            if back > 0 && back < n && out[back - 1] == b'#' {
-                n = back;
-            } else if !(n > 0 && out[n - 1] == b'#') {
-                out[n] = b'#';
+            all &= k;
+            any |= k;
+            if let Some(o) = out.get_mut(n) {
+                *o = c;
                 n += 1;
             }
-        } else {
-            let take = (i - start).min(MAX_CLASS_LEN - n);
-            out[n..n + take].copy_from_slice(&key[start..start + take]);
-            n += take;
+            i += 1;
         }
+        n = end_run(out, n, at, all, any);
     }
     n
+}
+
+/// The class's length after the run copied to `out[at..n]`: unchanged, or the run replaced
+/// by a `#` (merged with one that only dashes separate from it) when it is an identifier.
+#[inline]
+fn end_run(out: &mut [u8; MAX_CLASS_LEN], n: usize, at: usize, all: u8, any: u8) -> usize {
+    if all & HEX == 0 || any & DIGIT == 0 {
+        return n;
+    }
+    let head = out.get(..at).unwrap_or(&[]);
+    let dashes = head.iter().rev().take_while(|&&c| c == b'-').count();
+    let back = at - dashes;
+    if dashes > 0 && back > 0 && head.get(back - 1) == Some(&b'#') {
+        return back;
+    }
+    if head.last() == Some(&b'#') {
+        return at;
+    }
+    match out.get_mut(at) {
+        Some(o) => {
+            *o = b'#';
+            at + 1
+        }
+        None => at,
+    }
 }
 
 /// Growth factor between histogram buckets: a bucket's geometric middle is within 3% of every
@@ -90,6 +149,64 @@ const RATIO: f64 = 1.06;
 /// Bucket 0 holds 0; bucket b >= 1 holds [RATIO^(b-1), RATIO^b). 460 buckets reach past
 /// 4e11 ms (12 years), beyond the largest ttl.
 pub const BUCKETS: usize = 460;
+
+/// The bucket boundaries as integers, found once from the definition
+/// ([`LogHistogram::bucket_by_log`]): a release then finds its bucket with four comparisons
+/// (no logarithm, no branch on the data) instead of a float logarithm and division.
+struct Bounds {
+    /// `lowest[b]`: the smallest value whose bucket is at least `b`; `u64::MAX` past the last
+    /// bucket (the padding lets the search below read up to 15 places beyond any start).
+    lowest: [u64; BUCKETS + 16],
+    /// `first[k]`: the bucket of 2^k. The values with the same highest bit, [2^k, 2^(k+1)),
+    /// span at most 12 buckets from there (ln 2 / ln 1.06 < 12).
+    first: [u16; 64],
+}
+
+impl Bounds {
+    fn new() -> Bounds {
+        let mut lowest = [u64::MAX; BUCKETS + 16];
+        lowest[0] = 0;
+        for (b, low) in lowest.iter_mut().enumerate().take(BUCKETS).skip(1) {
+            // The bucket only grows with the value: bisect for its first value.
+            let (mut lo, mut hi) = (1u64, u64::MAX);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if LogHistogram::bucket_by_log(mid) >= b {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            *low = lo;
+        }
+        let mut first = [0u16; 64];
+        for (k, f) in first.iter_mut().enumerate() {
+            *f = LogHistogram::bucket_by_log(1u64 << k) as u16;
+        }
+        Bounds { lowest, first }
+    }
+
+    #[inline]
+    fn bucket(&self, v: u64) -> usize {
+        if v == 0 {
+            return 0;
+        }
+        let k = (63 - v.leading_zeros()) as usize;
+        let mut b = usize::from(self.first.get(k).copied().unwrap_or(0));
+        for step in [8, 4, 2, 1] {
+            if self.lowest.get(b + step).is_some_and(|&low| low <= v) {
+                b += step;
+            }
+        }
+        // Only u64::MAX itself passes the padding.
+        b.min(BUCKETS - 1)
+    }
+}
+
+fn bounds() -> &'static Bounds {
+    static BOUNDS: OnceLock<Bounds> = OnceLock::new();
+    BOUNDS.get_or_init(Bounds::new)
+}
 
 /// A fixed-size log-bucket histogram of milliseconds.
 #[derive(Clone)]
@@ -115,12 +232,20 @@ impl Default for LogHistogram {
 }
 
 impl LogHistogram {
-    fn bucket(v: u64) -> usize {
+    /// The bucket of `v`, by definition (a logarithm); [`Bounds`] gives the same with a few
+    /// comparisons.
+    fn bucket_by_log(v: u64) -> usize {
         if v == 0 {
             return 0;
         }
         let b = 1 + ((v as f64).ln() / RATIO.ln()) as usize;
         b.min(BUCKETS - 1)
+    }
+
+    /// The bucket of `v`, as [`LogHistogram::bucket_by_log`] defines it.
+    #[inline]
+    fn bucket(v: u64) -> usize {
+        bounds().bucket(v)
     }
 
     pub fn record(&mut self, v: u64) {
@@ -235,50 +360,95 @@ pub enum Event {
     Renewed,
 }
 
+/// Where a key's class sits in the table, as [`Stats::record_for`] hands it out for the host
+/// to keep beside the lock (the module keeps it in the lock's record): the lock's later
+/// events (release, expiry, renewal, a waiter's grant) then skip folding the key name and
+/// looking the class up. It names the table's epoch too, which every RESET changes, so a
+/// reference from before a RESET finds nothing and the name is folded again; it cannot count
+/// for a class created since. (The epoch wraps after 2^32 - 1 RESETs: only a reference kept
+/// across all of them could land in a wrong class.) The default refers to nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassRef {
+    index: u32,
+    /// 0: refers to nothing (tables start at epoch 1).
+    epoch: u32,
+}
+
 /// Every class seen since the start or the last reset, first come, up to `max_classes`.
-#[derive(Default)]
 pub struct Stats {
     /// The classes in the order they came, and an index by name.
     entries: Vec<(Box<[u8]>, Box<ClassStats>)>,
     index: HashMap<Box<[u8]>, usize, BuildHasherDefault<ClassHasher>>,
-    /// The entry the last event went to: most events of a busy server go to the class of the
-    /// one before, and comparing with it is cheaper than hashing.
+    /// The entry the last lookup by name found: most events of a busy server go to the class
+    /// of the one before, and comparing with it is cheaper than hashing.
     last: usize,
+    /// Which table this is (see [`ClassRef`]); never 0.
+    epoch: u32,
+    /// Where a key's class is folded: kept, rather than zeroed on the stack for every grant.
+    scratch: [u8; MAX_CLASS_LEN],
     /// Grants of classes beyond `max_classes`.
     pub overflow: u64,
     /// Hold times of every release, all classes together (INFO flock).
     pub all_holds: LogHistogram,
 }
 
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            entries: Vec::new(),
+            index: HashMap::default(),
+            last: 0,
+            epoch: 1,
+            scratch: [0; MAX_CLASS_LEN],
+            overflow: 0,
+            all_holds: LogHistogram::default(),
+        }
+    }
+}
+
 impl Stats {
     /// Count `event` for `key`'s class. A class beyond `max_classes` is not created: its grants
     /// count in `overflow`.
     pub fn record(&mut self, key: &[u8], event: Event, max_classes: usize) {
+        self.record_for(&mut ClassRef::default(), key, event, max_classes);
+    }
+
+    /// Like [`Stats::record`], for a lock that keeps `class` beside it: when `class` refers to
+    /// this table the key name is not looked at; otherwise the class is found (or created)
+    /// by name and `class` set to it. A class that did not fit leaves `class` referring to
+    /// nothing, so the name is looked up again next time, as [`Stats::record`] does.
+    #[inline]
+    pub fn record_for(
+        &mut self,
+        class: &mut ClassRef,
+        key: &[u8],
+        event: Event,
+        max_classes: usize,
+    ) {
         if let Event::Released { held_ms } = event {
             // Its bucket, once, for this histogram and the class's below.
             self.all_holds.record(held_ms);
         }
-        let mut buf = [0u8; MAX_CLASS_LEN];
-        let n = fold_class(key, &mut buf);
-        let class = &buf[..n];
-        let at = match self.entries.get(self.last) {
-            Some((name, _)) if **name == *class => self.last,
-            _ => match self.index.get(class) {
-                Some(&i) => i,
-                None => {
-                    if self.entries.len() >= max_classes {
-                        if matches!(event, Event::Granted { .. }) {
-                            self.overflow += 1;
-                        }
-                        return;
-                    }
-                    self.entries.push((class.into(), Box::default()));
-                    self.index.insert(class.into(), self.entries.len() - 1);
-                    self.entries.len() - 1
+        let at = if class.epoch == self.epoch {
+            class.index as usize
+        } else {
+            match self.find_or_add(key, max_classes) {
+                Some(at) => {
+                    *class = ClassRef {
+                        // Fits: max_classes is bounded far below u32::MAX by its config.
+                        index: u32::try_from(at).unwrap_or(u32::MAX),
+                        epoch: self.epoch,
+                    };
+                    at
                 }
-            },
+                None => {
+                    if matches!(event, Event::Granted { .. }) {
+                        self.overflow += 1;
+                    }
+                    return;
+                }
+            }
         };
-        self.last = at;
         let Some((_, entry)) = self.entries.get_mut(at) else {
             return;
         };
@@ -300,6 +470,28 @@ impl Stats {
         }
     }
 
+    /// The entry of `key`'s class, created when new and within `max_classes`.
+    fn find_or_add(&mut self, key: &[u8], max_classes: usize) -> Option<usize> {
+        let n = fold_class(key, &mut self.scratch);
+        let class = self.scratch.get(..n).unwrap_or(&[]);
+        let at = match self.entries.get(self.last) {
+            Some((name, _)) if **name == *class => self.last,
+            _ => match self.index.get(class) {
+                Some(&i) => i,
+                None => {
+                    if self.entries.len() >= max_classes {
+                        return None;
+                    }
+                    self.entries.push((class.into(), Box::default()));
+                    self.index.insert(class.into(), self.entries.len() - 1);
+                    self.entries.len() - 1
+                }
+            },
+        };
+        self.last = at;
+        Some(at)
+    }
+
     /// The classes, sorted by name; only `names` (class names, not keys) when given.
     pub fn classes(&self, names: Option<&[&[u8]]>) -> Vec<(&[u8], &ClassStats)> {
         let entry = |i: usize| self.entries.get(i).map(|(k, v)| (&**k, &**v));
@@ -315,8 +507,16 @@ impl Stats {
         v
     }
 
+    /// Empty the table; references handed out before refer to nothing from now on.
     pub fn reset(&mut self) {
-        *self = Stats::default();
+        let epoch = match self.epoch.wrapping_add(1) {
+            0 => 1,
+            e => e,
+        };
+        *self = Stats {
+            epoch,
+            ..Stats::default()
+        };
     }
 
     /// Bytes this table holds (fixed per class), for MEMORY-style reporting and tests.
@@ -431,6 +631,143 @@ mod tests {
         }
         let long = "x".repeat(500);
         assert_eq!(class(&long).len(), MAX_CLASS_LEN);
+    }
+
+    /// The fold as it was first written (a chain of range tests per byte): the table-driven
+    /// [`fold_class`] must give the same class for every key.
+    fn reference_fold(key: &[u8], out: &mut [u8; MAX_CLASS_LEN]) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        // One pass over the key (this runs on every grant and release); stops once the class
+        // is full.
+        while i < key.len() && n < MAX_CLASS_LEN {
+            let b = key[i];
+            if !b.is_ascii_alphanumeric() {
+                out[n] = if (0x20..0x7f).contains(&b) { b } else { b'?' };
+                n += 1;
+                i += 1;
+                continue;
+            }
+            let start = i;
+            let (mut all_hex, mut any_digit) = (true, false);
+            while let Some(&c) = key.get(i) {
+                if !c.is_ascii_alphanumeric() {
+                    break;
+                }
+                all_hex &= c.is_ascii_hexdigit();
+                any_digit |= c.is_ascii_digit();
+                i += 1;
+            }
+            if all_hex && any_digit {
+                // Merge with a `#` that only dashes separate from this one.
+                let mut back = n;
+                while back > 0 && out[back - 1] == b'-' {
+                    back -= 1;
+                }
+                if back > 0 && back < n && out[back - 1] == b'#' {
+                    n = back;
+                } else if !(n > 0 && out[n - 1] == b'#') {
+                    out[n] = b'#';
+                    n += 1;
+                }
+            } else {
+                let take = (i - start).min(MAX_CLASS_LEN - n);
+                out[n..n + take].copy_from_slice(&key[start..start + take]);
+                n += take;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn the_table_driven_fold_matches_the_first_one() {
+        // Keys made of the bytes the fold tells apart, from a fixed-seed generator.
+        let alphabet = b"09afAFgzGZ-_:#{}. \x01\x7f\xff";
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 160) as usize;
+            let key: Vec<u8> = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            let (mut a, mut b) = ([0u8; MAX_CLASS_LEN], [0u8; MAX_CLASS_LEN]);
+            let (na, nb) = (fold_class(&key, &mut a), reference_fold(&key, &mut b));
+            assert_eq!(a[..na], b[..nb], "{key:?}");
+        }
+    }
+
+    #[test]
+    fn a_kept_class_reference_counts_like_the_name_and_dies_with_reset() {
+        let mut s = Stats::default();
+        let mut class = ClassRef::default();
+        s.record_for(&mut class, b"job:1", Event::Granted { ttl_ms: 100 }, 8);
+        assert_ne!(class, ClassRef::default(), "the grant hands out its class");
+        let kept = class;
+        // Later events of the lock go to the kept class (the name is not looked at again).
+        s.record_for(&mut class, b"job:1", Event::Renewed, 8);
+        s.record_for(&mut class, b"job:1", Event::Released { held_ms: 7 }, 8);
+        assert_eq!(class, kept);
+        let all = s.classes(None);
+        assert_eq!(all.len(), 1);
+        let c = all[0].1;
+        assert_eq!((c.grants, c.renewals, c.released), (1, 1, 1));
+        assert_eq!(c.hold.max(), 7);
+        // After a RESET the old reference finds nothing; the event goes by name, to a new class.
+        s.reset();
+        s.record_for(&mut class, b"other:2", Event::Expired, 8);
+        assert_ne!(class, kept);
+        let all = s.classes(None);
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].0, all[0].1.expired), (&b"other:#"[..], 1));
+        // A class that does not fit is not kept: with room later, the name finds its class.
+        let mut s = Stats::default();
+        s.record(b"a:1", Event::Granted { ttl_ms: 1 }, 1);
+        let mut none = ClassRef::default();
+        s.record_for(&mut none, b"b:1", Event::Granted { ttl_ms: 1 }, 1);
+        assert_eq!((none, s.overflow), (ClassRef::default(), 1));
+        s.record(b"b:2", Event::Granted { ttl_ms: 1 }, 2);
+        s.record_for(&mut none, b"b:1", Event::Released { held_ms: 1 }, 2);
+        assert_ne!(none, ClassRef::default());
+        let b = s.classes(Some(&[b"b:#"]))[0].1;
+        assert_eq!((b.grants, b.released), (1, 1));
+    }
+
+    #[test]
+    fn the_bucket_table_agrees_with_the_logarithm() {
+        let b = bounds();
+        let check = |v: u64| assert_eq!(b.bucket(v), LogHistogram::bucket_by_log(v), "value {v}");
+        (0..200_000).for_each(check);
+        // Every boundary and its neighbours, and the top of the range.
+        for &low in b.lowest.iter().take(BUCKETS) {
+            for v in [low.saturating_sub(1), low, low.saturating_add(1)] {
+                check(v);
+            }
+        }
+        for k in 0..64 {
+            let p = 1u64 << k;
+            for v in [
+                p - 1,
+                p,
+                p + 1,
+                p | (p >> 1),
+                p.wrapping_mul(2).wrapping_sub(1),
+            ] {
+                check(v);
+            }
+        }
+        check(u64::MAX);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            check(seed >> (seed % 64));
+        }
     }
 
     #[test]
