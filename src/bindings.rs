@@ -13,6 +13,7 @@ use crate::record::KeyId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::os::raw::c_int;
 
 /// Client ids and tokens are numbers the server hands out, never chosen by a client, so a
 /// multiplicative hash is enough (SipHash would guard against keys no client can pick).
@@ -72,6 +73,21 @@ pub fn moved(client: u64, token: u64, key: KeyId) {
     with_index(|idx| {
         if let Some(entry) = idx.get_mut(&client).and_then(|g| g.get_mut(&token)) {
             *entry = key;
+        }
+    });
+}
+
+/// SWAPDB swapped databases `a` and `b`: the values, and so their bindings, changed database.
+pub fn swap_dbs(a: c_int, b: c_int) {
+    with_index(|idx| {
+        for grants in idx.values_mut() {
+            for key in grants.values_mut() {
+                if key.0 == a {
+                    key.0 = b;
+                } else if key.0 == b {
+                    key.0 = a;
+                }
+            }
         }
     });
 }

@@ -161,6 +161,11 @@ pub unsafe extern "C" fn on_server_event(
             revisit_all();
         }
         raw::REDISMODULE_EVENT_SWAPDB => {
+            let info = data.cast::<raw::RedisModuleSwapDbInfo>();
+            // SAFETY: for SWAPDB events Redis passes a `RedisModuleSwapDbInfo` (or null).
+            if let Some(info) = unsafe { info.as_ref() } {
+                bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
+            }
             expiry::arm_all(ctx);
             revisit_all();
         }

@@ -66,7 +66,7 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
 fn a_killed_holder_process_hands_off_in_milliseconds() {
     let srv = Server::start();
     let mut c = srv.conn();
-    let rounds = 30;
+    let rounds = 100;
     let mut latencies = Vec::new();
     let mut last = 0;
     for i in 0..rounds {
@@ -278,6 +278,23 @@ fn the_binding_follows_rename_and_move_and_copy_leaves_it_out() {
     });
     call(&mut c, &["SELECT", "0"]);
     assert!(check(&mut c, "plain", t_plain) > 0);
+    // SWAPDB: the bound grant now lives in the other database and still ends with its
+    // connection.
+    let mut h = srv.conn();
+    let t = bound(&mut h, "s", "me", 60_000);
+    assert_eq!(
+        call(&mut c, &["SWAPDB", "0", "2"]),
+        Reply::Status("OK".into())
+    );
+    call(&mut c, &["SELECT", "2"]);
+    assert!(
+        check(&mut c, "s", t) > 0,
+        "the grant moved with its database"
+    );
+    drop(h);
+    wait_until("the swapped grant ends with its connection", || {
+        check(&mut c, "s", t) == 0
+    });
 }
 
 #[test]
