@@ -289,6 +289,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
                 || epoch != g.failover_epoch
                 || g.lost_in_failover
                 || g.released.is_some_and(|r| r <= send)
+                || h.bound_closed_before(g, ack)
             {
                 continue;
             }
@@ -340,6 +341,11 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             continue;
         };
         let until = deadline + d;
+        // A bound grant whose connection closed meanwhile ended then (its delay counted from
+        // the close, SPEC flock.lock-delay-ms).
+        if h.bound_closed_before(g, until) {
+            continue;
+        }
         if h.operator
             .iter()
             .any(|o| o.may_end(g) && o.done > g.send && o.send < until)
@@ -415,6 +421,81 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     *h.checks
         .entry("lock-delay: permits granted beside delayed slots")
         .or_default() += n;
+
+    // G11: a bound grant never outlives its connection. After a CLIENT KILL of the connection
+    // it is bound to, nothing under its token is accepted: no FENCED write or read, RENEW,
+    // CHECK > 0, repeated ACQUIRE, HOLDERS listing, whose request was sent after the kill's
+    // reply (one sent before may have run before the kill). Its sure-live span ends before the
+    // kill, so a grant of the key right after it is no overlap (G1 above).
+    let mut ended_by_kill = 0u64;
+    let mut g11 = 0u64;
+    for kill in &h.kills {
+        for g in &h.grants {
+            if g.bound != Some((kill.client, kill.gen)) || g.send > kill.ack {
+                continue;
+            }
+            let live_at_kill = g.released.is_none_or(|r| r > kill.send)
+                && g.upper + g.ttl_us > kill.send
+                && !g.ends.iter().any(|e| e.1 < kill.send);
+            if live_at_kill {
+                ended_by_kill += 1;
+            }
+            let mut late: Vec<(u64, u64, &str)> = g
+                .proofs
+                .iter()
+                .filter(|p| p.0 > kill.ack)
+                .map(|p| {
+                    (
+                        p.0,
+                        p.1,
+                        "a proof of life (CHECK > 0, FENCED, RENEW, ACQUIRE)",
+                    )
+                })
+                .collect();
+            late.extend(
+                h.writes
+                    .iter()
+                    .filter(|w| {
+                        w.key == g.key
+                            && w.token == g.token
+                            && w.outcome == Outcome::Accepted
+                            && w.send > kill.ack
+                    })
+                    .map(|w| (w.send, w.ack, "an accepted FENCED write")),
+            );
+            late.extend(
+                h.holders
+                    .iter()
+                    .filter(|s| {
+                        s.key == g.key
+                            && s.send > kill.ack
+                            && s.grants.iter().any(|e| e.1 == g.token)
+                    })
+                    .map(|s| (s.send, s.ack, "a FLOCK.HOLDERS listing")),
+            );
+            g11 += 1;
+            if let Some((send, ack, what)) = late.into_iter().min() {
+                v.push(format!(
+                    "bound grant {} of {} (owner {}, connection id {} of client {}) killed by                      CLIENT KILL at {:.3}s..{:.3}s, yet {what} under it at {:.3}s..{:.3}s                      (G11)",
+                    g.token,
+                    sh.lock_key(g.key),
+                    g.owner,
+                    kill.conn_id,
+                    kill.client,
+                    kill.send as f64 / 1e6,
+                    kill.ack as f64 / 1e6,
+                    send as f64 / 1e6,
+                    ack as f64 / 1e6
+                ));
+            }
+        }
+    }
+    *h.checks
+        .entry("G11 bound grants checked after their connection's kill")
+        .or_default() += g11;
+    *h.checks
+        .entry("G11 bound grants ended by CLIENT KILL")
+        .or_default() += ended_by_kill;
 
     // G5: a write under a shared (read) token is never accepted.
     for w in &h.writes {
@@ -707,6 +788,7 @@ fn kind_rec(
         touched: proofs[0].0,
         failover_epoch: 0,
         lost_in_failover: false,
+        bound: None,
     }
 }
 

@@ -138,6 +138,8 @@ fn history_checker_under_faults() {
                 sent_epoch: 0,
                 n: 0,
                 seq: 0,
+                gen: 0,
+                holding: 0,
             };
             c.run();
         }));
