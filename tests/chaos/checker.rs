@@ -1168,3 +1168,92 @@ fn a_grant_revived_by_a_failover_is_two_spans() {
     let v = violations_of(&mut h, &[]);
     assert!(v.iter().any(|x| x.contains("(G1)")), "{v:?}");
 }
+
+#[test]
+fn the_checker_finds_a_bound_grant_outliving_its_killed_connection() {
+    let ms = |x: u64| x * 1000;
+    // Bound grant 10 of the mutex (client 0's connection 1), proved at 1 ms and 40 ms; its
+    // connection killed at 50..51 ms; token 20 granted at 55 ms and proved at 80 ms: no overlap,
+    // the bound grant's span ends at the kill (its 1 s lease notwithstanding).
+    let base = || {
+        let mut h = History::default();
+        let mut g = grant_rec(0, "a", 10, 1000, &[(0, ms(1)), (ms(40), ms(41))]);
+        g.bound = Some((0, 1));
+        h.grants.push(g);
+        h.grants.push(grant_rec(
+            0,
+            "b",
+            20,
+            1000,
+            &[(ms(55), ms(56)), (ms(80), ms(81))],
+        ));
+        h.kills.push(KillRec {
+            client: 0,
+            gen: 1,
+            conn_id: 7,
+            send: ms(50),
+            ack: ms(51),
+        });
+        h.closed.insert((0, 1), ms(50));
+        h
+    };
+    let mut h = base();
+    // Its end seen at 60 ms (CHECK 0), long before its lease's end: no G9 violation, the
+    // connection had closed; a reply to a request sent before the kill is allowed.
+    h.grants[0].ends.push((ms(60), ms(61), 0, 0));
+    h.grants[0].proofs.push((ms(49), ms(52)));
+    h.grants[0].proof_epochs.push(0);
+    let v = violations_of(&mut h, &[]);
+    assert!(v.is_empty(), "clean bound history flagged: {v:?}");
+    assert_eq!(h.checks["G11 bound grants ended by CLIENT KILL"], 1);
+
+    // Planted: a CHECK > 0 (a proof) under token 10 sent after the kill's reply.
+    let mut h = base();
+    h.grants[0].proofs.push((ms(70), ms(71)));
+    h.grants[0].proof_epochs.push(0);
+    let v = violations_of(&mut h, &[]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("a proof of life")),
+        "{v:?}"
+    );
+    // Planted: an accepted FENCED write under it after the kill; a HOLDERS listing of it.
+    let mut h = base();
+    h.writes.push(WriteRec {
+        key: 0,
+        token: 10,
+        tag: "10:0:1".into(),
+        send: ms(60),
+        ack: ms(61),
+        outcome: Outcome::Accepted,
+        lost_in_failover: false,
+        kind: Kind::Exclusive,
+        epoch: 0,
+    });
+    let v = violations_of(&mut h, &[(0, &["10:0:1"])]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("an accepted FENCED write")),
+        "{v:?}"
+    );
+    let mut h = base();
+    h.holders.push(HoldersRec {
+        key: 0,
+        send: ms(90),
+        ack: ms(91),
+        grants: vec![("a".into(), 10, 500)],
+        epoch: 0,
+    });
+    let v = violations_of(&mut h, &[]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("FLOCK.HOLDERS listing")),
+        "{v:?}"
+    );
+    // The same grant unbound: the early end is a G9 violation.
+    let mut h = base();
+    h.grants[0].bound = None;
+    h.grants[0].ends.push((ms(60), ms(61), 0, 0));
+    let v = violations_of(&mut h, &[]);
+    assert!(v.iter().any(|x| x.contains("ended early")), "{v:?}");
+}
