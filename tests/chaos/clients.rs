@@ -557,6 +557,10 @@ impl Client {
         let Some((_, gen)) = self.sh.hist().grants[g].bound else {
             return;
         };
+        // The client may see its connection fail before the injector has the kill's reply.
+        if self.conn.is_none() && self.gen == gen && !self.was_killed(gen) {
+            sleep(Duration::from_millis(30));
+        }
         if self.sh.stop.load(SeqCst) || !self.was_killed(gen) {
             return;
         }

@@ -489,6 +489,7 @@ impl Injector {
             "delay",
             "sleep",
             "kill",
+            "client kill",
             "lagging failover",
             "client kill",
             "digest",
@@ -522,7 +523,7 @@ impl Injector {
                 "kill" => self.kill_and_restart(),
                 "client kill" => {
                     // A few kills in a row, a moment apart.
-                    for _ in 0..1 + self.rng.below(3) {
+                    for _ in 0..2 + self.rng.below(4) {
                         self.kill_client();
                         sleep(Duration::from_millis(self.rng.below(200)));
                     }
