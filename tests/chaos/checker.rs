@@ -476,7 +476,9 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             g11 += 1;
             if let Some((send, ack, what)) = late.into_iter().min() {
                 v.push(format!(
-                    "bound grant {} of {} (owner {}, connection id {} of client {}) killed by                      CLIENT KILL at {:.3}s..{:.3}s, yet {what} under it at {:.3}s..{:.3}s                      (G11)",
+                    "bound grant {} of {} (owner {}, connection id {} of client {}) killed by \
+                     CLIENT KILL at {:.3}s..{:.3}s, yet {what} under it at {:.3}s..{:.3}s \
+                     (G11)",
                     g.token,
                     sh.lock_key(g.key),
                     g.owner,
