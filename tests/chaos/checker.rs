@@ -289,6 +289,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
                 || epoch != g.failover_epoch
                 || g.lost_in_failover
                 || g.released.is_some_and(|r| r <= send)
+                || h.bound_closed_before(g, ack)
             {
                 continue;
             }
@@ -340,6 +341,11 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
             continue;
         };
         let until = deadline + d;
+        // A bound grant whose connection closed meanwhile ended then (its delay counted from
+        // the close, SPEC flock.lock-delay-ms).
+        if h.bound_closed_before(g, until) {
+            continue;
+        }
         if h.operator
             .iter()
             .any(|o| o.may_end(g) && o.done > g.send && o.send < until)
@@ -415,6 +421,83 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     *h.checks
         .entry("lock-delay: permits granted beside delayed slots")
         .or_default() += n;
+
+    // G11: a bound grant never outlives its connection. After a CLIENT KILL of the connection
+    // it is bound to, nothing under its token is accepted: no FENCED write or read, RENEW,
+    // CHECK > 0, repeated ACQUIRE, HOLDERS listing, whose request was sent after the kill's
+    // reply (one sent before may have run before the kill). Its sure-live span ends before the
+    // kill, so a grant of the key right after it is no overlap (G1 above).
+    let mut ended_by_kill = 0u64;
+    let mut g11 = 0u64;
+    for kill in &h.kills {
+        for g in &h.grants {
+            if g.bound != Some((kill.client, kill.gen)) || g.send > kill.ack {
+                continue;
+            }
+            let live_at_kill = g.released.is_none_or(|r| r > kill.send)
+                && g.upper + g.ttl_us > kill.send
+                && !g.ends.iter().any(|e| e.1 < kill.send);
+            if live_at_kill {
+                ended_by_kill += 1;
+            }
+            let mut late: Vec<(u64, u64, &str)> = g
+                .proofs
+                .iter()
+                .filter(|p| p.0 > kill.ack)
+                .map(|p| {
+                    (
+                        p.0,
+                        p.1,
+                        "a proof of life (CHECK > 0, FENCED, RENEW, ACQUIRE)",
+                    )
+                })
+                .collect();
+            late.extend(
+                h.writes
+                    .iter()
+                    .filter(|w| {
+                        w.key == g.key
+                            && w.token == g.token
+                            && w.outcome == Outcome::Accepted
+                            && w.send > kill.ack
+                    })
+                    .map(|w| (w.send, w.ack, "an accepted FENCED write")),
+            );
+            late.extend(
+                h.holders
+                    .iter()
+                    .filter(|s| {
+                        s.key == g.key
+                            && s.send > kill.ack
+                            && s.grants.iter().any(|e| e.1 == g.token)
+                    })
+                    .map(|s| (s.send, s.ack, "a FLOCK.HOLDERS listing")),
+            );
+            g11 += 1;
+            if let Some((send, ack, what)) = late.into_iter().min() {
+                v.push(format!(
+                    "bound grant {} of {} (owner {}, connection id {} of client {}) killed by \
+                     CLIENT KILL at {:.3}s..{:.3}s, yet {what} under it at {:.3}s..{:.3}s \
+                     (G11)",
+                    g.token,
+                    sh.lock_key(g.key),
+                    g.owner,
+                    kill.conn_id,
+                    kill.client,
+                    kill.send as f64 / 1e6,
+                    kill.ack as f64 / 1e6,
+                    send as f64 / 1e6,
+                    ack as f64 / 1e6
+                ));
+            }
+        }
+    }
+    *h.checks
+        .entry("G11 bound grants checked after their connection's kill")
+        .or_default() += g11;
+    *h.checks
+        .entry("G11 bound grants ended by CLIENT KILL")
+        .or_default() += ended_by_kill;
 
     // G5: a write under a shared (read) token is never accepted.
     for w in &h.writes {
@@ -707,6 +790,7 @@ fn kind_rec(
         touched: proofs[0].0,
         failover_epoch: 0,
         lost_in_failover: false,
+        bound: None,
     }
 }
 
@@ -1085,4 +1169,93 @@ fn a_grant_revived_by_a_failover_is_two_spans() {
     h.grants[0] = g;
     let v = violations_of(&mut h, &[]);
     assert!(v.iter().any(|x| x.contains("(G1)")), "{v:?}");
+}
+
+#[test]
+fn the_checker_finds_a_bound_grant_outliving_its_killed_connection() {
+    let ms = |x: u64| x * 1000;
+    // Bound grant 10 of the mutex (client 0's connection 1), proved at 1 ms and 40 ms; its
+    // connection killed at 50..51 ms; token 20 granted at 55 ms and proved at 80 ms: no overlap,
+    // the bound grant's span ends at the kill (its 1 s lease notwithstanding).
+    let base = || {
+        let mut h = History::default();
+        let mut g = grant_rec(0, "a", 10, 1000, &[(0, ms(1)), (ms(40), ms(41))]);
+        g.bound = Some((0, 1));
+        h.grants.push(g);
+        h.grants.push(grant_rec(
+            0,
+            "b",
+            20,
+            1000,
+            &[(ms(55), ms(56)), (ms(80), ms(81))],
+        ));
+        h.kills.push(KillRec {
+            client: 0,
+            gen: 1,
+            conn_id: 7,
+            send: ms(50),
+            ack: ms(51),
+        });
+        h.closed.insert((0, 1), ms(50));
+        h
+    };
+    let mut h = base();
+    // Its end seen at 60 ms (CHECK 0), long before its lease's end: no G9 violation, the
+    // connection had closed; a reply to a request sent before the kill is allowed.
+    h.grants[0].ends.push((ms(60), ms(61), 0, 0));
+    h.grants[0].proofs.push((ms(49), ms(52)));
+    h.grants[0].proof_epochs.push(0);
+    let v = violations_of(&mut h, &[]);
+    assert!(v.is_empty(), "clean bound history flagged: {v:?}");
+    assert_eq!(h.checks["G11 bound grants ended by CLIENT KILL"], 1);
+
+    // Planted: a CHECK > 0 (a proof) under token 10 sent after the kill's reply.
+    let mut h = base();
+    h.grants[0].proofs.push((ms(70), ms(71)));
+    h.grants[0].proof_epochs.push(0);
+    let v = violations_of(&mut h, &[]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("a proof of life")),
+        "{v:?}"
+    );
+    // Planted: an accepted FENCED write under it after the kill; a HOLDERS listing of it.
+    let mut h = base();
+    h.writes.push(WriteRec {
+        key: 0,
+        token: 10,
+        tag: "10:0:1".into(),
+        send: ms(60),
+        ack: ms(61),
+        outcome: Outcome::Accepted,
+        lost_in_failover: false,
+        kind: Kind::Exclusive,
+        epoch: 0,
+    });
+    let v = violations_of(&mut h, &[(0, &["10:0:1"])]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("an accepted FENCED write")),
+        "{v:?}"
+    );
+    let mut h = base();
+    h.holders.push(HoldersRec {
+        key: 0,
+        send: ms(90),
+        ack: ms(91),
+        grants: vec![("a".into(), 10, 500)],
+        epoch: 0,
+    });
+    let v = violations_of(&mut h, &[]);
+    assert!(
+        v.iter()
+            .any(|x| x.contains("(G11)") && x.contains("FLOCK.HOLDERS listing")),
+        "{v:?}"
+    );
+    // The same grant unbound: the early end is a G9 violation.
+    let mut h = base();
+    h.grants[0].bound = None;
+    h.grants[0].ends.push((ms(60), ms(61), 0, 0));
+    let v = violations_of(&mut h, &[]);
+    assert!(v.iter().any(|x| x.contains("ended early")), "{v:?}");
 }

@@ -24,6 +24,10 @@ pub(crate) struct Client {
     pub(crate) sent_epoch: u64,
     pub(crate) n: u64,
     pub(crate) seq: u64,
+    /// How many times `conn` was (re)connected: names the connection a BOUND grant is bound to.
+    pub(crate) gen: u64,
+    /// The grant `hold` works on now (a repeated ACQUIRE can replace it).
+    pub(crate) holding: usize,
 }
 
 pub(crate) enum Call {
@@ -48,12 +52,50 @@ impl Client {
                     .and_then(|s| s.call(&["CLIENT", "ID"]).ok())
                     .and_then(|r| r.int());
                 self.conn = Some(c);
+                self.gen += 1;
+                let slot = ConnSlot {
+                    id: self.conn_id,
+                    gen: self.gen,
+                    port,
+                    bound: false,
+                };
+                if let Some(s) = self.sh.conns().get_mut(self.id) {
+                    *s = slot;
+                }
                 true
             }
             Err(_) => {
                 sleep(Duration::from_millis(20));
                 false
             }
+        }
+    }
+
+    /// Drop the lock connection (its bound grants end on the server): recorded as the moment
+    /// it may have closed.
+    pub(crate) fn drop_conn(&mut self) {
+        if self.conn.take().is_some() {
+            let now = self.sh.now();
+            self.sh
+                .hist()
+                .closed
+                .entry((self.id, self.gen))
+                .or_insert(now);
+        }
+    }
+
+    /// Whether the injector's CLIENT KILL killed connection generation `gen` of this client.
+    pub(crate) fn was_killed(&self, gen: u64) -> bool {
+        self.sh
+            .hist()
+            .kills
+            .iter()
+            .any(|k| k.client == self.id && k.gen == gen)
+    }
+
+    fn set_slot_bound(&self, bound: bool) {
+        if let Some(s) = self.sh.conns().get_mut(self.id) {
+            s.bound = bound;
         }
     }
 
@@ -71,12 +113,12 @@ impl Client {
         match r {
             Ok(Reply::Err(e)) if e.starts_with("LOADING") || e.starts_with("READONLY") => {
                 // Not a master (yet): go find the current one.
-                self.conn = None;
+                self.drop_conn();
                 Call::Reply(Reply::Err(e))
             }
             Ok(r) => Call::Reply(r),
             Err(e) => {
-                self.conn = None;
+                self.drop_conn();
                 Call::Lost(e.to_string())
             }
         }
@@ -91,7 +133,7 @@ impl Client {
         let _ = c.set_read_timeout(timeout);
         self.sent_epoch = self.sh.epoch();
         if let Err(e) = c.send(args) {
-            self.conn = None;
+            self.drop_conn();
             return (Call::Lost(e.to_string()), None);
         }
         // A short random pause, so that the look comes both before and after the server has
@@ -125,7 +167,7 @@ impl Client {
             Ok(r) => r.string()?,
             Err(_) => {
                 if of_side {
-                    self.conn = None;
+                    self.drop_conn();
                 } else {
                     self.side = None;
                 }
@@ -165,7 +207,7 @@ impl Client {
         };
         let _ = c.set_read_timeout(timeout);
         if let Err(e) = c.send(args) {
-            self.conn = None;
+            self.drop_conn();
             return (Call::Lost(e.to_string()), None, send);
         }
         sleep(Duration::from_millis(self.rng.below(15)));
@@ -290,6 +332,12 @@ impl Client {
             ttl_ms.to_string(),
         ];
         args.extend(self.mode_args(k, kind));
+        // BOUND on some acquires of every kind of key (not on a retried wait: its grant would be
+        // bound to the side connection that retried).
+        let bound = !(90..95).contains(&mode) && self.rng.chance(35);
+        if bound {
+            args.push("BOUND".into());
+        }
         if mode >= 95 {
             return self.hang_up_while_waiting(args);
         }
@@ -348,6 +396,10 @@ impl Client {
                 }
                 let g = self.new_grant(k, &owner, token, kind, ttl_ms, send, ack, epoch);
                 sh.hist().grants[g].queue_send = first_send;
+                if bound {
+                    sh.hist().grants[g].bound = Some((self.id, self.gen));
+                    sh.hist().op("bound grant");
+                }
                 self.hold(g);
             }
             Call::Reply(Reply::Nil) => {
@@ -404,12 +456,12 @@ impl Client {
         args.push("BLOCK".into());
         args.push("0".into());
         let pause = self.rng.below(300);
-        if let Some(mut c) = self.conn.take() {
+        if let Some(c) = self.conn.as_mut() {
             if c.send(&args).is_ok() {
                 sleep(Duration::from_millis(pause));
             }
-            drop(c);
         }
+        self.drop_conn();
         self.sh.hist().op("waiter hung up");
     }
 
@@ -452,6 +504,7 @@ impl Client {
             touched: send,
             failover_epoch: epoch,
             lost_in_failover: false,
+            bound: None,
         });
         h.grants.len() - 1
     }
@@ -492,7 +545,91 @@ impl Client {
         h.grants[g].ends.push((send, ack, epoch, lower));
     }
 
-    pub(crate) fn hold(&mut self, mut g: usize) {
+    /// Hold grant `g`; when it was BOUND and its connection was killed meanwhile, reconnect and
+    /// carry on with it: every proof under its token must now be refused (G11).
+    pub(crate) fn hold(&mut self, g: usize) {
+        self.holding = g;
+        let bound = self.sh.hist().grants[g].bound.is_some();
+        self.set_slot_bound(bound);
+        self.hold_steps(g);
+        self.set_slot_bound(false);
+        let g = self.holding;
+        let Some((_, gen)) = self.sh.hist().grants[g].bound else {
+            return;
+        };
+        // The client may see its connection fail before the injector has the kill's reply.
+        if self.conn.is_none() && self.gen == gen && !self.was_killed(gen) {
+            sleep(Duration::from_millis(30));
+        }
+        if self.sh.stop.load(SeqCst) || !self.was_killed(gen) {
+            return;
+        }
+        if self.gen == gen {
+            self.drop_conn();
+        }
+        self.after_kill(g);
+    }
+
+    /// The holder of bound grant `g`, whose connection was killed, carries on from a new
+    /// connection: a FENCED write (or read), a CHECK and a RENEW under its token. Each reply is
+    /// recorded as usual (an accepted one is a proof, which the checker flags when it was sent
+    /// after the kill).
+    fn after_kill(&mut self, g: usize) {
+        let sh = self.sh.clone();
+        sh.gate.checkpoint();
+        if !self.connect() {
+            return;
+        }
+        let (k, token, kind, owner, ttl_ms) = {
+            let h = sh.hist();
+            let r = &h.grants[g];
+            (r.key, r.token, r.kind, r.owner.clone(), r.ttl_us / 1000)
+        };
+        let (key, log) = (sh.lock_key(k), sh.log_key(k));
+        sh.hist().op("carry on after CLIENT KILL");
+        let (_, outcome, _, _) = if kind == Kind::Shared {
+            self.fenced_read(g, k, token, &key, &log)
+        } else {
+            self.fenced_write(g, k, token, &key, &log)
+        };
+        if outcome == Outcome::Unknown {
+            return;
+        }
+        let timeout = Duration::from_secs(20);
+        let send = sh.now();
+        let r = self.call(
+            &["FLOCK.CHECK".into(), key.clone(), token.to_string()],
+            timeout,
+        );
+        let ack = sh.now();
+        match r {
+            Call::Reply(Reply::Int(ms)) if ms > 0 => self.proof(g, send, ack, "CHECK"),
+            Call::Reply(Reply::Int(0)) => self.ended(g, send, ack),
+            Call::Lost(_) => return,
+            _ => {}
+        }
+        let send = sh.now();
+        sh.hist().grants[g].touched = send;
+        let r = self.call(
+            &[
+                "FLOCK.RENEW".into(),
+                key,
+                owner,
+                ttl_ms.to_string(),
+                token.to_string(),
+            ],
+            timeout,
+        );
+        let ack = sh.now();
+        match r {
+            Call::Reply(Reply::Int(t)) if t == token => self.extended(g, send, ack, "RENEW"),
+            Call::Reply(Reply::Nil) => self.ended(g, send, ack),
+            Call::Lost(_) => sh.hist().grants[g].unsure = true,
+            _ => {}
+        }
+    }
+
+    fn hold_steps(&mut self, mut g: usize) {
         let sh = self.sh.clone();
         let (k, owner, ttl_ms, mut kind) = {
             let h = sh.hist();
@@ -632,6 +769,12 @@ impl Client {
                     ];
                     let asked = if other_mode { Kind::Exclusive } else { kind };
                     args.extend(self.mode_args(k, asked));
+                    // A bound grant is repeated with BOUND (else it would become unbound): the
+                    // binding moves to this connection.
+                    let bound = sh.hist().grants[g].bound.is_some();
+                    if bound {
+                        args.push("BOUND".into());
+                    }
                     let r = self.call(&args, timeout);
                     let ack = sh.now();
                     sh.hist().op(if other_mode {
@@ -642,6 +785,9 @@ impl Client {
                     match r {
                         Call::Reply(Reply::Int(t)) if t == token && !other_mode => {
                             self.extended(g, send, ack, "repeated ACQUIRE");
+                            if bound {
+                                sh.hist().grants[g].bound = Some((self.id, self.gen));
+                            }
                         }
                         Call::Reply(Reply::Int(t)) if t == token => {
                             sh.hist().violation(format!(
@@ -654,6 +800,10 @@ impl Client {
                             // The old lease had ended: a new grant, for the same owner.
                             self.ended(g, send, ack);
                             g = self.new_grant(k, &owner, t, asked, ttl_ms, send, ack, epoch);
+                            if bound {
+                                sh.hist().grants[g].bound = Some((self.id, self.gen));
+                            }
+                            self.holding = g;
                             kind = asked;
                         }
                         Call::Reply(Reply::Nil) => {

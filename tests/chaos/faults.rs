@@ -141,6 +141,7 @@ impl Injector {
         let mut out = Vec::new();
         for (i, g) in h.grants.iter().enumerate() {
             if g.ack >= cut
+                || g.bound.is_some()
                 || g.touched >= cut
                 || g.released.is_some()
                 || g.unsure
@@ -211,6 +212,40 @@ impl Injector {
     /// is complete up to the snapshot.
     pub(crate) fn verify_survivors(&self, snap: &Snapshot, cut: u64, lossless: bool) {
         let mut h = self.sh.hist();
+        // G11: a bound grant has no binding on a restarted or promoted master: none is listed
+        // live (it ended with the connections at the kill).
+        let mut gone = 0u64;
+        let mut listed = Vec::new();
+        // Those that may have been live at the kill (not released, lease not surely over).
+        let may_be_live = |g: &&GrantRec| {
+            g.bound.is_some()
+                && g.ack < cut
+                && g.released.is_none()
+                && g.ends.is_empty()
+                && g.upper + g.ttl_us > cut
+        };
+        for g in h.grants.iter().filter(may_be_live) {
+            if snap.holders[&g.key]
+                .iter()
+                .any(|(o, t)| *o == g.owner && *t == g.token)
+            {
+                listed.push(format!(
+                    "bound grant {} of {} (owner {}) still listed by FLOCK.HOLDERS after the \
+                     master was killed (G11)",
+                    g.token,
+                    self.sh.lock_key(g.key),
+                    g.owner
+                ));
+            } else {
+                gone += 1;
+            }
+        }
+        for x in listed {
+            h.violation(x);
+        }
+        *h.checks
+            .entry("G11 bound grants live at a kill -9 or failover, gone after it")
+            .or_default() += gone;
         let live = self.expected_live(&h, cut, snap.at);
         let (mut kept, mut lost) = (0u64, 0u64);
         for i in live {
@@ -306,9 +341,73 @@ impl Injector {
         );
     }
 
+    /// Every connection to the master closes now (kill -9, failover): bound grants end, and the
+    /// injector forgets the clients' connection ids (a new process reuses them).
+    fn connections_reset(&self) {
+        let now = self.sh.now();
+        self.sh.hist().resets.push(now);
+        for s in self.sh.conns().iter_mut() {
+            s.id = None;
+        }
+    }
+
+    /// CLIENT KILL ID of one client's lock connection, most often one that holds a BOUND grant
+    /// now. The client finds out at its next call, reconnects and carries on; the checker treats
+    /// that connection's bound grants as ended by the kill's reply (G11).
+    pub(crate) fn kill_client(&mut self) {
+        let port = self.master_port();
+        let slots: Vec<(usize, ConnSlot)> = self
+            .sh
+            .conns()
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, s)| s.id.is_some() && s.port == port)
+            .collect();
+        let holding: Vec<&(usize, ConnSlot)> = slots.iter().filter(|(_, s)| s.bound).collect();
+        let (client, slot) = if !holding.is_empty() && self.rng.chance(85) {
+            *holding[self.rng.below(holding.len() as u64) as usize]
+        } else if !slots.is_empty() {
+            slots[self.rng.below(slots.len() as u64) as usize]
+        } else {
+            return;
+        };
+        let Some(id) = slot.id else { return };
+        let mut c = match RawConn::connect(port) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let _ = c.set_read_timeout(Duration::from_secs(30));
+        let send = self.sh.now();
+        {
+            // The connection may close from now on.
+            let mut h = self.sh.hist();
+            h.closed.entry((client, slot.gen)).or_insert(send);
+        }
+        let r = c.call(&["CLIENT", "KILL", "ID", &id.to_string()]);
+        let ack = self.sh.now();
+        if matches!(r, Ok(Reply::Int(1))) {
+            self.fault("CLIENT KILL ID of a client's lock connection");
+            self.sh.hist().kills.push(KillRec {
+                client,
+                gen: slot.gen,
+                conn_id: id,
+                send,
+                ack,
+            });
+        } else {
+            // Not killed (already gone): it did not close because of this kill.
+            let mut h = self.sh.hist();
+            if h.closed.get(&(client, slot.gen)) == Some(&send) {
+                h.closed.remove(&(client, slot.gen));
+            }
+        }
+    }
+
     pub(crate) fn kill_and_restart(&mut self) {
         self.fault("kill -9 master, restart from AOF");
         self.delay_unknown();
+        self.connections_reset();
         let cut = self.sh.now();
         let m = self.master;
         self.servers[m].stop();
@@ -346,6 +445,7 @@ impl Injector {
             self.fault("kill -9 master, promote replica");
         }
         self.delay_unknown();
+        self.connections_reset();
         let cut = self.sh.now();
         let old = self.master;
         self.servers[old].stop();
@@ -389,8 +489,11 @@ impl Injector {
             "delay",
             "sleep",
             "kill",
+            "client kill",
             "lagging failover",
+            "client kill",
             "digest",
+            "client kill",
         ];
         let mut i = self.rng.below(plan.len() as u64) as usize;
         let start = Instant::now();
@@ -418,6 +521,13 @@ impl Injector {
                     let _ = raw_call(self.master_port(), &["BGREWRITEAOF"]);
                 }
                 "kill" => self.kill_and_restart(),
+                "client kill" => {
+                    // A few kills in a row, a moment apart.
+                    for _ in 0..2 + self.rng.below(4) {
+                        self.kill_client();
+                        sleep(Duration::from_millis(self.rng.below(200)));
+                    }
+                }
                 "failover" => self.failover(false),
                 "lagging failover" => self.failover(true),
                 "delay" => {

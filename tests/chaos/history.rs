@@ -88,6 +88,31 @@ pub(crate) struct GrantRec {
     pub(crate) touched: u64,
     pub(crate) failover_epoch: u64,
     pub(crate) lost_in_failover: bool,
+    /// A BOUND grant: the (client, connection generation) it is bound to (the last connection
+    /// that made or repeated it with BOUND). None: not bound.
+    pub(crate) bound: Option<(usize, u64)>,
+}
+
+/// A `CLIENT KILL ID` of a client's lock connection that killed it (replied 1): the bound
+/// grants of that connection ended by `ack` at the latest (G11).
+#[derive(Debug, Clone)]
+pub(crate) struct KillRec {
+    pub(crate) client: usize,
+    /// The client's connection generation (its count of connects) that was killed.
+    pub(crate) gen: u64,
+    pub(crate) conn_id: i64,
+    pub(crate) send: u64,
+    pub(crate) ack: u64,
+}
+
+/// What the fault injector knows of a client's lock connection (for CLIENT KILL).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ConnSlot {
+    pub(crate) id: Option<i64>,
+    pub(crate) gen: u64,
+    pub(crate) port: u16,
+    /// The client holds a BOUND grant on it now.
+    pub(crate) bound: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -181,6 +206,13 @@ pub(crate) struct History {
     /// answered; None (unknown) from when it was sent, and from each kill (a restarted server
     /// has the default until the next CONFIG SET) and failover.
     pub(crate) lock_delay: Vec<(u64, Option<u64>)>,
+    /// CLIENT KILLs of client lock connections (G11).
+    pub(crate) kills: Vec<KillRec>,
+    /// The earliest moment each (client, connection generation) may have closed: a CLIENT KILL
+    /// sent, or the client dropping it (a lost reply, a hang-up, LOADING/READONLY).
+    pub(crate) closed: std::collections::HashMap<(usize, u64), u64>,
+    /// Moments every connection to the master closed: kill -9 and failover (bound grants end).
+    pub(crate) resets: Vec<u64>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
@@ -239,6 +271,8 @@ pub(crate) struct Shared {
     pub(crate) keys: usize,
     pub(crate) kinds: Vec<KeyKind>,
     pub(crate) workers: usize,
+    /// Each client's lock connection, for the injector's CLIENT KILL.
+    pub(crate) conns: Mutex<Vec<ConnSlot>>,
 }
 
 /// The use of key `k`: every third key a mutex, a read/write lock, a semaphore (of 2 or 3 in
@@ -269,6 +303,7 @@ impl Shared {
             keys,
             kinds: (0..keys).map(key_kind).collect(),
             workers,
+            conns: Mutex::new(vec![ConnSlot::default(); workers]),
         }
     }
 
@@ -286,6 +321,19 @@ impl Shared {
     }
     pub(crate) fn epoch(&self) -> u64 {
         self.failover_epoch.load(SeqCst)
+    }
+    pub(crate) fn conns(&self) -> std::sync::MutexGuard<'_, Vec<ConnSlot>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl History {
+    /// Whether bound grant `g`'s connection may have closed (a kill, a drop, a server reset)
+    /// before `t`: then its grant may have ended before `t` without anyone ending it.
+    pub(crate) fn bound_closed_before(&self, g: &GrantRec, t: u64) -> bool {
+        let Some(conn) = g.bound else { return false };
+        self.closed.get(&conn).is_some_and(|&c| c <= t)
+            || self.resets.iter().any(|&r| r > g.send && r <= t)
     }
 }
 

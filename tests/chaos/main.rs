@@ -9,12 +9,16 @@
 //! refused), check, list HOLDERS, renew and release with and without the token, repeat ACQUIRE
 //! (a reader now and then in the exclusive mode, refused), try to release and renew as impostors
 //! and with a token not theirs, stall past their lease and write anyway, release or abandon.
+//! About a third of the acquires, on every kind of key, are BOUND (the grant lives only while
+//! its connection does); a repeated ACQUIRE of a bound grant is BOUND too.
 //! Some waiters hang up while they wait, some retry their wait from a second connection (the
 //! retry takes the first request's place in the queue, the first gets nil); that second
 //! connection also looks (CLIENT LIST) whether a BLOCK request is queued. An operator lists HOLDERS, reads INFO, REVOKEs keys or
 //! one listed owner and DELs keys at random. A fault injector stalls the server (DEBUG SLEEP),
 //! rewrites the AOF, changes the lock-delay, kills the master with SIGKILL and restarts it from
-//! its AOF, and kills the master and promotes the replica.
+//! its AOF, kills the master and promotes the replica, and kills a client's lock connection
+//! (CLIENT KILL ID, most often one that holds a bound grant): the client reconnects and carries
+//! on under its token (a FENCED write or read, CHECK, RENEW), which must all be refused.
 //!
 //! Checked (each violation is printed and fails the test):
 //! - G1, for every kind: an exclusive grant is its key's only live grant and no key has more
@@ -48,6 +52,12 @@
 //!   key for all kinds: no request sent after a waiter was seen queued is granted before it
 //!   (a smaller token) or while it still waits (before its timeout); a retried wait holds its
 //!   first request's place.
+//! - G11: after a CLIENT KILL of the connection a bound grant is bound to, nothing under its
+//!   token is accepted (FENCED, RENEW, CHECK > 0, repeated ACQUIRE, a HOLDERS listing) whose
+//!   request was sent after the kill's reply; no bound grant is listed after a kill -9 or a
+//!   failover. Its span ends at the kill, so the next grant of the key is no G1 overlap, and
+//!   its early end (after a kill, a dropped connection or a restart) is no G9 violation nor a
+//!   lock-delay one (the delay counts from the close).
 //! - G7: master and replica have the same DEBUG DIGEST once the replica caught up.
 //! - G8, G10: no crash or panic in any server log; at the end no lock key, no waiter is left.
 //!
@@ -86,14 +96,27 @@ pub(crate) fn env_num(name: &str, default: u64) -> u64 {
 /// travel through the AOF or replication are rounded to milliseconds).
 pub(crate) const EPS_US: u64 = 5_000;
 
-/// "N exclusive, N shared, N permits".
+/// "N exclusive, N shared, N permits; N bound".
 fn grants_by_kind(h: &History) -> String {
     let n = |k: Kind| h.grants.iter().filter(|g| g.kind == k).count();
     format!(
-        "{} exclusive, {} shared, {} permits",
+        "{} exclusive, {} shared, {} permits; {} bound",
         n(Kind::Exclusive),
         n(Kind::Shared),
-        n(Kind::Permit)
+        n(Kind::Permit),
+        h.grants.iter().filter(|g| g.bound.is_some()).count()
+    )
+}
+
+/// "N CLIENT KILLs, N bound grants ended by them".
+fn kills_summary(h: &History) -> String {
+    format!(
+        "{} CLIENT KILLs, {} bound grants ended by them",
+        h.kills.len(),
+        h.checks
+            .get("G11 bound grants ended by CLIENT KILL")
+            .copied()
+            .unwrap_or(0)
     )
 }
 
@@ -138,6 +161,8 @@ fn history_checker_under_faults() {
                 sent_epoch: 0,
                 n: 0,
                 seq: 0,
+                gen: 0,
+                holding: 0,
             };
             c.run();
         }));
@@ -239,6 +264,7 @@ fn history_checker_under_faults() {
         h.writes.len(),
         h.reads.len()
     );
+    eprintln!("{}", kills_summary(&h));
     eprintln!("violations: {}", h.violations.len());
     for x in h.violations.iter().take(30) {
         eprintln!("  - {x}");
@@ -251,10 +277,11 @@ fn history_checker_under_faults() {
             .unwrap_or(server.clone());
         let faults: Vec<String> = h.faults.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let row = format!(
-            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes) | {total_faults} ({}) | {} |\n",
+            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes; {}) | {total_faults} ({}) | {} |\n",
             h.grants.len(),
             grants_by_kind(&h),
             h.writes.len(),
+            kills_summary(&h),
             faults.join(", "),
             h.violations.len()
         );
@@ -283,7 +310,10 @@ fn history_checker_under_faults() {
     let kinds = grants_by_kind(&h);
     let each = [Kind::Exclusive, Kind::Shared, Kind::Permit]
         .iter()
-        .all(|&k| h.grants.iter().filter(|g| g.kind == k).count() >= 10);
+        .all(|&k| {
+            h.grants.iter().filter(|g| g.kind == k).count() >= 10
+                && h.grants.iter().any(|g| g.kind == k && g.bound.is_some())
+        });
     let fifo: u64 = h
         .checks
         .iter()
