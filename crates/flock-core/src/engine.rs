@@ -260,10 +260,10 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
     if !state.delays.is_empty() {
         changed |= state.end_delays(now);
     }
-    if host.waiting() == 0 {
+    let max_holders = env.max_holders;
+    if !state.could_admit(now, max_holders) || host.waiting() == 0 {
         return changed;
     }
-    let max_holders = env.max_holders;
     loop {
         // Checked before the waiter leaves its queue: a waiter is never taken off without
         // a token for it.
@@ -351,7 +351,11 @@ pub fn acquire(
     // Settle first (expiry, hand-off to waiters), publish once with the outcome.
     let (settled, waiting) = if env.master {
         let settled = settle_state(state, env, host);
-        (settled, host.waiting())
+        // The queue matters to a request that could be granted now (a newcomer never
+        // overtakes it) and to a shared one (its limit must be the waiters'); an exclusive
+        // request on a key that admits nobody gets nil without asking.
+        let ask = !args.mode.is_exclusive() || state.could_admit(env.now, env.max_holders);
+        (settled, if ask { host.waiting() } else { 0 })
     } else {
         (false, 0)
     };

@@ -2,6 +2,7 @@
 
 use crate::state::Mode;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 
 /// A BLOCK timeout beyond this (ten years) means no limit: a huge period would wrap in the
 /// server's timer arithmetic and fire at once.
@@ -29,10 +30,17 @@ pub struct Waiter {
 #[derive(Clone, Debug, Default)]
 pub struct WaitQueue {
     entries: VecDeque<Waiter>,
-    /// Live waiter ids, and whether each waits for a shared grant or a permit.
-    live: HashMap<u64, bool>,
+    /// Live waiter ids: whether each waits for a shared grant or a permit, and its owner's
+    /// hash (see `owner_hashes`).
+    live: HashMap<u64, (bool, u64)>,
     shared_live: usize,
     shared_mode: Option<Mode>,
+    /// How many live waiters have each owner hash: a new request's owner is looked for in the
+    /// queue (one wait per owner) only when its hash is there, so a queue of 10,000 costs a
+    /// newcomer O(1), not a scan. The hash is keyed per queue (clients cannot aim at it); a
+    /// hit is checked against the entries.
+    owner_hashes: HashMap<u64, u32>,
+    hasher: RandomState,
 }
 
 impl WaitQueue {
@@ -51,9 +59,17 @@ impl WaitQueue {
 
     /// Whether `owner` waits in this queue.
     pub fn has_owner(&self, owner: &[u8]) -> bool {
+        self.position_of_owner(owner).is_some()
+    }
+
+    /// Where `owner`'s live request is in `entries` (a scan only when its hash is present).
+    fn position_of_owner(&self, owner: &[u8]) -> Option<usize> {
+        if !self.owner_hashes.contains_key(&self.hasher.hash_one(owner)) {
+            return None;
+        }
         self.entries
             .iter()
-            .any(|w| *w.owner == *owner && self.live.contains_key(&w.id))
+            .position(|w| *w.owner == *owner && self.live.contains_key(&w.id))
     }
 
     /// Queue `waiter` at the end. An owner waits at most once per key: when the same owner
@@ -64,10 +80,7 @@ impl WaitQueue {
         if self.live.contains_key(&waiter.id) {
             return None;
         }
-        let earlier = self
-            .entries
-            .iter()
-            .position(|w| self.live.contains_key(&w.id) && w.owner == waiter.owner);
+        let earlier = self.position_of_owner(&waiter.owner);
         let shared = !waiter.mode.is_exclusive();
         let id = waiter.id;
         let replaced = match earlier.and_then(|i| self.entries.get_mut(i)) {
@@ -83,7 +96,15 @@ impl WaitQueue {
         if shared {
             self.shared_live += 1;
         }
-        self.live.insert(id, shared);
+        let owner_hash = match earlier.and_then(|i| self.entries.get(i)) {
+            Some(w) => self.hasher.hash_one(&*w.owner),
+            None => self
+                .entries
+                .back()
+                .map_or(0, |w| self.hasher.hash_one(&*w.owner)),
+        };
+        self.live.insert(id, (shared, owner_hash));
+        *self.owner_hashes.entry(owner_hash).or_default() += 1;
         self.refresh_shared_mode();
         replaced
     }
@@ -109,9 +130,15 @@ impl WaitQueue {
 
     /// Take `id` off the live set; false when it was not there.
     fn forget(&mut self, id: u64) -> bool {
-        let Some(shared) = self.live.remove(&id) else {
+        let Some((shared, h)) = self.live.remove(&id) else {
             return false;
         };
+        if let Some(n) = self.owner_hashes.get_mut(&h) {
+            *n -= 1;
+            if *n == 0 {
+                self.owner_hashes.remove(&h);
+            }
+        }
         if shared {
             self.shared_live -= 1;
             if self.shared_live == 0 {

@@ -390,6 +390,18 @@ impl LockState {
         }
     }
 
+    /// Whether a request of some mode could be granted now: false while an exclusive grant or
+    /// slot holds the key or its limit is reached. Lets a held key skip asking about its
+    /// waiters (nobody can be handed it, and an exclusive newcomer gets nil either way).
+    pub fn could_admit(&self, now: Now, max_holders: u32) -> bool {
+        match self.held_mode(now) {
+            None => true,
+            Some(Mode::Exclusive) => false,
+            Some(Mode::Shared) => self.live_count(now) < max_holders as usize,
+            Some(Mode::Permits(n)) => self.live_count(now) + self.active_delays(now) < n as usize,
+        }
+    }
+
     /// Nothing left worth keeping (given no waiters): the key should leave the keyspace.
     pub fn is_vacant(&self, now: Now) -> bool {
         self.grants.is_empty() && self.active_delays(now) == 0
@@ -519,9 +531,13 @@ impl LockState {
                 None => Acquired::Busy,
             };
         }
-        if let Some(key_mode) = self.limit_of_key(now, waiting_mode) {
-            if !mode.is_exclusive() && key_mode != mode {
-                return Acquired::LimitMismatch(key_mode);
+        // Only a shared request or a permit can name another limit than the key's (and only
+        // then is the queue asked for the limit of its shared waiters).
+        if !mode.is_exclusive() {
+            if let Some(key_mode) = self.limit_of_key(now, waiting_mode) {
+                if key_mode != mode {
+                    return Acquired::LimitMismatch(key_mode);
+                }
             }
         }
         if waiting > 0 || !self.fits(mode, now, max_holders) {
