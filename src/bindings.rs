@@ -3,8 +3,8 @@
 //!
 //! The binding is memory of this process and never travels: each bound grant carries it in
 //! the lock value (`Binding::Client`), which follows the value through RENAME, MOVE and
-//! SWAPDB; this index only says where to look when a connection closes: client id -> (token
-//! -> key). The engine says when a grant is bound and unbound (`Effect::Bind`/`Unbind`); an
+//! SWAPDB; this index only says where to look when a connection closes: client id -> its
+//! (token, key) pairs. The engine says when a grant is bound and unbound (`Effect::Bind`/`Unbind`); an
 //! entry left behind by a rename is corrected by the keyspace event (see `events.rs`), and an
 //! entry whose grant is gone is harmless (the engine ends only grants still bound to that
 //! client). Closing a connection with k bound grants costs O(k).
@@ -36,8 +36,34 @@ impl Hasher for IdHasher {
 
 type Ids<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// Client id -> (token -> key).
-type Index = Ids<Ids<KeyId>>;
+/// The bound grants of one connection, in the order they were bound. Binding appends (no
+/// hash table insert, which is a cache miss per grant once a connection holds thousands);
+/// unbinding pops the newest entry when it is the one (a lock taken and released), else
+/// notes the token as gone, and the list is compacted once the gone ones outnumber the
+/// live ones, so it never holds more than about twice the live grants.
+#[derive(Default)]
+struct Bound {
+    grants: Vec<(u64, KeyId)>,
+    gone: Ids<()>,
+}
+
+impl Bound {
+    /// Live entries (the engine unbinds only what it bound, so `gone` is a subset of the
+    /// tokens listed; saturating all the same).
+    fn live(&self) -> usize {
+        self.grants.len().saturating_sub(self.gone.len())
+    }
+
+    fn compact_if_sparse(&mut self) {
+        if self.gone.len() > self.live() + 16 {
+            let gone = std::mem::take(&mut self.gone);
+            self.grants.retain(|(t, _)| !gone.contains_key(t));
+        }
+    }
+}
+
+/// Client id -> its bound grants.
+type Index = Ids<Bound>;
 
 thread_local! {
     // Bound grants are made, ended and looked up only on Redis's main thread (commands,
@@ -49,21 +75,30 @@ fn with_index<R>(f: impl FnOnce(&mut Index) -> R) -> R {
     INDEX.with(|ix| f(&mut ix.borrow_mut()))
 }
 
-/// The grant `token` of `key` is bound to connection `client`.
+/// The grant `token` of `key` is bound to connection `client` (a token is bound once: the
+/// engine binds a grant when it is made or rebound to another connection).
 pub fn bind(client: u64, token: u64, key: KeyId) {
     with_index(|idx| {
-        idx.entry(client).or_default().insert(token, key);
+        let b = idx.entry(client).or_default();
+        b.gone.remove(&token);
+        b.grants.push((token, key));
     });
 }
 
 /// The grant `token` is no longer bound to `client`.
 pub fn unbind(client: u64, token: u64) {
     with_index(|idx| {
-        if let Some(grants) = idx.get_mut(&client) {
-            grants.remove(&token);
-            if grants.is_empty() {
-                idx.remove(&client);
-            }
+        let Some(b) = idx.get_mut(&client) else {
+            return;
+        };
+        if b.grants.last().is_some_and(|(t, _)| *t == token) {
+            b.grants.pop();
+        } else {
+            b.gone.insert(token, ());
+            b.compact_if_sparse();
+        }
+        if b.live() == 0 {
+            idx.remove(&client);
         }
     });
 }
@@ -71,8 +106,11 @@ pub fn unbind(client: u64, token: u64) {
 /// The grant `token` bound to `client` now lives under `key` (RENAME, MOVE).
 pub fn moved(client: u64, token: u64, key: KeyId) {
     with_index(|idx| {
-        if let Some(entry) = idx.get_mut(&client).and_then(|g| g.get_mut(&token)) {
-            *entry = key;
+        if let Some(entry) = idx
+            .get_mut(&client)
+            .and_then(|b| b.grants.iter_mut().rev().find(|(t, _)| *t == token))
+        {
+            entry.1 = key;
         }
     });
 }
@@ -80,8 +118,8 @@ pub fn moved(client: u64, token: u64, key: KeyId) {
 /// SWAPDB swapped databases `a` and `b`: the values, and so their bindings, changed database.
 pub fn swap_dbs(a: c_int, b: c_int) {
     with_index(|idx| {
-        for grants in idx.values_mut() {
-            for key in grants.values_mut() {
+        for bound in idx.values_mut() {
+            for (_, key) in bound.grants.iter_mut() {
                 if key.0 == a {
                     key.0 = b;
                 } else if key.0 == b {
@@ -95,10 +133,15 @@ pub fn swap_dbs(a: c_int, b: c_int) {
 /// Connection `client` closed: the keys of its bound grants, each once (the index forgets
 /// the client).
 pub fn take(client: u64) -> Vec<KeyId> {
-    let Some(grants) = with_index(|idx| idx.remove(&client)) else {
+    let Some(b) = with_index(|idx| idx.remove(&client)) else {
         return Vec::new();
     };
-    let mut keys: Vec<KeyId> = grants.into_values().collect();
+    let mut keys: Vec<KeyId> = b
+        .grants
+        .into_iter()
+        .filter(|(t, _)| !b.gone.contains_key(t))
+        .map(|(_, key)| key)
+        .collect();
     keys.sort();
     keys.dedup();
     keys
@@ -106,5 +149,5 @@ pub fn take(client: u64) -> Vec<KeyId> {
 
 /// Bound grants this index knows of (INFO `bound_grants`).
 pub fn count() -> usize {
-    with_index(|idx| idx.values().map(HashMap::len).sum())
+    with_index(|idx| idx.values().map(Bound::live).sum())
 }
