@@ -9,11 +9,16 @@
 //! entry whose grant is gone is harmless (the engine ends only grants still bound to that
 //! client). Closing a connection with k bound grants costs O(k).
 
+use crate::api;
+use crate::ffi::{self, Ctx};
 use crate::record::KeyId;
+use redis_module::raw;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Client ids and tokens are numbers the server hands out, never chosen by a client, so a
 /// multiplicative hash is enough (SipHash would guard against keys no client can pick).
@@ -151,3 +156,36 @@ pub fn take(client: u64) -> Vec<KeyId> {
 pub fn count() -> usize {
     with_index(|idx| idx.values().map(Bound::live).sum())
 }
+
+/// The id of the client connection behind `ctx`, or `None` when there is none: a script, a
+/// function or a module's call runs on a client of the server's own, which is not in the
+/// server's client table (BOUND needs a real connection to live with).
+pub fn client_connection(ctx: Ctx) -> Option<u64> {
+    let flags = ffi::context_flags(ctx);
+    if flags & (raw::REDISMODULE_CTX_FLAGS_LUA | raw::REDISMODULE_CTX_FLAGS_REPLICATED) != 0 {
+        return None;
+    }
+    // SAFETY: a live command context.
+    let id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
+    if id == 0 {
+        return None;
+    }
+    // A client that sends one BOUND request usually sends more (pipelines, many locks): the
+    // last id found in the client table is remembered. Sound because ids are never reused
+    // and a server's own clients (scripts, module calls) are never in that table.
+    if LAST_CONNECTION.load(Ordering::Relaxed) == id {
+        return Some(id);
+    }
+    // SAFETY: a null info pointer only asks whether the id is a connected client.
+    let known = unsafe {
+        api!(RedisModule_GetClientInfoById, raw::REDISMODULE_ERR as c_int; ptr::null_mut(), id)
+    };
+    if known != raw::REDISMODULE_OK as c_int {
+        return None;
+    }
+    LAST_CONNECTION.store(id, Ordering::Relaxed);
+    Some(id)
+}
+
+/// The id of the last client found to be a real connection (see [`client_connection`]).
+static LAST_CONNECTION: AtomicU64 = AtomicU64::new(0);

@@ -5,7 +5,7 @@
 use crate::effects::{self, WRONGTYPE};
 use crate::ffi::{self, Ctx, Key, RStr};
 use crate::record::{self, Found};
-use crate::{config, replication, server, waiters};
+use crate::{bindings, config, replication, server, waiters};
 use flock_core::args::{self, ArgError};
 use flock_core::engine::{self, Reply};
 use std::os::raw::c_int;
@@ -68,7 +68,7 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
         // A BOUND grant lives with the caller's connection: there must be one.
         let bind_to = match a.bound {
             false => None,
-            true => match waiters::client_connection(ctx) {
+            true => match bindings::client_connection(ctx) {
                 Some(client) => Some(client),
                 None => return reply_arg_error(ctx, ArgError::BoundNeedsClient),
             },

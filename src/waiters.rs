@@ -174,39 +174,6 @@ pub fn pop_if(ctx: Ctx, key: RStr, fits: &mut dyn FnMut(&Waiter) -> bool) -> Opt
     w
 }
 
-/// The id of the client connection behind `ctx`, or `None` when there is none: a script, a
-/// function or a module's call runs on a client of the server's own, which is not in the
-/// server's client table (BOUND needs a real connection to live with).
-pub fn client_connection(ctx: Ctx) -> Option<u64> {
-    let flags = ffi::context_flags(ctx);
-    if flags & (raw::REDISMODULE_CTX_FLAGS_LUA | raw::REDISMODULE_CTX_FLAGS_REPLICATED) != 0 {
-        return None;
-    }
-    // SAFETY: a live command context.
-    let id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
-    if id == 0 {
-        return None;
-    }
-    // A client that sends one BOUND request usually sends more (pipelines, many locks): the
-    // last id found in the client table is remembered. Sound because ids are never reused
-    // and a server's own clients (scripts, module calls) are never in that table.
-    if LAST_CONNECTION.load(Ordering::Relaxed) == id {
-        return Some(id);
-    }
-    // SAFETY: a null info pointer only asks whether the id is a connected client.
-    let known = unsafe {
-        api!(RedisModule_GetClientInfoById, raw::REDISMODULE_ERR as c_int; ptr::null_mut(), id)
-    };
-    if known != raw::REDISMODULE_OK as c_int {
-        return None;
-    }
-    LAST_CONNECTION.store(id, Ordering::Relaxed);
-    Some(id)
-}
-
-/// The id of the last client found to be a real connection (see [`client_connection`]).
-static LAST_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// Whether this context may block its client (not inside MULTI, a script, or a context
 /// that denies blocking).
 pub fn can_block(ctx: Ctx) -> bool {

@@ -10,12 +10,6 @@ use std::process::Command;
 use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
-fn slot(c: &mut redis::Connection, key: &str) -> u16 {
-    call(c, &["CLUSTER", "KEYSLOT", key])
-        .int()
-        .expect("KEYSLOT") as u16
-}
-
 fn cluster_conn(cluster: &Cluster) -> redis::cluster::ClusterConnection {
     redis::cluster::ClusterClient::new(cluster.urls())
         .expect("cluster client")
@@ -87,7 +81,7 @@ fn cluster_clients_route_every_command_and_fenced_checks_slots() {
     }
     let masters_used: std::collections::HashSet<u16> = tokens
         .iter()
-        .map(|(k, _)| cluster.master_of(slot(&mut any, k)).srv.port())
+        .map(|(k, _)| cluster.master_of(key_slot(&mut any, k)).srv.port())
         .collect();
     assert_eq!(masters_used.len(), 3, "keys landed on every master");
     // A lock and its data share a slot with a hash tag: FENCED runs there.
@@ -112,7 +106,7 @@ fn cluster_clients_route_every_command_and_fenced_checks_slots() {
         .unwrap();
     assert_eq!(v, "paid");
     // Inner keys in another slot: CROSSSLOT, nothing written.
-    let master = cluster.master_of(slot(&mut any, "{order:42}:lock"));
+    let master = cluster.master_of(key_slot(&mut any, "{order:42}:lock"));
     let mut m = master.srv.conn();
     let r = call(
         &mut m,
@@ -147,62 +141,13 @@ fn cluster_clients_route_every_command_and_fenced_checks_slots() {
     }
 }
 
-/// Move `slot` from `from` to `to` the way `redis-cli --cluster reshard` does.
-fn migrate_slot(cluster: &Cluster, slot: u16, from: &Node, to: &Node) {
-    let s = slot.to_string();
-    let mut src = from.srv.conn();
-    let mut dst = to.srv.conn();
-    assert_eq!(
-        call(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]),
-        Reply::Status("OK".into())
-    );
-    assert_eq!(
-        call(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]),
-        Reply::Status("OK".into())
-    );
-    loop {
-        let keys = call(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
-        let keys: Vec<String> = keys
-            .array()
-            .unwrap_or(&[])
-            .iter()
-            .filter_map(|k| k.string())
-            .collect();
-        if keys.is_empty() {
-            break;
-        }
-        let port = to.srv.port().to_string();
-        let mut args = vec![
-            "MIGRATE",
-            "127.0.0.1",
-            port.as_str(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-        ];
-        args.extend(keys.iter().map(String::as_str));
-        let r = call(&mut src, &args);
-        assert_eq!(r, Reply::Status("OK".into()), "MIGRATE {keys:?}");
-    }
-    for n in &cluster.nodes {
-        let mut c = n.srv.conn();
-        if nodes_text(&n.srv)
-            .lines()
-            .any(|l| l.contains("myself") && l.contains("master"))
-        {
-            call(&mut c, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
-        }
-    }
-}
-
 #[test]
 fn slot_migration_keeps_the_lock_and_token_order_and_answers_waiters() {
     let cluster = Cluster::start();
     let mut any = cluster.nodes[0].srv.conn();
     let lock = "{mig}:lock";
     let ended = "{mig}:ended";
-    let s = slot(&mut any, lock);
+    let s = key_slot(&mut any, lock);
     let from = cluster.master_of(s);
     let to = cluster
         .nodes
@@ -232,7 +177,7 @@ fn slot_migration_keeps_the_lock_and_token_order_and_answers_waiters() {
         info_field(&mut src, "clients", "blocked_clients").as_deref() == Some("1")
     });
     let before = Instant::now();
-    migrate_slot(&cluster, s, from, to);
+    cluster.migrate_slot(s, from, to);
     // The waiter is told at once, with an error cluster clients retry.
     let (r, waited) = w.join().expect("waiter");
     assert_err_prefix(&r, "TRYAGAIN", "waiter of a key that moved");
@@ -275,7 +220,7 @@ fn failover_keeps_deadlines_and_issues_greater_tokens() {
     let mut any = cluster.nodes[0].srv.conn();
     // 1. CLUSTER FAILOVER: grants that reached the replica.
     let key = "{fo1}:lock";
-    let master = cluster.master_of(slot(&mut any, key));
+    let master = cluster.master_of(key_slot(&mut any, key));
     let replica = cluster.replica_of(master);
     let mut m = master.srv.conn();
     let t1 = grant(&mut m, key, "a", 4000);
@@ -309,7 +254,7 @@ fn failover_keeps_deadlines_and_issues_greater_tokens() {
 
     // 2. FAILOVER FORCE with the old master dead and a grant lost in async replication.
     let key = "{fo2}:lock";
-    let master = cluster.master_of(slot(&mut any, key));
+    let master = cluster.master_of(key_slot(&mut any, key));
     let replica = cluster.replica_of(master);
     let mut m = master.srv.conn();
     grant(&mut m, "{fo2}:seen", "a", 60_000);

@@ -1697,73 +1697,12 @@ fn a_replica_mirrors_every_kind_step_by_step_and_keeps_it_when_promoted() {
     assert_eq!(owners(&mut r, "rw"), ["r3", "r5"]);
 }
 
-fn slot(c: &mut redis::Connection, key: &str) -> u16 {
-    call(c, &["CLUSTER", "KEYSLOT", key])
-        .int()
-        .expect("KEYSLOT") as u16
-}
-
-/// Move `slot` from `from` to `to` the way `redis-cli --cluster reshard` does (as in
-/// tests/cluster.rs).
-fn migrate_slot(cluster: &Cluster, slot: u16, from: &Node, to: &Node) {
-    let s = slot.to_string();
-    let mut src = from.srv.conn();
-    let mut dst = to.srv.conn();
-    assert_eq!(
-        call(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]),
-        Reply::Status("OK".into())
-    );
-    assert_eq!(
-        call(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]),
-        Reply::Status("OK".into())
-    );
-    loop {
-        let keys = call(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
-        let keys: Vec<String> = keys
-            .array()
-            .unwrap_or(&[])
-            .iter()
-            .filter_map(|k| k.string())
-            .collect();
-        if keys.is_empty() {
-            break;
-        }
-        let port = to.srv.port().to_string();
-        let mut args = vec![
-            "MIGRATE",
-            "127.0.0.1",
-            port.as_str(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-        ];
-        args.extend(keys.iter().map(String::as_str));
-        assert_eq!(
-            call(&mut src, &args),
-            Reply::Status("OK".into()),
-            "MIGRATE {keys:?}"
-        );
-    }
-    for n in &cluster.nodes {
-        if nodes_text(&n.srv)
-            .lines()
-            .any(|l| l.contains("myself") && l.contains("master"))
-        {
-            call(
-                &mut n.srv.conn(),
-                &["CLUSTER", "SETSLOT", &s, "NODE", &to.id],
-            );
-        }
-    }
-}
-
 #[test]
 fn slot_migration_moves_readers_and_permits_whole_and_answers_a_waiting_writer() {
     let cluster = Cluster::start();
     let mut any = cluster.nodes[0].srv.conn();
     let (rw, sem) = ("{kmig}:rw", "{kmig}:sem");
-    let s = slot(&mut any, rw);
+    let s = key_slot(&mut any, rw);
     let from = cluster.master_of(s);
     let to = cluster
         .nodes
@@ -1782,7 +1721,7 @@ fn slot_migration_moves_readers_and_permits_whole_and_answers_a_waiting_writer()
     let w = spawn_acq(&from.srv, rw, "w", 10_000, &["BLOCK", "0"]);
     wait_blocked(&mut src, 1);
     let before = (snap(&mut src, rw), snap(&mut src, sem));
-    migrate_slot(&cluster, s, from, to);
+    cluster.migrate_slot(s, from, to);
     // The writer is told at once, with an error cluster clients retry.
     assert_err_prefix(
         &join(w, "w"),

@@ -3,7 +3,7 @@
 
 use crate::env::redis_cli;
 use crate::info::info_field;
-use crate::reply::call;
+use crate::reply::{call, Reply};
 use crate::server::Server;
 use crate::wait::wait_until;
 use std::process::Command;
@@ -161,6 +161,69 @@ impl Cluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.srv.url()).collect()
     }
+
+    /// Move `slot` from `from` to `to` the way `redis-cli --cluster reshard` does: IMPORTING
+    /// and MIGRATING, MIGRATE of its keys in batches, then SETSLOT NODE on every master.
+    pub fn migrate_slot(&self, slot: u16, from: &Node, to: &Node) {
+        let s = slot.to_string();
+        let mut src = from.srv.conn();
+        let mut dst = to.srv.conn();
+        assert_eq!(
+            call(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]),
+            Reply::Status("OK".into())
+        );
+        assert_eq!(
+            call(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]),
+            Reply::Status("OK".into())
+        );
+        loop {
+            let keys = call(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            let keys: Vec<String> = keys
+                .array()
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|k| k.string())
+                .collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.srv.port().to_string();
+            let mut args = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                port.as_str(),
+                "",
+                "0",
+                "5000",
+                "KEYS",
+            ];
+            args.extend(keys.iter().map(String::as_str));
+            let r = call(&mut src, &args);
+            assert_eq!(r, Reply::Status("OK".into()), "MIGRATE {keys:?}");
+        }
+        for n in &self.nodes {
+            if is_master(&n.srv) {
+                call(
+                    &mut n.srv.conn(),
+                    &["CLUSTER", "SETSLOT", &s, "NODE", &to.id],
+                );
+            }
+        }
+    }
+}
+
+/// Whether `srv` is a master, by its own `CLUSTER NODES` line.
+pub fn is_master(srv: &Server) -> bool {
+    nodes_text(srv)
+        .lines()
+        .any(|l| l.contains("myself") && l.contains("master"))
+}
+
+/// The cluster slot of `key` (`CLUSTER KEYSLOT`).
+pub fn key_slot(c: &mut redis::Connection, key: &str) -> u16 {
+    call(c, &["CLUSTER", "KEYSLOT", key])
+        .int()
+        .expect("KEYSLOT") as u16
 }
 
 /// `CLUSTER INFO` text.
