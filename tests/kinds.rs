@@ -1074,15 +1074,17 @@ fn info_shows_mode_holders_limit_and_delayed_in_every_mode() {
 
 #[test]
 fn lock_delay_applies_per_slot() {
+    // 2 s of delay: the checks that a slot is still delayed get 2 s on a loaded machine.
     let srv = Server::builder()
-        .module_args(&["lock-delay-ms", "1000"])
+        .module_args(&["lock-delay-ms", "2000"])
         .start();
     let mut c = srv.conn();
     // A semaphore of 2: an expired permit keeps its slot, so the key has one permit fewer.
+    // p1's lease ends no earlier than `sent` + 100 ms, its slot's delay `sent` + 2100 ms.
+    let sent = Instant::now();
     let t1 = grant_kind(&mut c, "sem", "p1", 100, &["LIMIT", "2"]);
     grant_kind(&mut c, "sem", "p2", 60_000, &["LIMIT", "2"]);
     wait_until("p1 expires", || check(&mut c, "sem", t1) == 0);
-    let expired_at = Instant::now();
     assert_eq!(shape(&mut c, "sem"), sh("permits", 1, 2, 1, 0));
     refused(
         &mut c,
@@ -1107,10 +1109,11 @@ fn lock_delay_applies_per_slot() {
         &["LIMIT", "2", "BLOCK", "5000"],
     );
     tok(&r, "p3 after the delayed slot");
+    // (10 ms for the servers' ms clocks)
     assert!(
-        expired_at.elapsed() >= Duration::from_millis(600),
-        "granted {:?} after the expiry, the slot's delay is 1000 ms from the deadline (we saw the expiry at most a few hundred ms late)",
-        expired_at.elapsed()
+        sent.elapsed() >= Duration::from_millis(100 + 2000 - 10),
+        "granted {:?} after p1's 100 ms grant was sent, the slot's delay is 2000 ms from the deadline",
+        sent.elapsed()
     );
     assert_eq!(shape(&mut c, "sem"), sh("permits", 2, 2, 0, 0));
     // A released permit frees its slot at once.
@@ -2103,8 +2106,10 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
     grant_kind(&mut c, "k", "holder", 60_000, holder_opts);
     let mut head = srv.conn();
     let id = call(&mut head, &["CLIENT", "ID"]).int().expect("CLIENT ID");
+    // Long enough that the waiter behind it is queued before the head times out, also when
+    // the test thread is slow to start it on a loaded machine.
     let block = if matches!(how, Leave::Timeout) {
-        "1000"
+        "3000"
     } else {
         "0"
     };
@@ -2136,7 +2141,7 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
         matches!(r, Ok(Reply::Nil)) || r.is_err(),
         "{how:?}: the head waiter's answer: {r:?}"
     );
-    let granted = poll_until(Duration::from_secs(2), || owners(&mut c, "k").len() == 2);
+    let granted = poll_until(DEADLINE, || owners(&mut c, "k").len() == 2);
     let head_kind = if head_opts.is_empty() {
         "exclusive".to_string()
     } else {
@@ -2145,7 +2150,7 @@ fn head_waiter_leaves(holder_opts: &[&str], head_opts: &[&str], next_opts: &[&st
     assert!(
         granted,
         "{how:?}: holder {holder_opts:?}; the head waiter ({head_kind}) left; \
-         the waiter behind it {next_opts:?} fits but was not granted within 2 s: HOLDERS {:?}, \
+         the waiter behind it {next_opts:?} fits but was not granted within {DEADLINE:?}: HOLDERS {:?}, \
          INFO {:?}",
         owners(&mut c, "k"),
         kinfo(&mut c, "k")
@@ -2443,11 +2448,11 @@ fn waiters_are_served_by_what_their_key_name_holds_after_rename_and_swapdb() {
         call(&mut c, &["SWAPDB", "0", "1"]),
         Reply::Status("OK".into())
     );
-    let ok = poll_until(Duration::from_secs(2), || owners(&mut c, "lk").len() == 2);
+    let ok = poll_until(DEADLINE, || owners(&mut c, "lk").len() == 2);
     assert!(
         ok,
         "after SWAPDB the waiting reader fits the read-locked key but was not granted within \
-         2 s: HOLDERS {:?}, INFO {:?}",
+         {DEADLINE:?}: HOLDERS {:?}, INFO {:?}",
         owners(&mut c, "lk"),
         kinfo(&mut c, "lk")
     );
@@ -3066,11 +3071,11 @@ fn waiters_are_served_by_a_read_locked_value_restored_or_copied_over_their_key()
         };
         assert!(!reply.is_err(), "{how}: {reply:?}");
         // The name now holds a read lock: the waiting reader fits and is granted.
-        let ok = poll_until(Duration::from_secs(2), || owners(&mut c, "lk").len() == 2);
+        let ok = poll_until(DEADLINE, || owners(&mut c, "lk").len() == 2);
         assert!(
             ok,
             "{how} REPLACE put a read-locked value under the name a reader waits for; the \
-             reader was not granted within 2 s: HOLDERS {:?}, INFO {:?}",
+             reader was not granted within {DEADLINE:?}: HOLDERS {:?}, INFO {:?}",
             owners(&mut c, "lk"),
             kinfo(&mut c, "lk")
         );
