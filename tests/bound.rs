@@ -159,11 +159,22 @@ fn a_repeat_without_bound_unbinds_and_with_bound_rebinds() {
     let srv = Server::start();
     let mut c = srv.conn();
     let mut first = srv.conn();
+    let first_id = call(&mut first, &["CLIENT", "ID"])
+        .int()
+        .expect("CLIENT ID");
     let t = bound(&mut first, "k", "me", 60_000);
     // The same owner from another connection, without BOUND: same token (G4), now unbound.
     assert_eq!(acquire(&mut c, "k", "me", 60_000), Some(t));
     drop(first);
-    thread::sleep(Duration::from_millis(200));
+    // The server has seen the close (a sleep would not say so on a loaded machine).
+    let gone = format!("id={first_id} ");
+    wait_until("the server drops the first connection", || {
+        !call(&mut c, &["CLIENT", "LIST"])
+            .string()
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&gone))
+    });
     assert!(
         check(&mut c, "k", t) > 0,
         "unbound by the repeat: it outlives the first connection"
@@ -414,8 +425,9 @@ fn a_replica_keeps_bound_grants_until_its_master_ends_them_and_promotion_ends_th
 
 #[test]
 fn flock_closed_event_and_lock_delay_apply_as_on_expiry() {
+    // 2 s of delay: the checks made during it get 2 s on a loaded machine.
     let srv = Server::builder()
-        .module_args(&["lock-delay-ms", "300"])
+        .module_args(&["lock-delay-ms", "2000"])
         .start();
     let mut c = srv.conn();
     call(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Kd"]);
@@ -428,23 +440,25 @@ fn flock_closed_event_and_lock_delay_apply_as_on_expiry() {
         pattern.len()
     );
     sub.write_all(cmd.as_bytes()).expect("subscribe");
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let mut read_until = |needle: &str, seen: &mut String| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !seen.contains(needle) && Instant::now() < deadline {
+            if let Ok(n) = sub.read(&mut buf) {
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+        assert!(seen.contains(needle), "no {needle} event in {seen:?}");
+    };
+    // Subscribed before the event happens: the server has answered the PSUBSCRIBE.
+    read_until("psubscribe", &mut seen);
     let mut h = srv.conn();
     let t = bound(&mut h, "k", "h", 60_000);
     drop(h);
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !seen.contains("flock.closed") && Instant::now() < deadline {
-        if let Ok(n) = sub.read(&mut buf) {
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    }
-    assert!(
-        seen.contains("flock.closed"),
-        "no flock.closed event in {seen:?}"
-    );
+    read_until("flock.closed", &mut seen);
     assert_eq!(check(&mut c, "k", t), 0);
-    // Lock-delay: the closed grant's slot stays taken for 300 ms.
+    // Lock-delay: the closed grant's slot stays taken for 2 s.
     assert_eq!(
         acquire(&mut c, "k", "next", 60_000),
         None,
