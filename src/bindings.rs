@@ -11,6 +11,7 @@
 
 use crate::api;
 use crate::ffi::{self, Ctx};
+use crate::key_name::KeyName;
 use crate::record::KeyId;
 use redis_module::raw;
 use std::cell::RefCell;
@@ -48,7 +49,9 @@ type Ids<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 /// live ones, so it never holds more than about twice the live grants.
 #[derive(Default)]
 struct Bound {
-    grants: Vec<(u64, KeyId)>,
+    /// (token, database, key name): the name inline when short, so binding a grant
+    /// allocates nothing but the list's growth.
+    grants: Vec<(u64, c_int, KeyName)>,
     gone: Ids<()>,
 }
 
@@ -62,7 +65,7 @@ impl Bound {
     fn compact_if_sparse(&mut self) {
         if self.gone.len() > self.live() + 16 {
             let gone = std::mem::take(&mut self.gone);
-            self.grants.retain(|(t, _)| !gone.contains_key(t));
+            self.grants.retain(|(t, _, _)| !gone.contains_key(t));
         }
     }
 }
@@ -82,11 +85,11 @@ fn with_index<R>(f: impl FnOnce(&mut Index) -> R) -> R {
 
 /// The grant `token` of `key` is bound to connection `client` (a token is bound once: the
 /// engine binds a grant when it is made or rebound to another connection).
-pub fn bind(client: u64, token: u64, key: KeyId) {
+pub fn bind(client: u64, token: u64, db: c_int, key: &[u8]) {
     with_index(|idx| {
         let b = idx.entry(client).or_default();
         b.gone.remove(&token);
-        b.grants.push((token, key));
+        b.grants.push((token, db, KeyName::new(key)));
     });
 }
 
@@ -96,7 +99,7 @@ pub fn unbind(client: u64, token: u64) {
         let Some(b) = idx.get_mut(&client) else {
             return;
         };
-        if b.grants.last().is_some_and(|(t, _)| *t == token) {
+        if b.grants.last().is_some_and(|(t, _, _)| *t == token) {
             b.grants.pop();
         } else {
             b.gone.insert(token, ());
@@ -109,13 +112,14 @@ pub fn unbind(client: u64, token: u64) {
 }
 
 /// The grant `token` bound to `client` now lives under `key` (RENAME, MOVE).
-pub fn moved(client: u64, token: u64, key: KeyId) {
+pub fn moved(client: u64, token: u64, db: c_int, key: &[u8]) {
     with_index(|idx| {
         if let Some(entry) = idx
             .get_mut(&client)
-            .and_then(|b| b.grants.iter_mut().rev().find(|(t, _)| *t == token))
+            .and_then(|b| b.grants.iter_mut().rev().find(|(t, _, _)| *t == token))
         {
-            entry.1 = key;
+            entry.1 = db;
+            entry.2 = KeyName::new(key);
         }
     });
 }
@@ -124,11 +128,11 @@ pub fn moved(client: u64, token: u64, key: KeyId) {
 pub fn swap_dbs(a: c_int, b: c_int) {
     with_index(|idx| {
         for bound in idx.values_mut() {
-            for (_, key) in bound.grants.iter_mut() {
-                if key.0 == a {
-                    key.0 = b;
-                } else if key.0 == b {
-                    key.0 = a;
+            for (_, db, _) in bound.grants.iter_mut() {
+                if *db == a {
+                    *db = b;
+                } else if *db == b {
+                    *db = a;
                 }
             }
         }
@@ -144,8 +148,8 @@ pub fn take(client: u64) -> Vec<KeyId> {
     let mut keys: Vec<KeyId> = b
         .grants
         .into_iter()
-        .filter(|(t, _)| !b.gone.contains_key(t))
-        .map(|(_, key)| key)
+        .filter(|(t, _, _)| !b.gone.contains_key(t))
+        .map(|(_, db, name)| (db, name.bytes().to_vec()))
         .collect();
     keys.sort();
     keys.dedup();

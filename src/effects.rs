@@ -91,7 +91,7 @@ impl Host for KeyHost<'_> {
             Effect::DeleteKey => self.delete = true,
             Effect::Arm(next) => expiry::arm(ctx, key, self.timer, next),
             Effect::Bind { client, token } => {
-                bindings::bind(client, token, waiters::key_id(ctx, key));
+                bindings::bind(client, token, ffi::selected_db(ctx), ffi::bytes(&key));
             }
             Effect::Unbind { client, token } => bindings::unbind(client, token),
         }

@@ -81,7 +81,7 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
                 // The binding followed the value: the index must find it under its new name.
                 for g in rec.state.grants().iter() {
                     if let Some(client) = g.bound_client() {
-                        bindings::moved(client, g.token, waiters::key_id(ctx, key));
+                        bindings::moved(client, g.token, ffi::selected_db(ctx), ffi::bytes(&key));
                     }
                 }
             }

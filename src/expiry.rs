@@ -14,6 +14,7 @@
 //! and arms every lock.
 
 use crate::ffi::{self, Ctx, Key, RStr};
+use crate::key_name::KeyName;
 use crate::record::{self, Found, TimerSlot};
 use crate::{api, server};
 use flock_core::deadlines::{DeadlineIndex, Due, Handle};
@@ -26,42 +27,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// What an armed lock costs besides its record: its index entry (slot and heap entry, with a
 /// short name inline; a longer name's copy comes on top).
 pub const TIMER_BYTES: usize = DeadlineIndex::<KeyName>::ENTRY_BYTES;
-
-/// The longest name kept inline in an index entry.
-const INLINE_NAME: usize = 22;
-
-/// The index's copy of a key name: inline when it is short, as most lock names are (no
-/// allocation per grant; an allocator call costs about as much as the rest of arming), boxed
-/// beyond. 24 bytes, so an index slot is 32 (`deadlines.rs`) and a held lock with a short name
-/// costs 48 bytes of index (slot and heap entry) where the held RedisModuleString it replaces
-/// cost a 48-byte slot, a 16-byte heap entry and the string (32 bytes for a 12-byte name).
-pub enum KeyName {
-    Inline { len: u8, bytes: [u8; INLINE_NAME] },
-    Boxed(Box<[u8]>),
-}
-
-// The enum's tag leaves room for Option's: an empty slot costs nothing more.
-const _: () = assert!(std::mem::size_of::<Option<KeyName>>() == 24);
-
-impl KeyName {
-    fn new(name: &[u8]) -> KeyName {
-        let mut bytes = [0u8; INLINE_NAME];
-        match (bytes.get_mut(..name.len()), u8::try_from(name.len())) {
-            (Some(inline), Ok(len)) => {
-                inline.copy_from_slice(name);
-                KeyName::Inline { len, bytes }
-            }
-            _ => KeyName::Boxed(name.into()),
-        }
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            KeyName::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(&[]),
-            KeyName::Boxed(b) => b,
-        }
-    }
-}
 
 /// An index entry that came due: its handle (what its record keeps, if it is still there),
 /// its key's database and name.

@@ -27,6 +27,7 @@ mod expiry;
 mod fenced;
 mod ffi;
 mod jobs;
+mod key_name;
 mod lock_type;
 mod module;
 mod record;
