@@ -186,6 +186,23 @@ impl Grant {
         }
     }
 
+    /// An unbound grant with every field given: a host's compact copy of a lock, read back
+    /// (see [`LockState::lone_exclusive`]).
+    pub fn from_parts(owner: &[u8], token: u64, deadline: Deadline, since_mono_us: u64) -> Grant {
+        Grant {
+            owner: owner.into(),
+            token,
+            deadline,
+            since_mono_us,
+            tie: Tie::default(),
+        }
+    }
+
+    /// Neither bound nor bound-marked: nothing of it but owner, token and times.
+    pub fn is_plain(&self) -> bool {
+        self.tie == Tie::default()
+    }
+
     /// Whether this grant is `owner`'s and, when a token is given, has that token.
     pub fn is(&self, owner: &[u8], token: Option<u64>) -> bool {
         *self.owner == *owner && token.is_none_or(|t| t == self.token)
@@ -308,6 +325,20 @@ impl LockState {
         };
         state.delays.push(until);
         state
+    }
+
+    /// The key's one grant when that is all the key is: exclusive, plain (not bound), no
+    /// delayed slot, its token the key's last. Such a state is
+    /// `LockState::with_grant(Mode::Exclusive, Grant::from_parts(..))` of that grant's fields,
+    /// which is what lets a host keep it in a compact form of its own.
+    pub fn lone_exclusive(&self) -> Option<&Grant> {
+        if !self.mode.is_exclusive() || !self.delays.is_empty() || self.grants.len() != 1 {
+            return None;
+        }
+        self.grants
+            .iter()
+            .next()
+            .filter(|g| g.is_plain() && g.token == self.last_token)
     }
 
     /// The grants, live or not, in no particular order ([`Grants::by_token`] sorts).

@@ -319,3 +319,30 @@ fn expire_reports_the_ended_token_once() {
     assert_eq!(ended, vec![tok]);
     assert!(state.is_vacant(at(100)));
 }
+
+#[test]
+fn lone_exclusive_is_exactly_the_states_a_grant_rebuilds() {
+    let mut tokens = TokenIssuer::new();
+    let mut state = LockState::default();
+    assert!(state.lone_exclusive().is_none(), "empty");
+    assert!(matches!(acq(&mut state, "a", 1000, at(0), &mut tokens), Acquired::Granted(_)));
+    let g = state.lone_exclusive().cloned().expect("one exclusive grant");
+    let rebuilt = LockState::with_grant(
+        Mode::Exclusive,
+        Grant::from_parts(&g.owner, g.token, g.deadline, g.since_mono_us),
+    );
+    assert_eq!(rebuilt, state, "the grant's fields are the whole state");
+    // Not lone: bound, delayed, shared, two permits, an older grant's token.
+    let mut bound = LockState::default();
+    bound.grant(Mode::Exclusive, b"b", 1000, 7, at(0), Some(3));
+    assert!(bound.lone_exclusive().is_none(), "bound");
+    let mut delayed = state.clone();
+    delayed.delays.push(Deadline::after(5, at(0)));
+    assert!(delayed.lone_exclusive().is_none(), "a delayed slot");
+    let mut shared = LockState::default();
+    shared.grant(Mode::Shared, b"r", 1000, 8, at(0), None);
+    assert!(shared.lone_exclusive().is_none(), "shared");
+    let mut older = state.clone();
+    older.last_token += 1;
+    assert!(older.lone_exclusive().is_none(), "last token differs");
+}
