@@ -134,7 +134,7 @@ pub fn check(ctx: Ctx, args: &[RStr]) -> c_int {
         Found::Lock(rec) => effects::send(
             ctx,
             key_name,
-            engine::check(Some(&rec.state), token, server::now()),
+            engine::check(Some(&*rec), token, server::now()),
         ),
     }
 }
@@ -163,7 +163,7 @@ pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
         Found::Lock(rec) => effects::send(
             ctx,
             key_name,
-            engine::info(Some(&rec.state), waiting, waiting_mode, now),
+            engine::info(Some(&*rec), waiting, waiting_mode, now),
         ),
     }
 }
@@ -179,7 +179,7 @@ pub fn holders(ctx: Ctx, args: &[RStr]) -> c_int {
     match record::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
         Found::Nothing => effects::send(ctx, key_name, engine::holders(None, now)),
-        Found::Lock(rec) => effects::send(ctx, key_name, engine::holders(Some(&rec.state), now)),
+        Found::Lock(rec) => effects::send(ctx, key_name, engine::holders(Some(&*rec), now)),
     }
 }
 

@@ -3,13 +3,13 @@
 //! waiters, deleting the key, the reply). Nothing here decides what a lock does.
 
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::record::{self, KeyId, LockRecord, TimerSlot};
+use crate::record::{self, KeyId, LockRecord, RecordPtr};
 use crate::{bindings, config, expiry, replication, server, stats, waiters};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
-use flock_core::lock_stats::Event as Measured;
+use flock_core::lock_stats::{ClassRef, Event as Measured};
 use flock_core::state::Mode;
-use flock_core::{LockState, Waiter};
+use flock_core::{Deadline, LockState, Waiter};
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -17,17 +17,40 @@ use std::os::raw::c_int;
 pub const WRONGTYPE: &CStr = c"WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// The host of one engine operation on the lock stored under `key_name`: the parts of the
-/// record beside the state, and the deletion the engine asked for (carried out once the
-/// record is no longer borrowed).
+/// record beside the state, and what waits for the state to be stored back: the deletion the
+/// engine asked for, and a timer the block could not take yet (a new lock has no block until
+/// the operation is over; a block that does not carry the key's name gets a named one).
 pub struct KeyHost<'r> {
     ctx: Ctx,
     key_name: RStr,
-    timer: &'r mut TimerSlot,
+    /// The lock's FLOCK.STATS class (written back to the block afterwards).
+    class: &'r mut ClassRef,
     watched: &'r mut Option<Box<KeyId>>,
+    /// The lock's block (`None`: a new lock, stored after the operation).
+    block: Option<RecordPtr>,
+    arm_later: Option<Option<Deadline>>,
     delete: bool,
 }
 
-impl KeyHost<'_> {
+impl<'r> KeyHost<'r> {
+    fn new(
+        ctx: Ctx,
+        key_name: RStr,
+        class: &'r mut ClassRef,
+        watched: &'r mut Option<Box<KeyId>>,
+        block: Option<RecordPtr>,
+    ) -> KeyHost<'r> {
+        KeyHost {
+            ctx,
+            key_name,
+            class,
+            watched,
+            block,
+            arm_later: None,
+            delete: false,
+        }
+    }
+
     /// Mark the record as having waiters when clients wait for its key (a new value under a
     /// name that was deleted or moved while they waited): only marked records consult the
     /// wait queues.
@@ -77,19 +100,24 @@ impl Host for KeyHost<'_> {
                         Measured::Closed
                     }
                 };
-                stats::record(&mut self.timer.class, ffi::bytes(&key), measured);
+                stats::record(self.class, ffi::bytes(&key), measured);
                 ffi::notify(ctx, event_name(e), key);
             }
             Effect::Count(Count::Renewed) => {
                 stats::RENEWALS.incr();
-                stats::record(&mut self.timer.class, ffi::bytes(&key), Measured::Renewed);
+                stats::record(self.class, ffi::bytes(&key), Measured::Renewed);
             }
             Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
             Effect::Replicate(snapshot) => replication::state(ctx, key, snapshot),
             Effect::ReplicateDelete => replication::delete(ctx, key),
             Effect::ReplicateVerbatim => replication::verbatim(ctx),
             Effect::DeleteKey => self.delete = true,
-            Effect::Arm(next) => expiry::arm(ctx, key, self.timer, next),
+            Effect::Arm(next) => {
+                let armed = self.block.is_some_and(|b| expiry::arm(ctx, key, b, next).is_ok());
+                if !armed {
+                    self.arm_later = Some(next);
+                }
+            }
             Effect::Bind { client, token } => {
                 bindings::bind(client, token, ffi::selected_db(ctx), ffi::bytes(&key));
             }
@@ -128,7 +156,7 @@ impl Host for KeyHost<'_> {
             Some(waited_us) => {
                 let wait_ms = waited_us / 1000;
                 let key = ffi::bytes(&self.key_name);
-                stats::record(&mut self.timer.class, key, Measured::Waited { wait_ms });
+                stats::record(self.class, key, Measured::Waited { wait_ms });
                 true
             }
             None => false,
@@ -162,9 +190,9 @@ pub enum NoLock {
     NotStored,
 }
 
-/// Run `op` on the lock stored under `key_name` (opened for writing as `key`), creating an
-/// empty one first when `create` and the key does not exist (the engine deletes it again if
-/// nothing needs it). Deletes the key afterwards when the engine said so.
+/// Run `op` on the lock stored under `key_name` (opened for writing as `key`), on an empty
+/// state when `create` and the key does not exist (stored afterwards unless the engine said
+/// to delete it). Deletes the key afterwards when the engine said so.
 #[inline]
 pub fn with_lock(
     ctx: Ctx,
@@ -173,49 +201,74 @@ pub fn with_lock(
     create: bool,
     op: impl FnOnce(&mut LockState, &mut Env<'_>, &mut KeyHost<'_>) -> Reply<'static>,
 ) -> Result<Reply<'static>, NoLock> {
-    let (reply, delete) = {
-        let (rec, created): (&mut LockRecord, bool) = match key.kind(server::lock_type()) {
-            KeyKind::Other => return Err(NoLock::WrongType),
-            KeyKind::Empty if !create => return Err(NoLock::Missing),
-            KeyKind::Empty => (
-                record::create(key, LockState::default()).map_err(|_| NoLock::NotStored)?,
-                true,
-            ),
-            // SAFETY: the kind was checked just above, on this open key.
-            KeyKind::Ours => match unsafe { record::lock_of_ours(key) } {
-                Some(rec) => (rec, false),
-                None => return Err(NoLock::Missing),
-            },
-        };
-        let LockRecord {
-            state,
-            timer,
-            watched,
-        } = rec;
-        let mut host = KeyHost {
-            ctx,
-            key_name,
-            timer,
-            watched,
-            delete: false,
-        };
-        if created {
-            host.watch_if_waited();
-        }
-        let mut tokens = server::tokens();
-        let mut env = Env {
-            now: server::now(),
-            lock_delay_ms: config::lock_delay_ms(),
-            max_holders: config::max_holders(),
-            master: server::is_master(),
-            tokens: &mut tokens,
-        };
-        let reply = op(state, &mut env, &mut host);
-        (reply, host.delete)
+    let kind = key.kind(server::lock_type());
+    if matches!(kind, KeyKind::Other) {
+        return Err(NoLock::WrongType);
+    }
+    if matches!(kind, KeyKind::Empty) && !create {
+        return Err(NoLock::Missing);
+    }
+    let mut tokens = server::tokens();
+    let mut env = Env {
+        now: server::now(),
+        lock_delay_ms: config::lock_delay_ms(),
+        max_holders: config::max_holders(),
+        master: server::is_master(),
+        tokens: &mut tokens,
     };
-    // The record is no longer borrowed: deleting the key (which frees it) is sound.
+    if matches!(kind, KeyKind::Empty) {
+        // A new lock: the operation runs on an empty state, stored only if the engine keeps
+        // it (a refused or waiting request leaves no key behind).
+        let mut rec = LockRecord::default();
+        let mut class = ClassRef::default();
+        let (reply, delete, arm) = {
+            let mut host = KeyHost::new(ctx, key_name, &mut class, &mut rec.watched, None);
+            host.watch_if_waited();
+            let reply = op(&mut rec.state, &mut env, &mut host);
+            (reply, host.delete, host.arm_later)
+        };
+        drop(env);
+        drop(tokens);
+        if delete {
+            return Ok(reply);
+        }
+        let db = ffi::selected_db(ctx);
+        // The key was found empty and is open for writing, and Redis's allocator does not
+        // return short: not reached in practice, and the reply says so if it ever is.
+        let block = record::create(key, rec, db, ffi::bytes(&key_name), class)
+            .map_err(|_| NoLock::NotStored)?;
+        if let Some(next) = arm {
+            // A block made here carries its name: arming it cannot be refused.
+            let _ = expiry::arm(ctx, key_name, block, next);
+        }
+        return Ok(reply);
+    }
+    // SAFETY: the kind was checked just above, on this open key.
+    let Some(mut lock) = (unsafe { record::lock_mut_ours(key) }) else {
+        return Err(NoLock::Missing);
+    };
+    let block = lock.block();
+    // SAFETY: the key's live block.
+    let mut class = unsafe { block.class() };
+    let (reply, delete, arm) = {
+        let (state, watched) = lock.parts();
+        let mut host = KeyHost::new(ctx, key_name, &mut class, watched, Some(block));
+        let reply = op(state, &mut env, &mut host);
+        (reply, host.delete, host.arm_later)
+    };
+    drop(env);
+    drop(tokens);
+    // The state goes back into its block (in the form that fits it now).
+    drop(lock);
     if delete {
         key.delete();
+        return Ok(reply);
+    }
+    // SAFETY: the key's live block (the key is still open and unchanged).
+    unsafe { block.set_class(class) };
+    if arm.is_some() {
+        // The block did not carry the key's name: a named block takes its place.
+        expiry::name_and_arm(ctx, key_name, key, false);
     }
     Ok(reply)
 }

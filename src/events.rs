@@ -6,7 +6,7 @@ use crate::effects;
 use crate::expiry::{self, DueKey};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::jobs::{self, Job, Task};
-use crate::record::{self, Found};
+use crate::record::{self, Found, RecordPtr};
 use crate::{bindings, cluster, server, waiters};
 use flock_core::engine::{self, Reply, RevisitPlan};
 use redis_module::raw;
@@ -73,21 +73,31 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
         // arrived without one (RESTORE, MIGRATE), which the timer then ends and replicates.
         let mut k = Key::open(ctx, key, false);
         let mut vacant = false;
-        if let Found::Lock(rec) = record::lock_of_mut(&mut k) {
+        let mut unnamed = false;
+        if let Found::Lock(mut lock) = record::lock_mut(&mut k) {
+            let state = lock.state();
             if event == b"restore" {
-                engine::orphan_bound(&mut rec.state, true);
+                engine::orphan_bound(state, true);
             }
             if matches!(event, b"rename_to" | b"move_to") {
                 // The binding followed the value: the index must find it under its new name.
-                for g in rec.state.grants().iter() {
+                for g in state.grants().iter() {
                     if let Some(client) = g.bound_client() {
                         bindings::moved(client, g.token, ffi::selected_db(ctx), ffi::bytes(&key));
                     }
                 }
             }
-            let next = rec.state.next_deadline();
+            let next = state.next_deadline();
             vacant = next.is_none();
-            expiry::rearm(ctx, key, &mut rec.timer, next);
+            let block = lock.block();
+            drop(lock);
+            unnamed = expiry::rearm(ctx, key, block, next).is_err();
+        }
+        drop(k);
+        if unnamed {
+            // A block under a new name (RENAME, COPY, RESTORE) gets one that carries it.
+            let mut k = Key::open(ctx, key, true);
+            expiry::name_and_arm(ctx, key, &mut k, true);
         }
         if vacant {
             // A COPY that left bound grants out may hold nothing: a look right after the
@@ -144,6 +154,9 @@ pub unsafe extern "C" fn on_server_event(
                 // Redis disconnects blocked clients itself on demotion; make sure none is
                 // left waiting for a grant this server can no longer make.
                 waiters::fail_everyone("UNBLOCKED this server is now a replica");
+                // A replica arms nothing (it follows its master's effects), and its values
+                // may yet be freed by a full sync without a flush event first.
+                expiry::forget_db(None);
             }
         }
         raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
@@ -206,20 +219,17 @@ pub fn on_due(ctx: Ctx, due: &DueKey) {
     if name.is_null() {
         return;
     }
-    settle_due(ctx, name, due.handle);
+    settle_due(ctx, name, due.block);
     ffi::free_string(name);
 }
 
-fn settle_due(ctx: Ctx, name: RStr, handle: u64) {
+fn settle_due(ctx: Ctx, name: RStr, block: RecordPtr) {
     let mut key = Key::open(ctx, name, true);
-    match record::lock_of_mut(&mut key) {
-        // Only the record this entry was armed for (not one that replaced it): handles are
-        // unique, and a record keeps the handle of its entry until the entry is gone.
-        Found::Lock(rec) if rec.timer.handle == handle => {
-            rec.timer.handle = 0;
-            rec.timer.at_us = 0;
-        }
-        _ => return,
+    // Only the block this entry was armed for (not one that replaced it: a block's entry
+    // leaves the index before the block is freed, so a due block is still live).
+    if !matches!(key.kind(server::lock_type()), KeyKind::Ours) || key.raw_value() != block.as_value()
+    {
+        return;
     }
     let _ = effects::with_lock(ctx, name, &mut key, false, |state, env, host| {
         engine::expire(state, env, host);

@@ -1,13 +1,15 @@
 //! Timers on a master: every lock key is in a deadline index for its next deadline (the end
 //! of its lease, or of its lock-delay), and one Redis timer is armed for the earliest.
 //!
-//! Redis module timers run on the monotonic clock (G9). The index (`deadlines.rs`) costs
-//! O(log n) per insert and O(1) per removal, much less than a Redis timer per lock. An entry
-//! keeps its key's database and a copy of its name ([`KeyName`]); the record keeps the
-//! entry's handle, and a due entry acts only when it finds a record holding that same handle
-//! under that name; an entry that outlived its record (flushed asynchronously, replaced) is a
-//! no-op. A renewal keeps the pending entry: when it comes due early it settles nothing and
-//! re-arms for the new deadline.
+//! Redis module timers run on the monotonic clock (G9). The index (`deadlines.rs`) is a heap
+//! of (deadline, record block) pairs, O(log n) per insert and removal, much less than a Redis
+//! timer per lock; each block keeps its position in the heap and carries its key's database
+//! and name (`record.rs`), so the index holds nothing else and an entry costs 16 bytes. An
+//! entry is in the index exactly while its block is live: the block's free takes it out (on
+//! the main thread: a per-key free is never lazy, see `lock_type::free_effort`), a flush
+//! takes out its databases' entries before freeing their values (possibly on a lazy-free
+//! thread), and a server that becomes a replica empties the index. A renewal keeps the
+//! pending entry: when it comes due early it settles nothing and re-arms for the new deadline.
 //!
 //! Replicas arm nothing and never expire on their own: they learn expiry from the master's
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
@@ -15,113 +17,151 @@
 
 use crate::ffi::{self, Ctx, Key, RStr};
 use crate::key_name::KeyName;
-use crate::record::{self, Found, TimerSlot};
+use crate::record::{self, Found, RecordPtr};
 use crate::{api, server};
-use flock_core::deadlines::{DeadlineIndex, Due, Handle};
+use flock_core::deadlines::{DeadlineIndex, NOWHERE};
 use flock_core::Deadline;
 use redis_module::raw;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
-/// What an armed lock costs besides its record: its index entry (slot and heap entry, with a
-/// short name inline; a longer name's copy comes on top).
-pub const TIMER_BYTES: usize = DeadlineIndex::<KeyName>::ENTRY_BYTES;
+/// What an armed lock costs besides its block: its index entry.
+pub const TIMER_BYTES: usize = DeadlineIndex::<RecordPtr>::ENTRY_BYTES;
 
-/// An index entry that came due: its handle (what its record keeps, if it is still there),
-/// its key's database and name.
+/// An index entry that came due: its block (still the key's, unless something replaced it
+/// since) and the key's database and name, read from the block while it was in the index.
 pub struct DueKey {
-    pub handle: Handle,
+    pub block: RecordPtr,
     pub db: c_int,
     pub name: KeyName,
 }
 
 struct Expiry {
-    index: DeadlineIndex<KeyName>,
+    index: DeadlineIndex<RecordPtr>,
     /// The Redis timer armed for the earliest deadline (0: none), and when it fires.
     alarm: u64,
     alarm_at_us: u64,
 }
 
-// Only Redis's main thread touches the index and the key names in it.
-unsafe impl Send for Expiry {}
+static EXPIRY: Mutex<Expiry> = Mutex::new(Expiry {
+    index: DeadlineIndex::new(),
+    alarm: 0,
+    alarm_at_us: 0,
+});
 
-static EXPIRY: Mutex<Option<Expiry>> = Mutex::new(None);
-
-fn expiry() -> MutexGuard<'static, Option<Expiry>> {
+fn expiry() -> MutexGuard<'static, Expiry> {
     EXPIRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn with_expiry<R>(f: impl FnOnce(&mut Expiry) -> R) -> R {
-    let mut guard = expiry();
-    let e = guard.get_or_insert_with(|| Expiry {
-        index: DeadlineIndex::default(),
-        alarm: 0,
-        alarm_at_us: 0,
-    });
-    f(e)
+/// Tells a block where its entry went (the index's `place`).
+fn place(block: RecordPtr, pos: u32) {
+    // SAFETY: the index holds live blocks only (see the module docs), and Redis runs module
+    // code on one thread, so nothing else is touching this one.
+    unsafe { block.set_pos(pos) }
 }
 
-/// Make the record owning `slot` due at `next` (its next deadline; `None`: never), master
-/// only. `key` is the key's name in the currently selected database of `ctx`.
-pub fn arm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
-    arm_with(ctx, key, slot, next, false)
+/// Why [`arm`] did not arm.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotArmed {
+    /// The block does not carry the key's name (loaded, restored, copied, renamed): the
+    /// caller gives it a named block (`record::replace`) and arms that.
+    Unnamed,
+}
+
+/// Make `block`, the lock of `key` in the selected database of `ctx`, due at `next` (its
+/// next deadline; `None`: never), master only. An entry already due no later stays.
+pub fn arm(ctx: Ctx, key: RStr, block: RecordPtr, next: Option<Deadline>) -> Result<(), NotArmed> {
+    arm_with(ctx, key, block, next, false)
 }
 
 /// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
-/// The record's FLOCK.STATS class is forgotten too: its next event counts for the class of
-/// the name it has now.
-pub fn rearm(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>) {
-    slot.class = Default::default();
-    arm_with(ctx, key, slot, next, true)
+/// The lock's FLOCK.STATS class is forgotten too: its next event counts for the class of the
+/// name it has now.
+pub fn rearm(
+    ctx: Ctx,
+    key: RStr,
+    block: RecordPtr,
+    next: Option<Deadline>,
+) -> Result<(), NotArmed> {
+    // SAFETY: a live block of an open key.
+    unsafe { block.set_class(Default::default()) };
+    arm_with(ctx, key, block, next, true)
 }
 
-fn arm_with(ctx: Ctx, key: RStr, slot: &mut TimerSlot, next: Option<Deadline>, replace: bool) {
+fn arm_with(
+    ctx: Ctx,
+    key: RStr,
+    block: RecordPtr,
+    next: Option<Deadline>,
+    replace: bool,
+) -> Result<(), NotArmed> {
     if !server::is_master() {
-        return;
+        return Ok(());
     }
     let Some(next) = next else {
-        disarm(slot);
-        return;
+        disarm(block);
+        return Ok(());
     };
-    if slot.handle != 0 && !replace && slot.at_us <= next.mono_us {
-        return; // due no later than needed, and re-arms then
+    let db = ffi::selected_db(ctx);
+    // SAFETY (the block calls below): a live block of an open key.
+    match unsafe { block.name() } {
+        Some((d, name)) if name == ffi::bytes(&key) => {
+            // MOVE and SWAPDB keep the name: the database is set in place.
+            if d != db && !unsafe { block.set_db(db) } {
+                return Err(NotArmed::Unnamed);
+            }
+        }
+        _ => return Err(NotArmed::Unnamed),
     }
-    disarm(slot);
-    let name = KeyName::new(ffi::bytes(&key));
-    // Databases are numbered from 0: the group is the number's bits.
-    let db = ffi::selected_db(ctx) as u32;
-    slot.handle = with_expiry(|e| {
-        let h = e.index.insert(next.mono_us, db, name);
-        ensure_alarm(e, next.mono_us);
-        h
-    });
-    slot.at_us = next.mono_us;
+    let mut e = expiry();
+    let pos = unsafe { block.pos() };
+    if pos != NOWHERE {
+        if !replace && e.index.deadline_at(pos).is_some_and(|at| at <= next.mono_us) {
+            return Ok(()); // due no later than needed, and re-arms then
+        }
+        e.index.remove(pos, &mut place);
+    }
+    if e.index.insert(next.mono_us, block, &mut place) {
+        ensure_alarm(&mut e, next.mono_us);
+    }
+    Ok(())
 }
 
-/// Take the record owning `slot` out of the index, if it is in.
-pub fn disarm(slot: &mut TimerSlot) {
-    if slot.handle != 0 {
-        forget(slot.handle);
-        slot.handle = 0;
-        slot.at_us = 0;
+/// Take `block` out of the index, if it is in.
+pub fn disarm(block: RecordPtr) {
+    // SAFETY: a live block (of an open key, or being freed on the main thread).
+    let pos = unsafe { block.pos() };
+    if pos != NOWHERE {
+        expiry().index.remove(pos, &mut place);
     }
 }
 
-/// Remove entry `h` (a record being freed on the main thread).
-pub fn forget(h: Handle) {
-    let removed = with_expiry(|e| e.index.remove(h));
-    drop(removed); // frees the key name outside the lock
+/// `new` takes `old`'s place in the index (the lock moved to a new block).
+pub fn transfer(old: RecordPtr, new: RecordPtr) {
+    // SAFETY: both live blocks of one open key.
+    let pos = unsafe { old.pos() };
+    if pos == NOWHERE {
+        return;
+    }
+    let mut e = expiry();
+    if let Some((at, _)) = e.index.remove(pos, &mut place) {
+        if e.index.insert(at, new, &mut place) {
+            ensure_alarm(&mut e, at);
+        }
+    }
 }
 
-/// Drop the entries of database `db` (all databases: `None`), before a flush frees their
-/// records, possibly on another thread.
+/// Take out the entries of database `db` (all databases: `None`) while their blocks are still
+/// live: before a flush frees them, possibly on another thread; or, for all, when this server
+/// becomes a replica (which arms nothing).
 pub fn forget_db(db: Option<c_int>) {
-    let dropped = with_expiry(|e| {
-        e.index
-            .drain_where(|group| db.is_none_or(|d| group == d as u32))
-    });
-    drop(dropped);
+    let mut e = expiry();
+    e.index.drain_where(
+        // SAFETY: the index holds live blocks only.
+        |block| db.is_none_or(|d| unsafe { block.name() }.is_some_and(|(bd, _)| bd == d)),
+        &mut place,
+    );
 }
 
 fn ensure_alarm(e: &mut Expiry, at_us: u64) {
@@ -145,7 +185,7 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
 /// registration; the mechanism never calls up into the code that runs the engine).
 pub type DueHandler = fn(Ctx, &DueKey);
 
-static ON_DUE: OnceLock<DueHandler> = OnceLock::new();
+static ON_DUE: std::sync::OnceLock<DueHandler> = std::sync::OnceLock::new();
 
 pub fn set_due_handler(handler: DueHandler) {
     let _ = ON_DUE.set(handler);
@@ -154,39 +194,45 @@ pub fn set_due_handler(handler: DueHandler) {
 /// While clients are paused, due entries wait this long and are looked at again.
 const PAUSED_RETRY_US: u64 = 10_000;
 
+/// The next entry due at `now`, out of the index, with its key's name read from its block.
+fn pop_due(now: u64) -> Option<DueKey> {
+    let mut e = expiry();
+    loop {
+        if e.index.next()? > now {
+            return None;
+        }
+        let (_, block) = e.index.remove(0, &mut place)?;
+        // SAFETY: it was in the index, so it is live.
+        if let Some((db, name)) = unsafe { block.name() } {
+            return Some(DueKey {
+                block,
+                db,
+                name: KeyName::new(name),
+            });
+        }
+    }
+}
+
 unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
     let now = server::now();
     if server::avoid_replica_traffic() {
-        with_expiry(|e| {
-            e.alarm = 0;
-            ensure_alarm(e, now.mono_us + PAUSED_RETRY_US);
-        });
+        let mut e = expiry();
+        e.alarm = 0;
+        ensure_alarm(&mut e, now.mono_us + PAUSED_RETRY_US);
         return;
     }
-    let due = with_expiry(|e| {
-        e.alarm = 0;
-        e.index.pop_due(now.mono_us)
-    });
-    if let Some(handler) = ON_DUE.get() {
-        for Due {
-            handle,
-            group,
-            item,
-        } in due
-        {
-            let key = DueKey {
-                handle,
-                db: group as c_int,
-                name: item,
-            };
-            handler(ctx, &key);
+    expiry().alarm = 0;
+    // One at a time: settling a key may free other blocks (a keyspace notification's
+    // listener deleting keys), which then leave the index themselves.
+    while let Some(due) = pop_due(now.mono_us) {
+        if let Some(handler) = ON_DUE.get() {
+            handler(ctx, &due);
         }
     }
-    with_expiry(|e| {
-        if let Some(next) = e.index.next() {
-            ensure_alarm(e, next);
-        }
-    });
+    let mut e = expiry();
+    if let Some(next) = e.index.next() {
+        ensure_alarm(&mut e, next);
+    }
 }
 
 /// From the cron event (every 100 ms at hz 10): a backstop for the alarm. Redis 7.0 and
@@ -194,7 +240,8 @@ unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
 /// fires late; the index is on the monotonic clock, and this catches what is due.
 pub fn on_cron(ctx: Ctx) {
     let now = server::now().mono_us;
-    let due = with_expiry(|e| {
+    let due = {
+        let mut e = expiry();
         let due = e.index.next().is_some_and(|next| next <= now);
         if due && e.alarm != 0 {
             // The alarm is late: replace it (on_alarm arms a new one for what is left).
@@ -202,10 +249,43 @@ pub fn on_cron(ctx: Ctx) {
             e.alarm = 0;
         }
         due
-    });
+    };
     if due {
         // SAFETY: the alarm callback, run from the cron's live context like a timer would.
         unsafe { on_alarm(ctx, ptr::null_mut()) };
+    }
+}
+
+/// Arm the lock of `key` (open for writing) for its next deadline, giving it a block named
+/// after the key first when its block does not carry that name. `replace`: as [`rearm`].
+pub fn name_and_arm(ctx: Ctx, key_name: RStr, key: &mut Key, replace: bool) {
+    let Found::Lock(mut lock) = record::lock_mut(key) else {
+        return;
+    };
+    let block = lock.block();
+    let next = lock.state().next_deadline();
+    drop(lock);
+    let armed = if replace {
+        rearm(ctx, key_name, block, next)
+    } else {
+        arm(ctx, key_name, block, next)
+    };
+    if armed == Err(NotArmed::Unnamed) {
+        let db = ffi::selected_db(ctx);
+        // SAFETY: the key's live block; the key is open for writing.
+        let Some(named) = (unsafe { block.renamed(db, ffi::bytes(&key_name)) }) else {
+            return;
+        };
+        // SAFETY: `named` was made from `block`, the key's block.
+        if unsafe { record::replace(key, block, named) } {
+            if let Err(e) = rearm(ctx, key_name, named, next) {
+                // Not reached but for a database number past 65,535.
+                redis_module::logging::log_warning(format!(
+                    "flock: cannot arm the lock {:?} in database {db}: {e:?}",
+                    String::from_utf8_lossy(ffi::bytes(&key_name))
+                ));
+            }
+        }
     }
 }
 
@@ -224,12 +304,26 @@ pub fn arm_all(ctx: Ctx) {
         if cursor.is_null() {
             return;
         }
-        // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given.
-        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), ptr::null_mut()) }
+        let mut unnamed: Vec<Vec<u8>> = Vec::new();
+        let data: *mut Vec<Vec<u8>> = &mut unnamed;
+        // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given
+        // and the list `data` points to, which outlives the scan.
+        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), data.cast()) }
             != 0
         {}
         // SAFETY: created above, destroyed once.
         unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
+        // Scanned keys are open for reading only: the blocks that need a name get it now.
+        for name in unnamed {
+            let name = ffi::create_string(ctx, &name);
+            if name.is_null() {
+                continue;
+            }
+            let mut key = Key::open(ctx, name, true);
+            name_and_arm(ctx, name, &mut key, true);
+            drop(key);
+            ffi::free_string(name);
+        }
         db += 1;
     }
     ffi::select_db(ctx, selected);
@@ -239,18 +333,25 @@ unsafe extern "C" fn arm_scanned(
     ctx: Ctx,
     keyname: RStr,
     key: *mut raw::RedisModuleKey,
-    _privdata: *mut c_void,
+    data: *mut c_void,
 ) {
     if key.is_null() {
         return;
     }
     // SAFETY: Redis passes a key handle valid during this callback.
     let mut key = unsafe { Key::borrowed(key) };
-    if let Found::Lock(rec) = record::lock_of_mut(&mut key) {
+    if let Found::Lock(mut lock) = record::lock_mut(&mut key) {
         // A master that loaded, restored or was promoted holds no binding for bound grants:
         // they are not live from now on and come due at once (the engine decides).
-        flock_core::engine::orphan_bound(&mut rec.state, true);
-        let next = rec.state.next_deadline();
-        rearm(ctx, keyname, &mut rec.timer, next);
-    }
+        flock_core::engine::orphan_bound(lock.state(), true);
+        let next = lock.state().next_deadline();
+        let block = lock.block();
+        drop(lock);
+        if rearm(ctx, keyname, block, next) == Err(NotArmed::Unnamed) {
+            // SAFETY: `data` is the list `arm_all` passed.
+            if let Some(unnamed) = unsafe { data.cast::<Vec<Vec<u8>>>().as_mut() } {
+                unnamed.push(ffi::bytes(&keyname).to_vec());
+            }
+        }
+    };
 }

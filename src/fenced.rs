@@ -128,7 +128,7 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
         match record::lock_of(&key) {
             Found::OtherType => return ffi::reply_error_static(ctx, WRONGTYPE),
             Found::Nothing => None,
-            Found::Lock(rec) => engine::fence(Some(&rec.state), token, server::now()),
+            Found::Lock(rec) => engine::fence(Some(&*rec), token, server::now()),
         }
     };
     let Some(grant_mode) = grant_mode else {

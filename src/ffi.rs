@@ -56,6 +56,7 @@ pub fn missing_api() -> Option<&'static str> {
         RedisModule_ModuleTypeGetType,
         RedisModule_ModuleTypeGetValue,
         RedisModule_ModuleTypeSetValue,
+        RedisModule_ModuleTypeReplaceValue,
         RedisModule_DeleteKey,
         RedisModule_StringPtrLen,
         RedisModule_CreateString,
@@ -275,9 +276,9 @@ pub fn notify(ctx: Ctx, event: &'static CStr, key: RStr) {
 
 /// An open key, closed on drop.
 ///
-/// A module value is reached only through [`Key::value`] / [`Key::value_mut`], whose borrows
-/// are tied to the key: the key cannot be deleted, overwritten or closed (`&mut self`, drop)
-/// while a reference into its value is alive.
+/// A module value is reached through [`Key::raw_value`] by `record.rs`, whose accessors tie
+/// their borrows to the key: the key cannot be deleted, overwritten or closed (`&mut self`,
+/// drop) while a reference into its value is alive.
 pub struct Key {
     ptr: *mut raw::RedisModuleKey,
 }
@@ -327,7 +328,9 @@ impl Key {
         }
     }
 
-    fn raw_value(&self) -> *mut c_void {
+    /// The module value pointer of this key (null when there is none). Reading it is safe;
+    /// what it points to is the caller's to reach soundly.
+    pub fn raw_value(&self) -> *mut c_void {
         if self.ptr.is_null() {
             return ptr::null_mut();
         }
@@ -335,28 +338,7 @@ impl Key {
         unsafe { api!(RedisModule_ModuleTypeGetValue, ptr::null_mut(); self.ptr) }
     }
 
-    /// The module value of this key, borrowed from the key.
-    ///
-    /// # Safety
-    /// The key must hold a value of module type `T` (check [`Key::kind`] against the type
-    /// whose values are all `T`s boxed by this module).
-    pub unsafe fn value<T>(&self) -> Option<&T> {
-        // SAFETY: by the caller, a valid `T` that lives while the key is open and unchanged,
-        // which the shared borrow of the key guarantees.
-        unsafe { self.raw_value().cast::<T>().as_ref() }
-    }
-
-    /// Like [`Key::value`], mutably.
-    ///
-    /// # Safety
-    /// As for [`Key::value`].
-    pub unsafe fn value_mut<T>(&mut self) -> Option<&mut T> {
-        // SAFETY: as for `value`; the exclusive borrow of the key makes this the only path
-        // to the value (Redis runs module code on one thread).
-        unsafe { self.raw_value().cast::<T>().as_mut() }
-    }
-
-    /// Store `value` (a `Box::into_raw` pointer, owned by Redis from now on) under this key;
+    /// Store `value` (a block of ours, owned by Redis from now on) under this key;
     /// false when Redis refused (the caller still owns `value` then).
     pub fn set_value(&mut self, ty: *mut raw::RedisModuleType, value: *mut c_void) -> bool {
         // SAFETY: an open key opened for writing; `ty` is our registered type, `value` a
@@ -365,6 +347,26 @@ impl Key {
             && unsafe {
                 api!(RedisModule_ModuleTypeSetValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value)
             } == raw::REDISMODULE_OK as c_int
+    }
+
+    /// Put `value` in place of this key's module value, which is returned (Redis does not
+    /// free it: the caller owns it now); `None` when Redis refused (the caller still owns
+    /// `value` then). The key must be open for writing and hold a value of type `ty`.
+    pub fn replace_value(
+        &mut self,
+        ty: *mut raw::RedisModuleType,
+        value: *mut c_void,
+    ) -> Option<*mut c_void> {
+        if self.ptr.is_null() {
+            return None;
+        }
+        let mut old: *mut c_void = ptr::null_mut();
+        // SAFETY: an open key; `ty` is our registered type, `value` a record of it, `old` a
+        // place for the pointer Redis hands back.
+        let rc = unsafe {
+            api!(RedisModule_ModuleTypeReplaceValue, raw::REDISMODULE_ERR as c_int; self.ptr, ty, value, &mut old)
+        };
+        (rc == raw::REDISMODULE_OK as c_int).then_some(old)
     }
 
     /// Delete the key (Redis frees its value): needs `&mut self`, so no borrow of the value

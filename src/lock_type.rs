@@ -2,7 +2,7 @@
 //! COPY, MEMORY USAGE, DEBUG DIGEST, free, and the server-wide token high-water mark saved as
 //! RDB aux data. What a lock looks like on disk is flock-core's [`Snapshot`].
 
-use crate::record::LockRecord;
+use crate::record::{LockRecord, RecordPtr, StateRef};
 use crate::{api, expiry, jobs, replication, server};
 use flock_core::snapshot::{mode_code, mode_from_code, GrantImage, LockImage};
 use flock_core::state::MAX_LIMIT;
@@ -31,7 +31,7 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
         aux_save: Some(aux_save),
         aux_save2: None,
         aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
-        free_effort: None,
+        free_effort: Some(free_effort),
         unlink: None,
         copy: Some(copy),
         defrag: None,
@@ -42,30 +42,37 @@ pub static LOCK_TYPE: RedisType = RedisType::new(
     },
 );
 
-/// The record behind a value pointer Redis hands to a callback of our type.
+/// The state behind a value pointer Redis hands to a callback of our type.
 ///
 /// # Safety
-/// `value` must be null or a value of this type (a `LockRecord` boxed by this module) that
-/// Redis keeps alive during the callback, which is what `'a` stands for.
-unsafe fn record<'a>(value: *const c_void) -> Option<&'a LockRecord> {
+/// `value` must be null or a value of this type (a block made by this module) that Redis
+/// keeps alive during the callback, which is what `'a` stands for.
+unsafe fn state_of<'a>(value: *const c_void) -> Option<StateRef<'a>> {
     // SAFETY: by the caller.
-    unsafe { value.cast::<LockRecord>().as_ref() }
+    unsafe { RecordPtr::from_value(value.cast_mut()).map(|b| b.state()) }
+}
+
+/// A lock is one block (two for a key with waiters, many readers or a lock-delay): cheap to
+/// free, so Redis frees it at once, on the main thread, where the deadline index is kept
+/// (a lazy free would leave the index pointing at a block being freed elsewhere).
+unsafe extern "C" fn free_effort(_key: *mut raw::RedisModuleString, _value: *const c_void) -> usize {
+    1
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
-    if value.is_null() {
+    // SAFETY: Redis frees each value of our type once; it is a block of ours.
+    let Some(block) = (unsafe { RecordPtr::from_value(value) }) else {
         return;
-    }
-    // SAFETY: Redis frees each value of our type once; we boxed it.
-    let rec = unsafe { Box::from_raw(value.cast::<LockRecord>()) };
-    // DEL, UNLINK, RELEASE, overwrite and a synchronous flush free on the main thread: take
-    // the record out of the deadline index now (G10). A lazy-free thread (FLUSHALL ASYNC)
-    // must not touch the index; the flush event already dropped those entries.
+    };
+    // DEL, UNLINK, RELEASE, overwrite, eviction and a synchronous flush free on the main
+    // thread: take the block out of the deadline index now (G10). A lazy-free thread
+    // (FLUSHALL ASYNC) must not touch the index; the flush event already took those out.
     let main_thread = server::on_main_thread();
-    if rec.timer.handle != 0 && main_thread {
-        expiry::forget(rec.timer.handle);
+    if main_thread {
+        expiry::disarm(block);
     }
-    if let Some(key) = rec.watched {
+    // SAFETY: out of the index (above, or by the flush event) and out of the keyspace.
+    if let Some(key) = unsafe { block.free() } {
         jobs::schedule_revisit(*key, main_thread);
     }
 }
@@ -76,45 +83,41 @@ unsafe extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     // SAFETY: Redis passes a live value of our type.
-    match unsafe { record(value) } {
-        // The copy gets its own timer when the copy_to event arms it. A binding lives with
-        // one connection and one value: COPY leaves bound grants out (G11).
-        Some(rec) => {
-            let mut state = rec.state.clone();
-            state.retain_grants(|g| !g.bound());
-            LockRecord::boxed(state).cast()
-        }
-        None => ptr::null_mut(),
-    }
+    let Some(state) = (unsafe { state_of(value) }) else {
+        return ptr::null_mut();
+    };
+    // The copy gets its name and timer when the copy_to event arms it. A binding lives with
+    // one connection and one value: COPY leaves bound grants out (G11).
+    let mut state = state.clone();
+    state.retain_grants(|g| !g.bound());
+    let rec = LockRecord {
+        state,
+        watched: None,
+    };
+    RecordPtr::new(rec, None, Default::default()).map_or(ptr::null_mut(), RecordPtr::as_value)
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     // SAFETY: Redis passes a live value of our type.
-    match unsafe { record(value) } {
-        Some(rec) => {
-            let state = &rec.state;
-            let spilled_grants = state.grants().heap_bytes();
-            let spilled_delays = state.delays.heap_bytes();
-            std::mem::size_of::<LockRecord>()
-                + state.grants().iter().map(|g| g.owner.len()).sum::<usize>()
-                + spilled_grants
-                + spilled_delays
-                + if rec.timer.handle != 0 {
+    match unsafe { RecordPtr::from_value(value.cast_mut()) } {
+        // SAFETY: as above.
+        Some(block) => unsafe {
+            block.bytes()
+                + if block.pos() != flock_core::deadlines::NOWHERE {
                     expiry::TIMER_BYTES
                 } else {
                     0
                 }
-        }
+        },
         None => 0,
     }
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     // SAFETY: Redis passes a live value of our type.
-    let Some(rec) = (unsafe { record(value) }) else {
+    let Some(state) = (unsafe { state_of(value) }) else {
         return;
     };
-    let state = &rec.state;
     let (code, limit) = mode_code(state.mode);
     // SAFETY (every call below): `md` is the digest Redis passed; the buffers outlive the
     // calls. Exclusive keys add no mode, as v1 did.
@@ -150,10 +153,10 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 // slots, each as its signed end (Unix ms).
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     // SAFETY: Redis passes a live value of our type.
-    let Some(rec) = (unsafe { record(value) }) else {
+    let Some(state) = (unsafe { state_of(value) }) else {
         return;
     };
-    let state: &LockState = &rec.state;
+    let state: &LockState = &state;
     let (code, limit) = mode_code(state.mode);
     // SAFETY: `rdb` is the handle Redis passed; the owner buffers outlive the calls.
     unsafe {
@@ -271,7 +274,12 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         return ptr::null_mut();
     };
     let state = engine::load(image, server::now(), &mut server::tokens());
-    LockRecord::boxed(state).cast()
+    let rec = LockRecord {
+        state,
+        watched: None,
+    };
+    // Named when first armed (the key's name is not known here).
+    RecordPtr::new(rec, None, Default::default()).map_or(ptr::null_mut(), RecordPtr::as_value)
 }
 
 unsafe extern "C" fn aof_rewrite(
@@ -280,10 +288,10 @@ unsafe extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     // SAFETY: Redis passes a live value of our type.
-    let Some(rec) = (unsafe { record(value) }) else {
+    let Some(state) = (unsafe { state_of(value) }) else {
         return;
     };
-    if let Some(snapshot) = flock_core::Snapshot::of(&rec.state) {
+    if let Some(snapshot) = flock_core::Snapshot::of(&state) {
         replication::emit_aof(aof, key, snapshot);
     }
 }

@@ -1,52 +1,522 @@
-//! The value stored under a lock key: the engine's state plus what this server keeps beside
-//! it (its timer entry, whether clients wait for it). Reached only through an open [`Key`],
-//! whose borrow bounds every reference into the record.
+//! The value stored under a lock key: one allocation per lock.
+//!
+//! A lock's block is a 48-byte [`Head`], then the owner (in the compact form), then the key's
+//! name (which the deadline index needs to find the key again, so that the index keeps no
+//! copy of its own). The head holds what this server keeps beside the state (the deadline
+//! index position, the FLOCK.STATS class, the database) and the state itself in one of three
+//! forms:
+//! - **compact**: the key's one grant when that is all the key is (exclusive, not bound, no
+//!   lock-delay, nobody waiting: `LockState::lone_exclusive`): token, deadline, start time,
+//!   and the owner's bytes after the head. Most locks, most of the time. With a 36-byte owner
+//!   and a 12-byte name a held lock is one 96-byte allocation.
+//! - **empty**: no grant (a key about to be deleted).
+//! - **full**: a pointer to a boxed [`LockRecord`] (any state, and the waiters' key).
+//!
+//! The engine works on a `LockState`; [`lock_mut`] hands one out for the length of a command
+//! (the compact form decoded, the full one borrowed) and stores it back in the best form that
+//! fits when the [`LockMut`] goes. Reached only through an open [`Key`], whose borrow bounds
+//! every access to the block.
 
 use crate::ffi::{Key, KeyKind};
 use crate::server;
+use flock_core::deadlines::NOWHERE;
 use flock_core::lock_stats::ClassRef;
-use flock_core::LockState;
-use std::os::raw::c_int;
+use flock_core::state::Mode;
+use flock_core::{Deadline, Grant, LockState};
+use std::alloc::{self, Layout};
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::os::raw::{c_int, c_void};
+use std::ptr::{self, NonNull};
+use std::sync::OnceLock;
 
 /// A key by database and name, owned (it outlives commands: waiter queues, deferred jobs).
 pub type KeyId = (c_int, Vec<u8>);
 
-/// What this server keeps of a record beside its state, which Redis never sees: its
-/// deadline-index entry (see `expiry.rs`) and its FLOCK.STATS class.
+/// A lock's state in any form, with the waiters' key: what the full form boxes, and what a
+/// command works on.
 #[derive(Debug, Default)]
-pub struct TimerSlot {
-    /// The lock class of the key, found on its first counted event (see `ClassRef`); cleared
-    /// when the record is put under another name (`expiry::rearm`), whose class may differ.
-    pub class: ClassRef,
-    /// The index entry (0: none) and when it is due, on the monotonic clock. Handles are
-    /// unique, so an entry that comes due acts only on the record that holds its handle.
-    pub handle: u64,
-    pub at_us: u64,
-}
-
-#[derive(Debug)]
 pub struct LockRecord {
     pub state: LockState,
-    pub timer: TimerSlot,
     /// Set once clients wait for this value's key (and only then are the wait queues
     /// consulted, which keeps the uncontended path off the registry): the key to look at
     /// again when the value is freed (deleted, overwritten by another type, flushed, evicted).
     pub watched: Option<Box<KeyId>>,
 }
 
-impl LockRecord {
-    pub fn new(state: LockState) -> LockRecord {
-        LockRecord {
-            state,
-            timer: TimerSlot::default(),
-            watched: None,
+// ---------------------------------------------------------------------------------------------
+// The block
+// ---------------------------------------------------------------------------------------------
+
+const FORM_EMPTY: u8 = 0;
+const FORM_COMPACT: u8 = 1;
+const FORM_FULL: u8 = 2;
+const FORM_MASK: u8 = 0b11;
+/// The block carries its key's name and database (blocks made by RDB loading, RESTORE and
+/// COPY get them when they are first armed).
+const NAMED: u8 = 0b1000_0000;
+
+/// A compact lock's one grant (its owner follows the head).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Compact {
+    token: u64,
+    deadline_mono_us: u64,
+    since_mono_us: u64,
+}
+
+#[repr(C)]
+union Body {
+    compact: Compact,
+    full: *mut LockRecord,
+}
+
+#[repr(C)]
+pub struct Head {
+    class: ClassRef,
+    /// Where the block's deadline-index entry sits ([`NOWHERE`]: not armed).
+    pos: u32,
+    name_len: u32,
+    db: u16,
+    /// `FORM_*` and `NAMED`.
+    flags: u8,
+    /// Bytes between the head and the name: the compact form's owner (its length), left as
+    /// they are when the block changes form (the block's size never changes).
+    owner_area: u8,
+    /// Compact: the deadline's wall-clock time, as milliseconds from the monotonic deadline
+    /// plus [`wall_base`] (exact: the wall deadline travels, G7, and DEBUG DIGEST shows it).
+    wall_delta: i32,
+    body: Body,
+}
+
+const _: () = assert!(std::mem::size_of::<Head>() == 48);
+
+/// A record as Redis stores it (the value pointer of a key of our type). Raw: every read and
+/// write of the block goes through the unsafe methods below, whose callers hold the key open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordPtr(NonNull<Head>);
+
+// SAFETY: records are touched only on Redis's main thread (and freed on a lazy-free thread
+// only after the deadline index has let go of them); the index that holds these pointers sits
+// behind a mutex because it is a static.
+unsafe impl Send for RecordPtr {}
+
+/// The pointer the index keeps for an empty place (never dereferenced).
+impl Default for RecordPtr {
+    fn default() -> Self {
+        RecordPtr(NonNull::dangling())
+    }
+}
+
+/// `wall_ms - mono_ms` when this process first needed it: compact deadlines keep their wall
+/// time as a 32-bit offset from the monotonic deadline plus this (enough for any deadline
+/// within 24 days of what the clocks said then; beyond, the lock takes the full form).
+fn wall_base() -> i64 {
+    static BASE: OnceLock<i64> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        let now = server::now();
+        now.wall_ms - (now.mono_us / 1000) as i64
+    })
+}
+
+fn wall_delta(d: Deadline) -> Option<i32> {
+    let mono_ms = i64::try_from(d.mono_us / 1000).ok()?;
+    i32::try_from(
+        d.wall_ms
+            .checked_sub(mono_ms)?
+            .checked_sub(wall_base())?,
+    )
+    .ok()
+}
+
+fn layout(owner_area: usize, name_len: usize) -> Option<Layout> {
+    let size = std::mem::size_of::<Head>()
+        .checked_add(owner_area)?
+        .checked_add(name_len)?;
+    Layout::from_size_align(size, std::mem::align_of::<Head>()).ok()
+}
+
+/// What a block is made of, in the form it will take.
+enum Form<'a> {
+    Empty,
+    Compact {
+        grant: &'a Grant,
+        wall_delta: i32,
+    },
+    Full,
+}
+
+/// The form `rec` can take in a block whose owner area is `owner_area` bytes (`None`: any,
+/// for a new block).
+fn form_for(rec: &LockRecord, owner_area: Option<usize>) -> Form<'_> {
+    if rec.watched.is_some() {
+        return Form::Full;
+    }
+    let state = &rec.state;
+    if state.grants().is_empty() && state.delays.is_empty() {
+        return Form::Empty;
+    }
+    if let Some(g) = state.lone_exclusive() {
+        let fits = match owner_area {
+            Some(area) => g.owner.len() == area,
+            None => g.owner.len() <= usize::from(u8::MAX),
+        };
+        if let (true, Some(wall_delta)) = (fits, wall_delta(g.deadline)) {
+            return Form::Compact {
+                grant: g,
+                wall_delta,
+            };
+        }
+    }
+    Form::Full
+}
+
+impl RecordPtr {
+    fn head(self) -> *mut Head {
+        self.0.as_ptr()
+    }
+
+    /// The pointer Redis stores.
+    pub fn as_value(self) -> *mut c_void {
+        self.head().cast()
+    }
+
+    /// # Safety
+    /// `value` must be a live block of this module (a value of our type).
+    pub unsafe fn from_value(value: *mut c_void) -> Option<RecordPtr> {
+        NonNull::new(value.cast::<Head>()).map(RecordPtr)
+    }
+
+    /// A new block for `rec` (named `db`/`name` when given), with an empty class and no index
+    /// entry. `None`: out of memory (`rec` is dropped).
+    pub fn new(rec: LockRecord, name: Option<(c_int, &[u8])>, class: ClassRef) -> Option<Self> {
+        RecordPtr::new_with(&mut Some(rec), name, class)
+    }
+
+    /// [`RecordPtr::new`] that leaves `rec` in place when it makes no block (and takes it
+    /// when it does).
+    fn new_with(
+        slot: &mut Option<LockRecord>,
+        name: Option<(c_int, &[u8])>,
+        class: ClassRef,
+    ) -> Option<Self> {
+        let rec = slot.as_ref()?;
+        let form = form_for(rec, None);
+        let owner_area = match &form {
+            Form::Compact { grant, .. } => grant.owner.len(),
+            _ => 0,
+        };
+        let name_bytes = name.map_or(&[][..], |(_, n)| n);
+        let name_len = u32::try_from(name_bytes.len()).ok()?;
+        let layout = layout(owner_area, name_bytes.len())?;
+        // SAFETY: the layout's size is at least the head's 48 bytes.
+        let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
+        let db = name.and_then(|(db, _)| u16::try_from(db).ok());
+        let head = Head {
+            class,
+            pos: NOWHERE,
+            name_len,
+            db: db.unwrap_or(0),
+            flags: FORM_EMPTY | if db.is_some() { NAMED } else { 0 },
+            owner_area: owner_area as u8,
+            wall_delta: 0,
+            body: Body {
+                compact: Compact {
+                    token: 0,
+                    deadline_mono_us: 0,
+                    since_mono_us: 0,
+                },
+            },
+        };
+        let this = RecordPtr(block);
+        // SAFETY: a fresh allocation of the block's layout: the head and the name fit.
+        unsafe {
+            block.as_ptr().write(head);
+            ptr::copy_nonoverlapping(
+                name_bytes.as_ptr(),
+                this.name_ptr(),
+                name_bytes.len(),
+            );
+            if let Some(rec) = slot.take() {
+                this.store(rec);
+            }
+        }
+        Some(this)
+    }
+
+    /// # Safety (for every method below)
+    /// `self` must be a live block, not borrowed elsewhere for the duration of the call.
+    unsafe fn flags(self) -> u8 {
+        // SAFETY: by the caller.
+        unsafe { (*self.head()).flags }
+    }
+
+    unsafe fn tail(self) -> *mut u8 {
+        // SAFETY: the tail starts right after the head, inside the block.
+        unsafe { self.head().cast::<u8>().add(std::mem::size_of::<Head>()) }
+    }
+
+    unsafe fn owner_area(self) -> usize {
+        // SAFETY: by the caller.
+        usize::from(unsafe { (*self.head()).owner_area })
+    }
+
+    unsafe fn name_ptr(self) -> *mut u8 {
+        // SAFETY: the name follows the owner area, inside the block.
+        unsafe { self.tail().add(self.owner_area()) }
+    }
+
+    /// The deadline-index position.
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn pos(self) -> u32 {
+        // SAFETY: by the caller.
+        unsafe { (*self.head()).pos }
+    }
+
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn set_pos(self, pos: u32) {
+        // SAFETY: by the caller.
+        unsafe { (*self.head()).pos = pos }
+    }
+
+    /// The FLOCK.STATS class kept with the lock.
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn class(self) -> ClassRef {
+        // SAFETY: by the caller.
+        unsafe { (*self.head()).class }
+    }
+
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn set_class(self, class: ClassRef) {
+        // SAFETY: by the caller.
+        unsafe { (*self.head()).class = class }
+    }
+
+    /// The database and name the block carries, if it was given them.
+    ///
+    /// # Safety
+    /// `self` must be a live block, and stay so while the name is borrowed.
+    pub unsafe fn name<'a>(self) -> Option<(c_int, &'a [u8])> {
+        // SAFETY: by the caller; the name's bytes are inside the block.
+        unsafe {
+            if self.flags() & NAMED == 0 {
+                return None;
+            }
+            let len = (*self.head()).name_len as usize;
+            Some((
+                c_int::from((*self.head()).db),
+                std::slice::from_raw_parts(self.name_ptr(), len),
+            ))
         }
     }
 
-    pub fn boxed(state: LockState) -> *mut LockRecord {
-        Box::into_raw(Box::new(LockRecord::new(state)))
+    /// The same name under another database (MOVE, SWAPDB: no new block needed); false when
+    /// the database number does not fit a block.
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn set_db(self, db: c_int) -> bool {
+        match u16::try_from(db) {
+            // SAFETY: by the caller.
+            Ok(db) => unsafe {
+                (*self.head()).db = db;
+                true
+            },
+            Err(_) => false,
+        }
+    }
+
+    /// The block's state, as a `LockRecord` of its own (compact, empty) or borrowed (full).
+    ///
+    /// # Safety
+    /// `self` must be a live block, not changed while the result lives.
+    unsafe fn load<'a>(self) -> Work<'a> {
+        // SAFETY: by the caller; the form says which body field is valid, and the compact
+        // owner is `owner_area` bytes after the head.
+        unsafe {
+            let head = self.head();
+            match self.flags() & FORM_MASK {
+                FORM_COMPACT => {
+                    let c = (*head).body.compact;
+                    let owner = std::slice::from_raw_parts(self.tail(), self.owner_area());
+                    let mono_ms = (c.deadline_mono_us / 1000) as i64;
+                    let deadline = Deadline {
+                        wall_ms: mono_ms + wall_base() + i64::from((*head).wall_delta),
+                        mono_us: c.deadline_mono_us,
+                    };
+                    let grant = Grant::from_parts(owner, c.token, deadline, c.since_mono_us);
+                    Work::Own(LockRecord {
+                        state: LockState::with_grant(Mode::Exclusive, grant),
+                        watched: None,
+                    })
+                }
+                FORM_FULL => match (*head).body.full.as_mut() {
+                    Some(rec) => Work::Full(rec),
+                    None => Work::Own(LockRecord::default()),
+                },
+                _ => Work::Own(LockRecord::default()),
+            }
+        }
+    }
+
+    /// Put `rec` in the block (whose full-form box, if any, it came out of or is no longer
+    /// in use): compact or empty when it fits, else boxed.
+    ///
+    /// # Safety
+    /// `self` must be a live block whose body holds no box (any box it had is gone or is
+    /// `rec`'s own, taken out by the caller).
+    unsafe fn store(self, rec: LockRecord) {
+        // SAFETY: by the caller; the owner is written only when it is exactly the owner
+        // area's length.
+        unsafe {
+            let head = self.head();
+            let named = (*head).flags & NAMED;
+            match form_for(&rec, Some(self.owner_area())) {
+                Form::Compact { grant, wall_delta } => {
+                    let area = self.owner_area();
+                    let owner = std::slice::from_raw_parts(self.tail(), area);
+                    if owner != &*grant.owner {
+                        ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), area);
+                    }
+                    (*head).wall_delta = wall_delta;
+                    (*head).body.compact = Compact {
+                        token: grant.token,
+                        deadline_mono_us: grant.deadline.mono_us,
+                        since_mono_us: grant.since_mono_us,
+                    };
+                    (*head).flags = FORM_COMPACT | named;
+                }
+                Form::Empty => (*head).flags = FORM_EMPTY | named,
+                Form::Full => {
+                    (*head).body.full = Box::into_raw(Box::new(rec));
+                    (*head).flags = FORM_FULL | named;
+                }
+            }
+        }
+    }
+
+    /// A copy of the block's state (COPY, persistence, reads).
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn state<'a>(self) -> StateRef<'a> {
+        // SAFETY: by the caller; the borrow of a full form's state is bounded by the caller
+        // (see `lock_of`, which ties it to the key).
+        match unsafe { self.load() } {
+            Work::Own(rec) => StateRef::Own(rec.state),
+            Work::Full(rec) => StateRef::Full(&rec.state),
+        }
+    }
+
+    /// Bytes of the block and of what it owns (MEMORY USAGE), the index entry not included.
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn bytes(self) -> usize {
+        // SAFETY: by the caller.
+        unsafe {
+            let own = std::mem::size_of::<Head>()
+                + self.owner_area()
+                + (*self.head()).name_len as usize;
+            let boxed = match self.load() {
+                Work::Full(rec) => {
+                    let s = &rec.state;
+                    std::mem::size_of::<LockRecord>()
+                        + s.grants().iter().map(|g| g.owner.len()).sum::<usize>()
+                        + s.grants().heap_bytes()
+                        + s.delays.heap_bytes()
+                }
+                Work::Own(_) => 0,
+            };
+            own + boxed
+        }
+    }
+
+    /// Free the block and what it owns; returns the waiters' key it had, if any.
+    ///
+    /// # Safety
+    /// `self` must be a live block that nothing refers to any more (out of the deadline
+    /// index, out of the keyspace); it is gone after this.
+    pub unsafe fn free(self) -> Option<Box<KeyId>> {
+        // SAFETY: by the caller; the layout is the one the block was made with (its owner
+        // area and name length never change).
+        unsafe {
+            let head = self.head();
+            let watched = if (*head).flags & FORM_MASK == FORM_FULL {
+                let rec = Box::from_raw((*head).body.full);
+                rec.watched
+            } else {
+                None
+            };
+            if let Some(layout) = layout(self.owner_area(), (*head).name_len as usize) {
+                alloc::dealloc(head.cast(), layout);
+            }
+            watched
+        }
+    }
+
+    /// The same lock in a new block named `db`/`name`; the old block is left empty (its
+    /// index entry, if any, stays with it: the caller moves it). `None`: no memory (the old
+    /// block is as it was).
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    pub unsafe fn renamed(self, db: c_int, name: &[u8]) -> Option<RecordPtr> {
+        // SAFETY: by the caller; a full form's box moves to the new block (the old one is
+        // marked empty so that freeing it leaves the box alone).
+        unsafe {
+            let head = self.head();
+            let rec = match self.load() {
+                Work::Own(rec) => rec,
+                Work::Full(_) => {
+                    let rec = *Box::from_raw((*head).body.full);
+                    (*head).flags = ((*head).flags & NAMED) | FORM_EMPTY;
+                    rec
+                }
+            };
+            let class = self.class();
+            let mut rec = Some(rec);
+            let made = RecordPtr::new_with(&mut rec, Some((db, name)), class);
+            if let Some(rec) = rec {
+                // Not stored anywhere: back where it came from.
+                self.store(rec);
+            }
+            made
+        }
     }
 }
+
+/// A lock's state for a command: its own (decoded from a compact block) or the full form's.
+enum Work<'a> {
+    Own(LockRecord),
+    Full(&'a mut LockRecord),
+}
+
+/// A block's state for reading.
+pub enum StateRef<'a> {
+    Own(LockState),
+    Full(&'a LockState),
+}
+
+impl Deref for StateRef<'_> {
+    type Target = LockState;
+    fn deref(&self) -> &LockState {
+        match self {
+            StateRef::Own(s) => s,
+            StateRef::Full(s) => s,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Access through an open key
+// ---------------------------------------------------------------------------------------------
 
 /// What an open key holds.
 pub enum Found<T> {
@@ -55,60 +525,151 @@ pub enum Found<T> {
     OtherType,
 }
 
-/// The lock record of `key`, borrowed from it.
-pub fn lock_of(key: &Key) -> Found<&LockRecord> {
+/// A lock's state and the waiters' key for the length of a command; stored back into its
+/// block (in the form that fits) when dropped. Holds the key's exclusive borrow.
+pub struct LockMut<'k> {
+    block: RecordPtr,
+    work: Work<'k>,
+    _key: PhantomData<&'k mut Key>,
+}
+
+impl<'k> LockMut<'k> {
+    /// The state and the waiters' key.
+    pub fn parts(&mut self) -> (&mut LockState, &mut Option<Box<KeyId>>) {
+        let rec = match &mut self.work {
+            Work::Own(rec) => rec,
+            Work::Full(rec) => &mut **rec,
+        };
+        (&mut rec.state, &mut rec.watched)
+    }
+
+    pub fn state(&mut self) -> &mut LockState {
+        self.parts().0
+    }
+
+    /// The block (for the deadline index and the class, reached through its raw methods).
+    pub fn block(&self) -> RecordPtr {
+        self.block
+    }
+}
+
+impl Drop for LockMut<'_> {
+    fn drop(&mut self) {
+        // (An empty state in the place of the one taken: no allocation.)
+        match std::mem::replace(&mut self.work, Work::Own(LockRecord::default())) {
+            // SAFETY: the block is live (the key is still borrowed by this guard) and its body
+            // holds no box (it was compact or empty).
+            Work::Own(rec) => unsafe { self.block.store(rec) },
+            // A full form that now fits a smaller one leaves its box. SAFETY: as above; the
+            // box is taken out of the body before the state is stored.
+            Work::Full(rec) => unsafe {
+                if !matches!(form_for(rec, Some(self.block.owner_area())), Form::Full) {
+                    let head = self.block.head();
+                    let boxed = Box::from_raw((*head).body.full);
+                    self.block.store(*boxed);
+                }
+            },
+        }
+    }
+}
+
+fn block_of(key: &Key) -> Found<RecordPtr> {
     match key.kind(server::lock_type()) {
         KeyKind::Empty => Found::Nothing,
         KeyKind::Other => Found::OtherType,
-        // SAFETY: every value of our type is a `LockRecord` boxed by this module.
-        KeyKind::Ours => match unsafe { key.value::<LockRecord>() } {
-            Some(rec) => Found::Lock(rec),
+        // SAFETY: every value of our type is a block made by this module.
+        KeyKind::Ours => match unsafe { RecordPtr::from_value(key.raw_value()) } {
+            Some(b) => Found::Lock(b),
             None => Found::Nothing,
         },
     }
 }
 
-/// The lock record of `key`, mutably borrowed from it.
-pub fn lock_of_mut(key: &mut Key) -> Found<&mut LockRecord> {
-    match key.kind(server::lock_type()) {
-        KeyKind::Empty => Found::Nothing,
-        KeyKind::Other => Found::OtherType,
-        // SAFETY: every value of our type is a `LockRecord` boxed by this module.
-        KeyKind::Ours => match unsafe { key.value_mut::<LockRecord>() } {
-            Some(rec) => Found::Lock(rec),
-            None => Found::Nothing,
-        },
+/// The state of the lock under `key`, for reading.
+pub fn lock_of(key: &Key) -> Found<StateRef<'_>> {
+    match block_of(key) {
+        // SAFETY: a live block of the open key; the full form's state is borrowed for as
+        // long as the key is (shared borrow: the key cannot change meanwhile).
+        Found::Lock(b) => Found::Lock(unsafe { b.state() }),
+        Found::Nothing => Found::Nothing,
+        Found::OtherType => Found::OtherType,
     }
 }
 
-/// The lock record of a key already known to hold our type (saves asking Redis for the
-/// key's type twice on the write path).
+/// The state of the lock under `key`, for a command that may change it.
+pub fn lock_mut(key: &mut Key) -> Found<LockMut<'_>> {
+    match block_of(key) {
+        Found::Lock(b) => Found::Lock(LockMut {
+            block: b,
+            // SAFETY: a live block of the open key, which the guard borrows exclusively.
+            work: unsafe { b.load() },
+            _key: PhantomData,
+        }),
+        Found::Nothing => Found::Nothing,
+        Found::OtherType => Found::OtherType,
+    }
+}
+
+/// [`lock_mut`] for a key already known to hold our type.
 ///
 /// # Safety
 /// `key.kind(server::lock_type())` must have been `KeyKind::Ours`, with the key unchanged
 /// since.
-pub unsafe fn lock_of_ours(key: &mut Key) -> Option<&mut LockRecord> {
-    // SAFETY: by the caller, the value is a `LockRecord` boxed by this module.
-    unsafe { key.value_mut::<LockRecord>() }
+pub unsafe fn lock_mut_ours(key: &mut Key) -> Option<LockMut<'_>> {
+    // SAFETY: by the caller, the value is a block of this module.
+    let b = unsafe { RecordPtr::from_value(key.raw_value()) }?;
+    Some(LockMut {
+        block: b,
+        // SAFETY: as in `lock_mut`.
+        work: unsafe { b.load() },
+        _key: PhantomData,
+    })
 }
 
 /// Why [`create`] stored nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreError {
-    /// Redis would not store the value.
+    /// Redis would not store the value (or there was no memory for it).
     Refused,
 }
 
-/// Store a fresh record with `state` under the (empty, writable) `key`.
-pub fn create(key: &mut Key, state: LockState) -> Result<&mut LockRecord, StoreError> {
-    let rec = LockRecord::boxed(state);
-    if !key.set_value(server::lock_type(), rec.cast()) {
-        // SAFETY: Redis refused the value, so we still own the box made above.
-        drop(unsafe { Box::from_raw(rec) });
+/// Store a new block for `rec` under the (empty, writable) `key`, named `db`/`name`.
+pub fn create(
+    key: &mut Key,
+    rec: LockRecord,
+    db: c_int,
+    name: &[u8],
+    class: ClassRef,
+) -> Result<RecordPtr, StoreError> {
+    let b = RecordPtr::new(rec, Some((db, name)), class).ok_or(StoreError::Refused)?;
+    if !key.set_value(server::lock_type(), b.as_value()) {
+        // SAFETY: Redis refused the value, so the block is still only ours.
+        drop(unsafe { b.free() });
         return Err(StoreError::Refused);
     }
-    // SAFETY: Redis now owns the record and keeps it while the key is open and unchanged;
-    // the returned borrow is tied to the exclusive borrow of the key, so the key cannot be
-    // deleted or overwritten while it lives. (Saves asking Redis for the value just stored.)
-    unsafe { rec.as_mut() }.ok_or(StoreError::Refused)
+    Ok(b)
+}
+
+/// Put `new` in place of the key's block `old` (RENAME and the like: a block named anew),
+/// moving `old`'s index entry to `new` first and freeing `old`. False when Redis refused
+/// (then `new` is freed and `old` stays).
+///
+/// # Safety
+/// `old` must be the key's live block and `new` a block of the same lock made from it; the
+/// key must be open for writing.
+pub unsafe fn replace(key: &mut Key, old: RecordPtr, new: RecordPtr) -> bool {
+    match key.replace_value(server::lock_type(), new.as_value()) {
+        Some(_) => {
+            crate::expiry::transfer(old, new);
+            // SAFETY: out of the keyspace and the index now; a full form's box went to `new`
+            // as a copy, so `old` frees its own.
+            drop(unsafe { old.free() });
+            true
+        }
+        None => {
+            // SAFETY: Redis did not take it.
+            drop(unsafe { new.free() });
+            false
+        }
+    }
 }

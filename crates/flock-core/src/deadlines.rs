@@ -106,6 +106,18 @@ impl<T: Default + Copy> Default for DeadlineIndex<T> {
     }
 }
 
+impl<T> DeadlineIndex<T> {
+    /// An empty index (a `const fn`: it can sit in a static).
+    pub const fn new() -> Self {
+        DeadlineIndex {
+            heap: Chunked {
+                chunks: Vec::new(),
+                len: 0,
+            },
+        }
+    }
+}
+
 impl<T: Default + Copy> DeadlineIndex<T> {
     /// Bytes one entry takes in the index, besides the chunks' spare room.
     pub const ENTRY_BYTES: usize = std::mem::size_of::<(u64, T)>();
