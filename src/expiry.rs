@@ -198,10 +198,7 @@ const PAUSED_RETRY_US: u64 = 10_000;
 fn pop_due(now: u64) -> Option<DueKey> {
     let mut e = expiry();
     loop {
-        if e.index.next()? > now {
-            return None;
-        }
-        let (_, block) = e.index.remove(0, &mut place)?;
+        let block = e.index.pop_due(now, &mut place)?;
         // SAFETY: it was in the index, so it is live.
         if let Some((db, name)) = unsafe { block.name() } {
             return Some(DueKey {
@@ -230,7 +227,7 @@ unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
         }
     }
     let mut e = expiry();
-    if let Some(next) = e.index.next() {
+    if let Some(next) = e.index.next(&mut place) {
         ensure_alarm(&mut e, next);
     }
 }
@@ -242,7 +239,7 @@ pub fn on_cron(ctx: Ctx) {
     let now = server::now().mono_us;
     let due = {
         let mut e = expiry();
-        let due = e.index.next().is_some_and(|next| next <= now);
+        let due = e.index.next(&mut place).is_some_and(|next| next <= now);
         if due && e.alarm != 0 {
             // The alarm is late: replace it (on_alarm arms a new one for what is left).
             ffi::stop_timer(server::module_ctx(), e.alarm);

@@ -101,13 +101,6 @@ pub struct RecordPtr(NonNull<Head>);
 // behind a mutex because it is a static.
 unsafe impl Send for RecordPtr {}
 
-/// The pointer the index keeps for an empty place (never dereferenced).
-impl Default for RecordPtr {
-    fn default() -> Self {
-        RecordPtr(NonNull::dangling())
-    }
-}
-
 /// `wall_ms - mono_ms` when this process first needed it: compact deadlines keep their wall
 /// time as a 32-bit offset from the monotonic deadline plus this (enough for any deadline
 /// within 24 days of what the clocks said then; beyond, the lock takes the full form).
@@ -379,11 +372,9 @@ impl RecordPtr {
             let named = (*head).flags & NAMED;
             match form_for(&rec, Some(self.owner_area())) {
                 Form::Compact { grant, wall_delta } => {
-                    let area = self.owner_area();
-                    let owner = std::slice::from_raw_parts(self.tail(), area);
-                    if owner != &*grant.owner {
-                        ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), area);
-                    }
+                    // Always written (a few bytes): a new block's owner area is not yet
+                    // initialised, so it is never read before.
+                    ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), self.owner_area());
                     (*head).wall_delta = wall_delta;
                     (*head).body.compact = Compact {
                         token: grant.token,

@@ -5,9 +5,11 @@
 //! A binary min-heap of `(deadline, item)`, nothing else: every held lock has an entry, so
 //! the entry is all an armed lock costs the index (16 bytes with a pointer-sized item). Each
 //! item is told where it sits whenever it moves (the `place` callback, with [`NOWHERE`] once it
-//! is out), so the host can keep that position beside the item and remove an entry in place:
-//! O(log n), no garbage left behind under grant/release churn, and no second table to map
-//! handles to entries. The heap lives in fixed chunks (no doubling vector's spare room).
+//! is out), so the host can keep that position beside the item: no second table maps handles
+//! to entries. Insert is O(log n); removal is O(1), the entry emptied in place (a RELEASE
+//! must not pay for sifting the heap) and dropped when it surfaces, the heap rebuilt once the
+//! emptied entries outnumber the live ones twice, so memory stays proportional to the live
+//! entries (G10). The heap lives in fixed chunks (no doubling vector's spare room).
 
 /// The position of an item that is not in the index.
 pub const NOWHERE: u32 = u32::MAX;
@@ -95,15 +97,10 @@ impl<E: Default + Copy, const N: usize> Chunked<E, N> {
 
 /// Deadlines (on the host's monotonic clock) with one item each; see the module docs.
 pub struct DeadlineIndex<T> {
-    heap: Chunked<(u64, T), CHUNK>,
-}
-
-impl<T: Default + Copy> Default for DeadlineIndex<T> {
-    fn default() -> Self {
-        DeadlineIndex {
-            heap: Chunked::new(),
-        }
-    }
+    /// The heap; a removed entry stays as `None` (its deadline still orders it) until it
+    /// surfaces at the top or the heap is rebuilt.
+    heap: Chunked<(u64, Option<T>), CHUNK>,
+    live: usize,
 }
 
 impl<T> DeadlineIndex<T> {
@@ -114,74 +111,94 @@ impl<T> DeadlineIndex<T> {
                 chunks: Vec::new(),
                 len: 0,
             },
+            live: 0,
         }
     }
 }
 
-impl<T: Default + Copy> DeadlineIndex<T> {
-    /// Bytes one entry takes in the index, besides the chunks' spare room.
-    pub const ENTRY_BYTES: usize = std::mem::size_of::<(u64, T)>();
+impl<T: Copy> Default for DeadlineIndex<T> {
+    fn default() -> Self {
+        DeadlineIndex::new()
+    }
+}
+
+/// Removed entries are rebuilt away once they outnumber the live ones twice (and this many).
+const GARBAGE_SLACK: usize = 1024;
+
+impl<T: Copy> DeadlineIndex<T> {
+    /// Bytes one entry takes in the index, besides the chunks' spare room (and, under churn,
+    /// the removed entries not yet rebuilt away: at most twice the live ones).
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<(u64, Option<T>)>();
 
     pub fn len(&self) -> usize {
-        self.heap.len
+        self.live
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.len == 0
+        self.live == 0
     }
 
-    /// The earliest deadline.
-    pub fn next(&self) -> Option<u64> {
+    /// Entries in the heap, removed ones included (for tests and memory accounting).
+    pub fn heap_len(&self) -> usize {
+        self.heap.len
+    }
+
+    /// The earliest deadline (removed entries on top are dropped on the way).
+    pub fn next(&mut self, place: &mut impl FnMut(T, u32)) -> Option<u64> {
+        self.drop_removed_top(place);
         self.heap.get(0).map(|(d, _)| d)
     }
 
-    /// The deadline of the entry at `pos`.
+    /// The deadline of the live entry at `pos`.
     pub fn deadline_at(&self, pos: u32) -> Option<u64> {
-        self.heap.get(pos as usize).map(|(d, _)| d)
+        match self.heap.get(pos as usize) {
+            Some((d, Some(_))) => Some(d),
+            _ => None,
+        }
     }
 
     /// Add `item`, due at `deadline`; `place` learns where it (and each entry it moved) sits.
     /// Returns false when there was no memory for it (nothing added, `item` not placed).
     pub fn insert(&mut self, deadline: u64, item: T, place: &mut impl FnMut(T, u32)) -> bool {
-        let Some(i) = self.heap.push((deadline, item)) else {
+        let Some(i) = self.heap.push((deadline, Some(item))) else {
             return false;
         };
+        self.live += 1;
         // Deadlines mostly come in order (one ttl for a whole class of locks), so this
         // usually stops at the first comparison.
-        self.sift_up(i, (deadline, item), place);
+        self.sift_up(i, (deadline, Some(item)), place);
         true
     }
 
-    /// Take out the entry at `pos` (the host's record of where its item is); `place` hears
-    /// [`NOWHERE`] for it and the new position of the entry that takes its place.
+    /// Take out the entry at `pos` (the host's record of where its item is), in O(1): the
+    /// entry stays in the heap, empty, until it surfaces or the heap is rebuilt. `place`
+    /// hears [`NOWHERE`] for the item (and new positions if the heap is rebuilt).
     pub fn remove(&mut self, pos: u32, place: &mut impl FnMut(T, u32)) -> Option<(u64, T)> {
-        let at = pos as usize;
-        let gone = self.heap.get(at)?;
-        let last = self.heap.pop()?;
-        place(gone.1, NOWHERE);
-        if at < self.heap.len {
-            // The last entry fills the hole, moved up or down to its place.
-            if at > 0 && self.heap.get((at - 1) / 2).is_some_and(|p| last.0 < p.0) {
-                self.sift_up(at, last, place);
-            } else {
-                self.sift_down(at, last, place);
-            }
+        let (deadline, item) = match self.heap.get(pos as usize) {
+            Some((d, Some(item))) => (d, item),
+            _ => return None,
+        };
+        self.heap.set(pos as usize, (deadline, None));
+        self.live -= 1;
+        place(item, NOWHERE);
+        if self.heap.len - self.live > 2 * self.live + GARBAGE_SLACK {
+            self.rebuild(|_| true, place);
         }
-        Some(gone)
+        Some((deadline, item))
     }
 
-    /// Take every entry due at or before `now`, earliest first.
-    pub fn pop_due(&mut self, now: u64, place: &mut impl FnMut(T, u32)) -> Vec<T> {
-        let mut due = Vec::new();
-        while let Some((deadline, _)) = self.heap.get(0) {
-            if deadline > now {
-                break;
+    /// Take out the earliest entry if it is due at `now`.
+    pub fn pop_due(&mut self, now: u64, place: &mut impl FnMut(T, u32)) -> Option<T> {
+        self.drop_removed_top(place);
+        match self.heap.get(0)? {
+            (d, Some(item)) if d <= now => {
+                self.pop_top(place);
+                self.live -= 1;
+                place(item, NOWHERE);
+                Some(item)
             }
-            if let Some((_, item)) = self.remove(0, place) {
-                due.push(item);
-            }
+            _ => None,
         }
-        due
     }
 
     /// Take out every entry whose item `pred` picks (each placed [`NOWHERE`]); the rest are
@@ -191,19 +208,42 @@ impl<T: Default + Copy> DeadlineIndex<T> {
         mut pred: impl FnMut(T) -> bool,
         place: &mut impl FnMut(T, u32),
     ) -> usize {
-        let (gone, kept): (Vec<(u64, T)>, Vec<(u64, T)>) =
-            self.heap.iter().partition(|&(_, item)| pred(item));
-        for &(_, item) in &gone {
+        let before = self.live;
+        let mut gone = Vec::new();
+        self.rebuild(
+            |item| {
+                if pred(item) {
+                    gone.push(item);
+                    false
+                } else {
+                    true
+                }
+            },
+            place,
+        );
+        for item in gone {
             place(item, NOWHERE);
         }
+        before - self.live
+    }
+
+    /// The live entries `keep` keeps, as a new heap (built in O(n), everyone placed anew).
+    fn rebuild(&mut self, mut keep: impl FnMut(T) -> bool, place: &mut impl FnMut(T, u32)) {
+        let kept: Vec<(u64, T)> = self
+            .heap
+            .iter()
+            .filter_map(|(d, item)| item.map(|i| (d, i)))
+            .filter(|&(_, item)| keep(item))
+            .collect();
         self.heap = Chunked::new();
-        for e in kept {
+        self.live = kept.len();
+        for (d, item) in kept {
             // Not reached for lack of memory: the chunks just given back were as many.
-            let _ = self.heap.push(e);
+            let _ = self.heap.push((d, Some(item)));
         }
         for i in 0..self.heap.len {
-            if let Some(e) = self.heap.get(i) {
-                place(e.1, i as u32);
+            if let Some((_, Some(item))) = self.heap.get(i) {
+                place(item, i as u32);
             }
         }
         for i in (0..self.heap.len / 2).rev() {
@@ -211,29 +251,42 @@ impl<T: Default + Copy> DeadlineIndex<T> {
                 self.sift_down(i, e, place);
             }
         }
-        gone.len()
+    }
+
+    fn drop_removed_top(&mut self, place: &mut impl FnMut(T, u32)) {
+        while let Some((_, None)) = self.heap.get(0) {
+            self.pop_top(place);
+        }
+    }
+
+    /// Take the top entry out of the heap (the last one fills its place).
+    fn pop_top(&mut self, place: &mut impl FnMut(T, u32)) {
+        let Some(last) = self.heap.pop() else {
+            return;
+        };
+        if self.heap.len > 0 {
+            self.sift_down(0, last, place);
+        }
     }
 
     /// Put `e` at `i`, moved up to its place (the hole technique: each entry passed over
     /// moves once).
-    fn sift_up(&mut self, mut i: usize, e: (u64, T), place: &mut impl FnMut(T, u32)) {
+    fn sift_up(&mut self, mut i: usize, e: (u64, Option<T>), place: &mut impl FnMut(T, u32)) {
         while i > 0 {
             let parent = (i - 1) / 2;
             match self.heap.get(parent) {
                 Some(p) if e.0 < p.0 => {
-                    self.heap.set(i, p);
-                    place(p.1, i as u32);
+                    self.put(i, p, place);
                     i = parent;
                 }
                 _ => break,
             }
         }
-        self.heap.set(i, e);
-        place(e.1, i as u32);
+        self.put(i, e, place);
     }
 
     /// Put `e` at `i`, moved down to its place.
-    fn sift_down(&mut self, mut i: usize, e: (u64, T), place: &mut impl FnMut(T, u32)) {
+    fn sift_down(&mut self, mut i: usize, e: (u64, Option<T>), place: &mut impl FnMut(T, u32)) {
         loop {
             let left = 2 * i + 1;
             let Some(l) = self.heap.get(left) else {
@@ -246,12 +299,17 @@ impl<T: Default + Copy> DeadlineIndex<T> {
             if c.0 >= e.0 {
                 break;
             }
-            self.heap.set(i, c);
-            place(c.1, i as u32);
+            self.put(i, c, place);
             i = child;
         }
+        self.put(i, e, place);
+    }
+
+    fn put(&mut self, i: usize, e: (u64, Option<T>), place: &mut impl FnMut(T, u32)) {
         self.heap.set(i, e);
-        place(e.1, i as u32);
+        if let Some(item) = e.1 {
+            place(item, i as u32);
+        }
     }
 }
 
@@ -275,38 +333,54 @@ mod tests {
         }
     }
 
-    /// Every item is where the host believes, and the heap is ordered.
+    /// Every live item is where the host believes, the heap is ordered, and nothing else is
+    /// placed.
     fn check(ix: &DeadlineIndex<usize>, host: &Host) {
-        for i in 0..ix.len() {
+        let mut live = 0;
+        for i in 0..ix.heap.len {
             let (d, item) = ix.heap.get(i).unwrap();
-            assert_eq!(host.pos[item], i as u32, "item {item} misplaced");
+            if let Some(item) = item {
+                assert_eq!(host.pos[item], i as u32, "item {item} misplaced");
+                live += 1;
+            }
             if i > 0 {
                 assert!(ix.heap.get((i - 1) / 2).unwrap().0 <= d, "heap order at {i}");
             }
         }
+        assert_eq!(live, ix.len());
         let placed = host.pos.iter().filter(|&&p| p != NOWHERE).count();
         assert_eq!(placed, ix.len(), "items placed but not in the index");
     }
 
+    fn all_due(ix: &mut DeadlineIndex<usize>, now: u64, host: &mut Host) -> Vec<usize> {
+        let mut out = vec![];
+        while let Some(item) = ix.pop_due(now, &mut host.place()) {
+            out.push(item);
+        }
+        out
+    }
+
     #[test]
-    fn pops_in_deadline_order_and_removes_in_place() {
+    fn pops_in_deadline_order_and_skips_removed() {
         let mut ix = DeadlineIndex::default();
         let mut host = Host::new(4);
         for (item, d) in [(0, 30), (1, 10), (2, 20), (3, 5)] {
             assert!(ix.insert(d, item, &mut host.place()));
         }
         check(&ix, &host);
-        assert_eq!(ix.remove(host.pos[3], &mut host.place()), Some((5, 3)));
+        let at = host.pos[3];
+        assert_eq!(ix.remove(at, &mut host.place()), Some((5, 3)));
         assert_eq!(host.pos[3], NOWHERE);
+        assert_eq!(ix.remove(at, &mut host.place()), None, "removed twice");
         check(&ix, &host);
-        assert_eq!(ix.next(), Some(10));
-        assert_eq!(ix.pop_due(20, &mut host.place()), vec![1, 2]);
+        assert_eq!(ix.next(&mut host.place()), Some(10));
+        assert_eq!(all_due(&mut ix, 20, &mut host), vec![1, 2]);
         check(&ix, &host);
         assert_eq!(ix.deadline_at(host.pos[0]), Some(30));
         assert_eq!(ix.remove(host.pos[0], &mut host.place()), Some((30, 0)));
-        assert_eq!(ix.next(), None);
+        assert_eq!(ix.next(&mut host.place()), None);
         assert!(ix.is_empty());
-        assert_eq!(ix.remove(0, &mut host.place()), None, "nothing at 0");
+        assert_eq!(ix.heap_len(), 0, "removed entries dropped once on top");
     }
 
     #[test]
@@ -319,10 +393,29 @@ mod tests {
         }
         for i in 0..n {
             ix.remove(host.pos[i], &mut host.place());
+            assert!(ix.heap_len() <= 3 * ix.len() + GARBAGE_SLACK + 1);
         }
         assert!(ix.is_empty());
-        assert!(ix.heap.capacity() <= 2 * CHUNK, "{}", ix.heap.capacity());
+        assert!(ix.heap_len() <= GARBAGE_SLACK + 1, "{}", ix.heap_len());
+        assert!(
+            ix.heap.capacity() <= 2 * CHUNK + GARBAGE_SLACK,
+            "{}",
+            ix.heap.capacity()
+        );
         check(&ix, &host);
+        // Churn: a few live entries among many removed.
+        let mut ix = DeadlineIndex::default();
+        let mut host = Host::new(60_010);
+        for i in 0..10 {
+            ix.insert(i as u64, i, &mut host.place());
+        }
+        for i in 10..60_010 {
+            ix.insert(500 + i as u64, i, &mut host.place());
+            ix.remove(host.pos[i], &mut host.place());
+        }
+        assert!(ix.heap_len() <= 3 * 10 + GARBAGE_SLACK + 1);
+        check(&ix, &host);
+        assert_eq!(all_due(&mut ix, u64::MAX, &mut host).len(), 10);
     }
 
     #[test]
@@ -340,14 +433,14 @@ mod tests {
             assert_eq!(ix.remove(host.pos[i], &mut host.place()), Some((i as u64, i)));
         }
         check(&ix, &host);
-        let due = ix.pop_due(u64::MAX, &mut host.place());
+        let due = all_due(&mut ix, u64::MAX, &mut host);
         assert_eq!(due.len(), n - (0..n).rev().step_by(7).count());
         assert!(due.windows(2).all(|w| w[0] < w[1]), "earliest first");
         check(&ix, &host);
     }
 
     #[test]
-    fn random_deadlines_come_due_in_order_through_removals_and_drains() {
+    fn random_deadlines_come_due_in_order_through_removals_rebuilds_and_drains() {
         let mut seed = 0x1234_5678_9abc_def1u64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -359,28 +452,31 @@ mod tests {
         let mut ix = DeadlineIndex::default();
         let mut host = Host::new(n);
         let mut deadline = vec![0u64; n];
-        let mut want: Vec<(u64, usize)> = vec![];
+        let mut rebuilt = false;
+        let mut alive: Vec<usize> = vec![];
         for item in 0..n {
             deadline[item] = next() % 1_000_000;
             ix.insert(deadline[item], item, &mut host.place());
-            // Remove an earlier one now and then, from anywhere in the heap.
-            if item % 3 == 2 {
-                let victim = (next() % item as u64) as usize;
-                if host.pos[victim] != NOWHERE {
-                    let got = ix.remove(host.pos[victim], &mut host.place());
-                    assert_eq!(got, Some((deadline[victim], victim)));
-                }
+            alive.push(item);
+            // Remove a live one from anywhere in the heap, three times in four (enough for
+            // the heap to be rebuilt on the way).
+            if item % 4 != 0 {
+                let victim = alive.swap_remove((next() % alive.len() as u64) as usize);
+                let before = ix.heap_len();
+                let got = ix.remove(host.pos[victim], &mut host.place());
+                assert_eq!(got, Some((deadline[victim], victim)));
+                rebuilt |= ix.heap_len() < before;
             }
         }
+        assert!(rebuilt, "the heap was never rebuilt");
         check(&ix, &host);
         // Drain the odd items, as a flushed database's.
         let drained = ix.drain_where(|item| item % 2 == 1, &mut host.place());
         check(&ix, &host);
-        for item in 0..n {
-            if host.pos[item] != NOWHERE {
-                want.push((deadline[item], item));
-            }
-        }
+        let mut want: Vec<(u64, usize)> = (0..n)
+            .filter(|&item| host.pos[item] != NOWHERE)
+            .map(|item| (deadline[item], item))
+            .collect();
         assert!(drained > 0 && !want.is_empty());
         assert!(want.iter().all(|(_, item)| item % 2 == 0));
         want.sort();
@@ -388,11 +484,11 @@ mod tests {
         let mut t = 0;
         while !ix.is_empty() {
             t += 50_000;
-            for item in ix.pop_due(t, &mut host.place()) {
+            for item in all_due(&mut ix, t, &mut host) {
                 assert!(deadline[item] <= t);
                 got.push((deadline[item], item));
             }
-            assert!(ix.next().is_none_or(|d| d > t));
+            assert!(ix.next(&mut host.place()).is_none_or(|d| d > t));
             check(&ix, &host);
         }
         got.sort();
@@ -401,6 +497,10 @@ mod tests {
 
     #[test]
     fn an_entry_is_a_deadline_and_a_pointer() {
-        assert_eq!(DeadlineIndex::<usize>::ENTRY_BYTES, 16);
+        assert_eq!(
+            DeadlineIndex::<std::ptr::NonNull<u8>>::ENTRY_BYTES,
+            16,
+            "a pointer's niche holds the removed mark"
+        );
     }
 }

@@ -76,10 +76,14 @@ pub enum Binding {
     Lost,
 }
 
+/// A grant's owner: inline up to 40 bytes (a UUID, a host and pid), so that a grant, and a
+/// lock record holding one, needs no allocation of its own for it.
+pub type Owner = SmallVec<[u8; 40]>;
+
 /// One continuous holding of a key by one owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
-    pub owner: Box<[u8]>,
+    pub owner: Owner,
     pub token: u64,
     pub deadline: Deadline,
     /// When this process saw the grant start, on its monotonic clock: what FLOCK.STATS
