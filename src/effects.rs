@@ -258,12 +258,13 @@ pub fn with_lock(
     };
     drop(env);
     drop(tokens);
-    // The state goes back into its block (in the form that fits it now).
-    drop(lock);
     if delete {
+        lock.discard();
         key.delete();
         return Ok(reply);
     }
+    // The state goes back into its block (in the form that fits it now).
+    drop(lock);
     // SAFETY: the key's live block (the key is still open and unchanged).
     unsafe { block.set_class(class) };
     if arm.is_some() {

@@ -521,6 +521,8 @@ pub enum Found<T> {
 pub struct LockMut<'k> {
     block: RecordPtr,
     work: Work<'k>,
+    /// Leave the block as it is on drop ([`LockMut::discard`]).
+    keep: bool,
     _key: PhantomData<&'k mut Key>,
 }
 
@@ -542,10 +544,20 @@ impl<'k> LockMut<'k> {
     pub fn block(&self) -> RecordPtr {
         self.block
     }
+
+    /// Let go of the state without storing it back: the key is about to be deleted (which
+    /// frees the block, and a full form's box with it).
+    pub fn discard(mut self) {
+        // A decoded state is dropped here; a full form's box stays in the block for its free.
+        self.keep = true;
+    }
 }
 
 impl Drop for LockMut<'_> {
     fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
         // (An empty state in the place of the one taken: no allocation.)
         match std::mem::replace(&mut self.work, Work::Own(LockRecord::default())) {
             // SAFETY: the block is live (the key is still borrowed by this guard) and its body
@@ -594,6 +606,7 @@ pub fn lock_mut(key: &mut Key) -> Found<LockMut<'_>> {
             block: b,
             // SAFETY: a live block of the open key, which the guard borrows exclusively.
             work: unsafe { b.load() },
+            keep: false,
             _key: PhantomData,
         }),
         Found::Nothing => Found::Nothing,
@@ -613,6 +626,7 @@ pub unsafe fn lock_mut_ours(key: &mut Key) -> Option<LockMut<'_>> {
         block: b,
         // SAFETY: as in `lock_mut`.
         work: unsafe { b.load() },
+        keep: false,
         _key: PhantomData,
     })
 }

@@ -104,6 +104,12 @@ fn due_us(g: &Grant) -> u64 {
 }
 
 impl Grants {
+    /// Just `g` (no allocation: one grant is kept inline).
+    #[inline]
+    pub fn one(g: Grant) -> Grants {
+        Grants { repr: Repr::One(g) }
+    }
+
     pub fn len(&self) -> usize {
         self.as_slice().len()
     }

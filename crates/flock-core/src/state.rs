@@ -134,7 +134,7 @@ impl Grant {
     /// A grant whose lease runs `ttl_ms` from `now`.
     pub fn new(owner: &[u8], token: u64, ttl_ms: u64, now: Now) -> Grant {
         Grant {
-            owner: owner.into(),
+            owner: Owner::from_slice(owner),
             token,
             deadline: Deadline::after(ttl_ms, now),
             since_mono_us: now.mono_us,
@@ -182,7 +182,7 @@ impl Grant {
     /// RESTORE).
     pub fn from_wall_deadline(owner: &[u8], token: u64, deadline_wall_ms: i64, now: Now) -> Grant {
         Grant {
-            owner: owner.into(),
+            owner: Owner::from_slice(owner),
             token,
             deadline: Deadline::from_wall(deadline_wall_ms, now),
             since_mono_us: now.mono_us,
@@ -192,9 +192,10 @@ impl Grant {
 
     /// An unbound grant with every field given: a host's compact copy of a lock, read back
     /// (see [`LockState::lone_exclusive`]).
+    #[inline]
     pub fn from_parts(owner: &[u8], token: u64, deadline: Deadline, since_mono_us: u64) -> Grant {
         Grant {
-            owner: owner.into(),
+            owner: Owner::from_slice(owner),
             token,
             deadline,
             since_mono_us,
@@ -309,14 +310,14 @@ pub struct LockState {
 }
 
 impl LockState {
+    #[inline]
     pub fn with_grant(mode: Mode, grant: Grant) -> LockState {
-        let mut state = LockState {
+        LockState {
             mode,
             last_token: grant.token,
-            ..LockState::default()
-        };
-        state.grants.push(grant);
-        state
+            grants: Grants::one(grant),
+            delays: Delays::default(),
+        }
     }
 
     /// A key whose one delayed slot (of `mode`) runs until `until`, after the grant with
