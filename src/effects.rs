@@ -113,7 +113,9 @@ impl Host for KeyHost<'_> {
             Effect::ReplicateVerbatim => replication::verbatim(ctx),
             Effect::DeleteKey => self.delete = true,
             Effect::Arm(next) => {
-                let armed = self.block.is_some_and(|b| expiry::arm(ctx, key, b, next).is_ok());
+                let armed = self
+                    .block
+                    .is_some_and(|b| expiry::arm(ctx, key, b, next).is_ok());
                 if !armed {
                     self.arm_later = Some(next);
                 }

@@ -227,7 +227,8 @@ fn settle_due(ctx: Ctx, name: RStr, block: RecordPtr) {
     let mut key = Key::open(ctx, name, true);
     // Only the block this entry was armed for (not one that replaced it: a block's entry
     // leaves the index before the block is freed, so a due block is still live).
-    if !matches!(key.kind(server::lock_type()), KeyKind::Ours) || key.raw_value() != block.as_value()
+    if !matches!(key.kind(server::lock_type()), KeyKind::Ours)
+        || key.raw_value() != block.as_value()
     {
         return;
     }

@@ -117,7 +117,11 @@ fn arm_with(
     let mut e = expiry();
     let pos = unsafe { block.pos() };
     if pos != NOWHERE {
-        if !replace && e.index.deadline_at(pos).is_some_and(|at| at <= next.mono_us) {
+        if !replace
+            && e.index
+                .deadline_at(pos)
+                .is_some_and(|at| at <= next.mono_us)
+        {
             return Ok(()); // due no later than needed, and re-arms then
         }
         e.index.remove(pos, &mut place);
@@ -305,9 +309,9 @@ pub fn arm_all(ctx: Ctx) {
         let data: *mut Vec<Vec<u8>> = &mut unnamed;
         // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given
         // and the list `data` points to, which outlives the scan.
-        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), data.cast()) }
-            != 0
-        {}
+        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), data.cast()) } != 0
+        {
+        }
         // SAFETY: created above, destroyed once.
         unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
         // Scanned keys are open for reading only: the blocks that need a name get it now.

@@ -55,7 +55,10 @@ unsafe fn state_of<'a>(value: *const c_void) -> Option<StateRef<'a>> {
 /// A lock is one block (two for a key with waiters, many readers or a lock-delay): cheap to
 /// free, so Redis frees it at once, on the main thread, where the deadline index is kept
 /// (a lazy free would leave the index pointing at a block being freed elsewhere).
-unsafe extern "C" fn free_effort(_key: *mut raw::RedisModuleString, _value: *const c_void) -> usize {
+unsafe extern "C" fn free_effort(
+    _key: *mut raw::RedisModuleString,
+    _value: *const c_void,
+) -> usize {
     1
 }
 

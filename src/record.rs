@@ -5,10 +5,11 @@
 //! copy of its own). The head holds what this server keeps beside the state (the deadline
 //! index position, the FLOCK.STATS class, the database) and the state itself in one of three
 //! forms:
-//! - **compact**: the key's one grant when that is all the key is (exclusive, not bound, no
-//!   lock-delay, nobody waiting: `LockState::lone_exclusive`): token, deadline, start time,
-//!   and the owner's bytes after the head. Most locks, most of the time. With a 36-byte owner
-//!   and a 12-byte name a held lock is one 96-byte allocation.
+//! - **compact**: the key's one grant when that is all the key is (exclusive or shared, no
+//!   lock-delay, nobody waiting: `LockState::lone_grant`): token, deadline, start time, and
+//!   the owner's bytes after the head; a block made for a BOUND grant ends with 8 bytes more
+//!   for its binding. Most locks, most of the time. With a 36-byte owner and a 12-byte name a
+//!   held lock is one 96-byte allocation (112 when bound).
 //! - **empty**: no grant (a key about to be deleted).
 //! - **full**: a pointer to a boxed [`LockRecord`] (any state, and the waiters' key).
 //!
@@ -52,6 +53,11 @@ const FORM_EMPTY: u8 = 0;
 const FORM_COMPACT: u8 = 1;
 const FORM_FULL: u8 = 2;
 const FORM_MASK: u8 = 0b11;
+/// Compact: the grant is a shared one (else exclusive).
+const SHARED: u8 = 0b100;
+/// The block ends with an 8-byte area for a compact grant's BOUND mark and binding (made so
+/// when its first grant was bound; an unbound grant leaves it 0).
+const TIE_AREA: u8 = 0b1000;
 /// The block carries its key's name and database (blocks made by RDB loading, RESTORE and
 /// COPY get them when they are first armed).
 const NAMED: u8 = 0b1000_0000;
@@ -78,7 +84,7 @@ pub struct Head {
     pos: u32,
     name_len: u32,
     db: u16,
-    /// `FORM_*` and `NAMED`.
+    /// `FORM_*`, `SHARED`, `TIE_AREA` and `NAMED`.
     flags: u8,
     /// Bytes between the head and the name: the compact form's owner (its length), left as
     /// they are when the block changes form (the block's size never changes).
@@ -114,18 +120,16 @@ fn wall_base() -> i64 {
 
 fn wall_delta(d: Deadline) -> Option<i32> {
     let mono_ms = i64::try_from(d.mono_us / 1000).ok()?;
-    i32::try_from(
-        d.wall_ms
-            .checked_sub(mono_ms)?
-            .checked_sub(wall_base())?,
-    )
-    .ok()
+    i32::try_from(d.wall_ms.checked_sub(mono_ms)?.checked_sub(wall_base())?).ok()
 }
 
-fn layout(owner_area: usize, name_len: usize) -> Option<Layout> {
+const TIE_BYTES: usize = 8;
+
+fn layout(owner_area: usize, name_len: usize, tie_area: bool) -> Option<Layout> {
     let size = std::mem::size_of::<Head>()
         .checked_add(owner_area)?
-        .checked_add(name_len)?;
+        .checked_add(name_len)?
+        .checked_add(if tie_area { TIE_BYTES } else { 0 })?;
     Layout::from_size_align(size, std::mem::align_of::<Head>()).ok()
 }
 
@@ -133,15 +137,16 @@ fn layout(owner_area: usize, name_len: usize) -> Option<Layout> {
 enum Form<'a> {
     Empty,
     Compact {
+        shared: bool,
         grant: &'a Grant,
         wall_delta: i32,
     },
     Full,
 }
 
-/// The form `rec` can take in a block whose owner area is `owner_area` bytes (`None`: any,
-/// for a new block).
-fn form_for(rec: &LockRecord, owner_area: Option<usize>) -> Form<'_> {
+/// The form `rec` can take in a block with an owner area of `area.0` bytes and, if `area.1`,
+/// a tie area (`None`: any, for a new block).
+fn form_for(rec: &LockRecord, area: Option<(usize, bool)>) -> Form<'_> {
     if rec.watched.is_some() {
         return Form::Full;
     }
@@ -149,13 +154,16 @@ fn form_for(rec: &LockRecord, owner_area: Option<usize>) -> Form<'_> {
     if state.grants().is_empty() && state.delays.is_empty() {
         return Form::Empty;
     }
-    if let Some(g) = state.lone_exclusive() {
-        let fits = match owner_area {
-            Some(area) => g.owner.len() == area,
+    if let Some((mode, g)) = state.lone_grant() {
+        let fits = match area {
+            Some((owner_area, tie_area)) => {
+                g.owner.len() == owner_area && (tie_area || g.tie_word() == 0)
+            }
             None => g.owner.len() <= usize::from(u8::MAX),
         };
         if let (true, Some(wall_delta)) = (fits, wall_delta(g.deadline)) {
             return Form::Compact {
+                shared: mode == Mode::Shared,
                 grant: g,
                 wall_delta,
             };
@@ -194,14 +202,13 @@ impl RecordPtr {
         class: ClassRef,
     ) -> Option<Self> {
         let rec = slot.as_ref()?;
-        let form = form_for(rec, None);
-        let owner_area = match &form {
-            Form::Compact { grant, .. } => grant.owner.len(),
-            _ => 0,
+        let (owner_area, tie_area) = match form_for(rec, None) {
+            Form::Compact { grant, .. } => (grant.owner.len(), grant.tie_word() != 0),
+            _ => (0, false),
         };
         let name_bytes = name.map_or(&[][..], |(_, n)| n);
         let name_len = u32::try_from(name_bytes.len()).ok()?;
-        let layout = layout(owner_area, name_bytes.len())?;
+        let layout = layout(owner_area, name_bytes.len(), tie_area)?;
         // SAFETY: the layout's size is at least the head's 48 bytes.
         let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
         let db = name.and_then(|(db, _)| u16::try_from(db).ok());
@@ -210,7 +217,9 @@ impl RecordPtr {
             pos: NOWHERE,
             name_len,
             db: db.unwrap_or(0),
-            flags: FORM_EMPTY | if db.is_some() { NAMED } else { 0 },
+            flags: FORM_EMPTY
+                | if db.is_some() { NAMED } else { 0 }
+                | if tie_area { TIE_AREA } else { 0 },
             owner_area: owner_area as u8,
             wall_delta: 0,
             body: Body {
@@ -225,11 +234,7 @@ impl RecordPtr {
         // SAFETY: a fresh allocation of the block's layout: the head and the name fit.
         unsafe {
             block.as_ptr().write(head);
-            ptr::copy_nonoverlapping(
-                name_bytes.as_ptr(),
-                this.name_ptr(),
-                name_bytes.len(),
-            );
+            ptr::copy_nonoverlapping(name_bytes.as_ptr(), this.name_ptr(), name_bytes.len());
             if let Some(rec) = slot.take() {
                 this.store(rec);
             }
@@ -257,6 +262,21 @@ impl RecordPtr {
     unsafe fn name_ptr(self) -> *mut u8 {
         // SAFETY: the name follows the owner area, inside the block.
         unsafe { self.tail().add(self.owner_area()) }
+    }
+
+    unsafe fn tie_area(self) -> bool {
+        // SAFETY: by the caller.
+        unsafe { self.flags() & TIE_AREA != 0 }
+    }
+
+    /// The tie area, right after the name (unaligned).
+    unsafe fn tie_ptr(self) -> *mut u64 {
+        // SAFETY: by the caller; inside the block when it has a tie area.
+        unsafe {
+            self.name_ptr()
+                .add((*self.head()).name_len as usize)
+                .cast::<u64>()
+        }
     }
 
     /// The deadline-index position.
@@ -343,9 +363,19 @@ impl RecordPtr {
                         wall_ms: mono_ms + wall_base() + i64::from((*head).wall_delta),
                         mono_us: c.deadline_mono_us,
                     };
-                    let grant = Grant::from_parts(owner, c.token, deadline, c.since_mono_us);
+                    let tie = if self.tie_area() {
+                        self.tie_ptr().read_unaligned()
+                    } else {
+                        0
+                    };
+                    let grant = Grant::from_parts(owner, c.token, deadline, c.since_mono_us, tie);
+                    let mode = if self.flags() & SHARED != 0 {
+                        Mode::Shared
+                    } else {
+                        Mode::Exclusive
+                    };
                     Work::Own(LockRecord {
-                        state: LockState::with_grant(Mode::Exclusive, grant),
+                        state: LockState::with_grant(mode, grant),
                         watched: None,
                     })
                 }
@@ -369,24 +399,31 @@ impl RecordPtr {
         // area's length.
         unsafe {
             let head = self.head();
-            let named = (*head).flags & NAMED;
-            match form_for(&rec, Some(self.owner_area())) {
-                Form::Compact { grant, wall_delta } => {
+            let kept = (*head).flags & (NAMED | TIE_AREA);
+            match form_for(&rec, Some((self.owner_area(), self.tie_area()))) {
+                Form::Compact {
+                    shared,
+                    grant,
+                    wall_delta,
+                } => {
                     // Always written (a few bytes): a new block's owner area is not yet
                     // initialised, so it is never read before.
                     ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), self.owner_area());
+                    if self.tie_area() {
+                        self.tie_ptr().write_unaligned(grant.tie_word());
+                    }
                     (*head).wall_delta = wall_delta;
                     (*head).body.compact = Compact {
                         token: grant.token,
                         deadline_mono_us: grant.deadline.mono_us,
                         since_mono_us: grant.since_mono_us,
                     };
-                    (*head).flags = FORM_COMPACT | named;
+                    (*head).flags = FORM_COMPACT | kept | if shared { SHARED } else { 0 };
                 }
-                Form::Empty => (*head).flags = FORM_EMPTY | named,
+                Form::Empty => (*head).flags = FORM_EMPTY | kept,
                 Form::Full => {
                     (*head).body.full = Box::into_raw(Box::new(rec));
-                    (*head).flags = FORM_FULL | named;
+                    (*head).flags = FORM_FULL | kept;
                 }
             }
         }
@@ -414,7 +451,8 @@ impl RecordPtr {
         unsafe {
             let own = std::mem::size_of::<Head>()
                 + self.owner_area()
-                + (*self.head()).name_len as usize;
+                + (*self.head()).name_len as usize
+                + if self.tie_area() { TIE_BYTES } else { 0 };
             let boxed = match self.load() {
                 Work::Full(rec) => {
                     let s = &rec.state;
@@ -445,7 +483,12 @@ impl RecordPtr {
             } else {
                 None
             };
-            if let Some(layout) = layout(self.owner_area(), (*head).name_len as usize) {
+            let size = (
+                self.owner_area(),
+                (*head).name_len as usize,
+                self.tie_area(),
+            );
+            if let Some(layout) = layout(size.0, size.1, size.2) {
                 alloc::dealloc(head.cast(), layout);
             }
             watched
@@ -467,7 +510,7 @@ impl RecordPtr {
                 Work::Own(rec) => rec,
                 Work::Full(_) => {
                     let rec = *Box::from_raw((*head).body.full);
-                    (*head).flags = ((*head).flags & NAMED) | FORM_EMPTY;
+                    (*head).flags = ((*head).flags & (NAMED | TIE_AREA)) | FORM_EMPTY;
                     rec
                 }
             };
@@ -566,7 +609,8 @@ impl Drop for LockMut<'_> {
             // A full form that now fits a smaller one leaves its box. SAFETY: as above; the
             // box is taken out of the body before the state is stored.
             Work::Full(rec) => unsafe {
-                if !matches!(form_for(rec, Some(self.block.owner_area())), Form::Full) {
+                let area = (self.block.owner_area(), self.block.tie_area());
+                if !matches!(form_for(rec, Some(area)), Form::Full) {
                     let head = self.block.head();
                     let boxed = Box::from_raw((*head).body.full);
                     self.block.store(*boxed);

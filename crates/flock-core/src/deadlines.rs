@@ -344,7 +344,10 @@ mod tests {
                 live += 1;
             }
             if i > 0 {
-                assert!(ix.heap.get((i - 1) / 2).unwrap().0 <= d, "heap order at {i}");
+                assert!(
+                    ix.heap.get((i - 1) / 2).unwrap().0 <= d,
+                    "heap order at {i}"
+                );
             }
         }
         assert_eq!(live, ix.len());
@@ -430,7 +433,10 @@ mod tests {
         }
         check(&ix, &host);
         for i in (0..n).rev().step_by(7) {
-            assert_eq!(ix.remove(host.pos[i], &mut host.place()), Some((i as u64, i)));
+            assert_eq!(
+                ix.remove(host.pos[i], &mut host.place()),
+                Some((i as u64, i))
+            );
         }
         check(&ix, &host);
         let due = all_due(&mut ix, u64::MAX, &mut host);

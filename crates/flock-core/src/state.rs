@@ -190,22 +190,28 @@ impl Grant {
         }
     }
 
-    /// An unbound grant with every field given: a host's compact copy of a lock, read back
-    /// (see [`LockState::lone_exclusive`]).
+    /// A grant with every field given: a host's compact copy of a lock, read back (see
+    /// [`LockState::lone_grant`]). `tie_word` is what [`Grant::tie_word`] gave.
     #[inline]
-    pub fn from_parts(owner: &[u8], token: u64, deadline: Deadline, since_mono_us: u64) -> Grant {
+    pub fn from_parts(
+        owner: &[u8],
+        token: u64,
+        deadline: Deadline,
+        since_mono_us: u64,
+        tie_word: u64,
+    ) -> Grant {
         Grant {
             owner: Owner::from_slice(owner),
             token,
             deadline,
             since_mono_us,
-            tie: Tie::default(),
+            tie: Tie(tie_word),
         }
     }
 
-    /// Neither bound nor bound-marked: nothing of it but owner, token and times.
-    pub fn is_plain(&self) -> bool {
-        self.tie == Tie::default()
+    /// The BOUND mark and binding as one word, for a host's compact copy (0: neither).
+    pub fn tie_word(&self) -> u64 {
+        self.tie.0
     }
 
     /// Whether this grant is `owner`'s and, when a token is given, has that token.
@@ -332,18 +338,22 @@ impl LockState {
         state
     }
 
-    /// The key's one grant when that is all the key is: exclusive, plain (not bound), no
-    /// delayed slot, its token the key's last. Such a state is
-    /// `LockState::with_grant(Mode::Exclusive, Grant::from_parts(..))` of that grant's fields,
-    /// which is what lets a host keep it in a compact form of its own.
-    pub fn lone_exclusive(&self) -> Option<&Grant> {
-        if !self.mode.is_exclusive() || !self.delays.is_empty() || self.grants.len() != 1 {
+    /// The key's one grant and its mode when that is all the key is: one exclusive or shared
+    /// grant (not a permit: a limit is more than the grant), no delayed slot, its token the
+    /// key's last. Such a state is `LockState::with_grant(mode, Grant::from_parts(..))` of
+    /// that grant's fields, which is what lets a host keep it in a compact form of its own.
+    pub fn lone_grant(&self) -> Option<(Mode, &Grant)> {
+        if matches!(self.mode, Mode::Permits(_))
+            || !self.delays.is_empty()
+            || self.grants.len() != 1
+        {
             return None;
         }
         self.grants
             .iter()
             .next()
-            .filter(|g| g.is_plain() && g.token == self.last_token)
+            .filter(|g| g.token == self.last_token)
+            .map(|g| (self.mode, g))
     }
 
     /// The grants, live or not, in no particular order ([`Grants::by_token`] sorts).

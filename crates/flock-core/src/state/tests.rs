@@ -321,28 +321,45 @@ fn expire_reports_the_ended_token_once() {
 }
 
 #[test]
-fn lone_exclusive_is_exactly_the_states_a_grant_rebuilds() {
+fn lone_grant_is_exactly_the_states_a_grant_rebuilds() {
     let mut tokens = TokenIssuer::new();
     let mut state = LockState::default();
-    assert!(state.lone_exclusive().is_none(), "empty");
-    assert!(matches!(acq(&mut state, "a", 1000, at(0), &mut tokens), Acquired::Granted(_)));
-    let g = state.lone_exclusive().cloned().expect("one exclusive grant");
-    let rebuilt = LockState::with_grant(
-        Mode::Exclusive,
-        Grant::from_parts(&g.owner, g.token, g.deadline, g.since_mono_us),
+    assert!(state.lone_grant().is_none(), "empty");
+    assert!(matches!(
+        acq(&mut state, "a", 1000, at(0), &mut tokens),
+        Acquired::Granted(_)
+    ));
+    let rebuild = |state: &LockState| {
+        let (mode, g) = state.lone_grant().expect("one grant");
+        LockState::with_grant(
+            mode,
+            Grant::from_parts(&g.owner, g.token, g.deadline, g.since_mono_us, g.tie_word()),
+        )
+    };
+    assert_eq!(
+        rebuild(&state),
+        state,
+        "the grant's fields are the whole state"
     );
-    assert_eq!(rebuilt, state, "the grant's fields are the whole state");
-    // Not lone: bound, delayed, shared, two permits, an older grant's token.
+    // Bound, and lost, and shared: rebuilt too.
     let mut bound = LockState::default();
     bound.grant(Mode::Exclusive, b"b", 1000, 7, at(0), Some(3));
-    assert!(bound.lone_exclusive().is_none(), "bound");
-    let mut delayed = state.clone();
-    delayed.delays.push(Deadline::after(5, at(0)));
-    assert!(delayed.lone_exclusive().is_none(), "a delayed slot");
+    assert_eq!(rebuild(&bound), bound, "bound");
+    bound.close(3);
+    assert_eq!(rebuild(&bound), bound, "bound, connection gone");
     let mut shared = LockState::default();
     shared.grant(Mode::Shared, b"r", 1000, 8, at(0), None);
-    assert!(shared.lone_exclusive().is_none(), "shared");
+    assert_eq!(rebuild(&shared), shared, "shared");
+    // Not lone: a delayed slot, a permit, two readers, an older grant's token.
+    let mut delayed = state.clone();
+    delayed.delays.push(Deadline::after(5, at(0)));
+    assert!(delayed.lone_grant().is_none(), "a delayed slot");
+    let mut permit = LockState::default();
+    permit.grant(Mode::Permits(3), b"p", 1000, 9, at(0), None);
+    assert!(permit.lone_grant().is_none(), "a permit");
+    shared.grant(Mode::Shared, b"s", 1000, 10, at(0), None);
+    assert!(shared.lone_grant().is_none(), "two readers");
     let mut older = state.clone();
     older.last_token += 1;
-    assert!(older.lone_exclusive().is_none(), "last token differs");
+    assert!(older.lone_grant().is_none(), "last token differs");
 }
