@@ -12,6 +12,9 @@ use std::fmt::Write as _;
 use std::thread::sleep;
 use std::time::Duration;
 
+/// Bytes per held lock, flock / `SET NX PX` (issue #15).
+const MEMORY_TARGET: f64 = 1.25;
+
 pub(crate) fn used_memory(c: &mut Conn) -> f64 {
     sleep(Duration::from_millis(300));
     c.info_num("memory", "used_memory")
@@ -81,11 +84,14 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     rep.fact("s3.mu.set", usage["set"] as f64);
     let r_set = held["flock"] / held["set"];
     let r_lua = held["flock"] / held["lua"];
+    // Issue #15's target. A module value costs Redis 32 bytes more per key than a string
+    // before it stores anything (`robj` and `moduleValue`: 90.5 bytes against 58.5, see
+    // docs/MEMORY.md), so the first benchmark issue's 1.00x is out of reach of any module type.
     rep.check(
         sec,
         "bytes per held lock, flock / SET NX PX",
         r_set,
-        Some(Goal::AtMost(1.0)),
+        Some(Goal::AtMost(MEMORY_TARGET)),
     );
     rep.check(
         sec,
@@ -152,7 +158,7 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     );
     let _ = write!(
         body,
-        "\nflock / `SET NX PX`: {} (target ≤ 1.00x) {}; flock / `SET NX PX` + token key: {}; \
+        "\nflock / `SET NX PX`: {} (target ≤ {MEMORY_TARGET:.2}x) {}; flock / `SET NX PX` + token key: {}; \
          left per released flock lock: {:.2} B (target: no more than plain `SET` + `DEL` leaves, \
          {:.2} B, + 1 B) {}.\n",
         x(r_set),
