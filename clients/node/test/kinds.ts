@@ -65,7 +65,8 @@ export function kindsSuite(lib: Lib): void {
       const k = key();
       const readers: Lease[] = [];
       for (let i = 0; i < 3; i++) {
-        const l = await flock.acquire(k, { ttlMs: 450, shared: true });
+        // 900 ms (renewed every 300 ms): 450 ms left 300 ms for a late renewal
+        const l = await flock.acquire(k, { ttlMs: 900, shared: true });
         assert.ok(l, `reader ${i}`);
         assert.equal(l.kind, "shared");
         readers.push(l);
@@ -93,7 +94,7 @@ export function kindsSuite(lib: Lib): void {
       await server.waitBlocked(1);
       // A reader coming after the waiting writer does not jump the queue.
       assert.equal(await flock.acquire(k, { ttlMs: 5000, shared: true }), null);
-      // The readers' watchdogs keep their 450 ms leases alive while the writer waits.
+      // The readers' watchdogs keep their 900 ms leases alive while the writer waits.
       const base = await stat(server, "renewals");
       await until("two renewals per reader", async () => (await stat(server, "renewals")) >= base + 6);
       assert.ok(readers.every((l) => !l.lost));
@@ -263,7 +264,8 @@ export function kindsSuite(lib: Lib): void {
       try {
         const f = new Flock(own);
         const mainId = Number(await lib.raw(own, ["CLIENT", "ID"]));
-        const lease = await f.acquire(k, { ttlMs: 300, bound: true });
+        // 600 ms (renewed every 200 ms): 300 ms left too little for a late renewal
+        const lease = await f.acquire(k, { ttlMs: 600, bound: true });
         assert.ok(lease);
         const mine = (await clientList(server)).filter((c) => c.name === name && Number(c.id) !== mainId);
         assert.equal(mine.length, 1);
@@ -291,7 +293,7 @@ export function kindsSuite(lib: Lib): void {
       assert.ok(writer);
       const waits: Array<Promise<Lease | null>> = [];
       for (let i = 1; i <= 3; i++) {
-        waits.push(flock.acquire(k, { ttlMs: 450, shared: true, waitMs: 20000 }));
+        waits.push(flock.acquire(k, { ttlMs: 900, shared: true, waitMs: 20000 }));
         await server.waitBlocked(i);
       }
       assert.equal(await writer.release(), true);
@@ -332,7 +334,9 @@ export function kindsSuite(lib: Lib): void {
       assert.equal(await stat(server, "bound_grants"), 1);
       assert.equal(await server.admin.call("CLIENT", "KILL", "ID", second), 1);
       await until("the bound grant ends with its connection", async () => Number(await server.admin.call("FLOCK.CHECK", k, lease.token)) === 0);
-      assert.equal(await lease.waitLost(1000), true);
+      // from the connection's close event (not the local deadline, the reason says)
+      assert.equal(await lease.waitLost(2000), true);
+      assert.equal((lease.signal.reason as LockLostError).reason, "connection-closed");
       assert.equal(await lease.release(), false);
     });
 
@@ -393,7 +397,7 @@ export function kindsSuite(lib: Lib): void {
         const lease = await waiter;
         const waited = performance.now() - t0;
         assert.ok(lease);
-        assert.ok(waited < 2000, `granted ${waited.toFixed(0)} ms after the holder died (ttl ${ttl})`);
+        assert.ok(waited < 5000, `granted ${waited.toFixed(0)} ms after the holder died (ttl ${ttl})`);
         assert.ok(lease.token > token);
         assert.equal(await stat(server, "bound_closed"), closed + 1);
         assert.equal(await lease.release(), true);

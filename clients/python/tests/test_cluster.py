@@ -32,10 +32,10 @@ def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
     flock = Flock(rc)
     for i in range(6):  # keys on every master
         key, data = f"{{c{i}}}:lock", f"{{c{i}}}:data"
-        with flock.lock(key, 300 if i == 0 else 10_000) as lease:
+        with flock.lock(key, 600 if i == 0 else 10_000) as lease:
             assert lease.fenced("SET", data, f"v{i}") == "OK"
             if i == 0:
-                assert not lease.wait_lost(1200)  # four ttls, renewed on the key's node
+                assert not lease.wait_lost(2400)  # four ttls, renewed on the key's node
             assert lease.check() > 0
         assert rc.get(data) == f"v{i}"
         assert rc.exists(key) == 0

@@ -44,7 +44,8 @@ def waiting(flock, key, ttl, got, **kw):
 def test_shared_leases_hold_together_and_a_writer_waits_for_all_of_them(server):
     r = server.client(decode_responses=True)
     flock = Flock(server.client())
-    readers = [flock.acquire("rw", 450, shared=True) for _ in range(3)]
+    # 900 ms (renewed every 300 ms): 450 ms leases left 300 ms for a late renewal
+    readers = [flock.acquire("rw", 900, shared=True) for _ in range(3)]
     assert all(lease is not None for lease in readers)
     tokens = [lease.token for lease in readers]
     assert tokens == sorted(tokens) and len(set(tokens)) == 3, tokens
@@ -70,7 +71,7 @@ def test_shared_leases_hold_together_and_a_writer_waits_for_all_of_them(server):
     wait_until(lambda: server.blocked_clients() == 1, "the writer waits on the server")
     # A reader that comes after the waiting writer does not jump the queue.
     assert flock.acquire("rw", 5000, shared=True) is None
-    # The readers' watchdogs keep their 450 ms leases alive while the writer waits.
+    # The readers' watchdogs keep their 900 ms leases alive while the writer waits.
     base = int(flock_info(server)["flock_renewals"])
     wait_until(lambda: int(flock_info(server)["flock_renewals"]) >= base + 6,
                "two renewals per reader")
@@ -184,7 +185,9 @@ def test_limit_mismatch_and_mode_conflicts_are_the_servers_errors(server):
 def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(server):
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-lease"))
-    ttl = 1500
+    # 3 s: the next renewal (a third) plus 1 s of slack on a loaded machine, still well before
+    # the grant could have expired by itself
+    ttl = 3000
     closed = int(flock_info(server)["flock_bound_closed"])
     got: dict = {}
     with pytest.raises(LockLostError):
@@ -202,7 +205,7 @@ def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(ser
             t0 = time.monotonic()
             assert admin.execute_command("CLIENT", "KILL", "ID", conn_id) == 1
             # Reported as lost at its next renewal at the latest (a third of the ttl).
-            assert lease.wait_lost(ttl / 3 + 400), "the loss was not noticed in time"
+            assert lease.wait_lost(ttl / 3 + 1000), "the loss was not noticed in time"
             noticed_ms = (time.monotonic() - t0) * 1000
             assert "connection" in lease.lost_reason, lease.lost_reason
             assert lease.remaining_ms() == 0
@@ -212,7 +215,7 @@ def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(ser
             t.join(SOON_S)
             assert got.get("lease") is not None, got
             assert (got["at"] - t0) * 1000 < ttl / 2
-    assert noticed_ms <= ttl / 3 + 400
+    assert noticed_ms <= ttl / 3 + 1000
     assert got["lease"].token > lease.token
     assert admin.execute_command("FLOCK.CHECK", "bd", lease.token) == 0
     assert int(flock_info(server)["flock_bound_closed"]) == closed + 1
@@ -226,8 +229,9 @@ def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(ser
 def test_a_bound_lease_renews_and_releases_on_its_own_connection(server):
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-own"))
-    with flock.lock("bo", 300, bound=True) as lease:
-        # many ttls, kept alive by renewals on the bound connection
+    # 600 ms (renewed every 200 ms): 300 ms left too little for a late renewal
+    with flock.lock("bo", 600, bound=True) as lease:
+        # three ttls, kept alive by renewals on the bound connection
         wait_until(lambda: int(flock_info(server)["flock_renewals"]) >= 9, "nine renewals")
         assert not lease.lost and lease.check() > 0
         other = flock.acquire("bo2", 5000)  # the pool's other connection, in parallel
@@ -262,7 +266,7 @@ def test_a_bound_scoped_lock_is_freed_at_once_when_its_process_dies(server):
         assert lease is not None, got
         waited = got["at"] - t0
         # Granted within moments of the death, not at the end of the 30 s lease.
-        assert waited < 2.0, f"the waiter got the lock {waited:.3f} s after the holder died"
+        assert waited < 5.0, f"the waiter got the lock {waited:.3f} s after the holder died"
         assert lease.token > token
         assert int(flock_info(server)["flock_bound_closed"]) == 1
         assert lease.release() is True
@@ -279,7 +283,7 @@ def test_readers_waiting_behind_a_writer_are_granted_together(server):
     got = [{} for _ in range(3)]
     threads = []
     for i in range(3):
-        threads.append(waiting(flock, "rg", 450, got[i], shared=True))
+        threads.append(waiting(flock, "rg", 900, got[i], shared=True))
         wait_until(lambda: server.blocked_clients() == i + 1, f"reader {i} waits")
     assert writer.release() is True
     for t in threads:
@@ -326,7 +330,10 @@ def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
     assert admin.execute_command("CLIENT", "KILL", "ID", second[0]["id"]) == 1
     wait_until(lambda: admin.execute_command("FLOCK.CHECK", "bwk", lease.token) == 0,
                "the bound grant ends with its connection")
-    assert lease.wait_lost(3000 / 3 + 400)
+    # at its next renewal (a third of the ttl), with slack for a loaded machine; the reason
+    # shows it was the connection, not the local deadline
+    assert lease.wait_lost(3000 / 3 + 1000)
+    assert "connection" in lease.lost_reason, lease.lost_reason
     assert lease.release() is False
 
 
