@@ -805,6 +805,15 @@ fn assert_same(
         assert_eq!(st.mode, mk.mode, "{}: mode", at());
     }
     assert_eq!(st.last_token, mk.last_token, "{}: last token", at());
+    // The module keeps a lone grant in a compact form of its own (`record.rs`): the grant's
+    // fields must be the whole state.
+    if let Some((mode, g)) = st.lone_grant() {
+        let rebuilt = LockState::with_grant(
+            mode,
+            Grant::from_parts(&g.owner, g.token, g.deadline, g.since_mono_us, g.tie_word()),
+        );
+        assert_eq!(&rebuilt, st, "{}: a lone grant rebuilt", at());
+    }
     // G7: what the replica holds is what the master would send now.
     if let Some(s) = Snapshot::of(st) {
         assert_eq!(
