@@ -1,15 +1,12 @@
-//! A copy of a key name kept beside what the module tracks per key (the deadline index, the
-//! bindings of a connection): inline when it is short, as most lock names are, boxed beyond.
-//! No allocation per grant for a short name: an allocator call costs about as much as the
-//! rest of arming a timer or binding a grant.
+//! A copy of a key name kept beside what the module tracks per key (the bindings of a
+//! connection, a due deadline's key): inline when it is short, as most lock names are, boxed
+//! beyond. No allocation per grant for a short name: an allocator call costs about as much as
+//! the rest of binding a grant.
 
 /// The longest name kept inline.
 const INLINE_NAME: usize = 22;
 
-/// 24 bytes, so a deadline-index slot is 32 (`deadlines.rs`) and a held lock with a short
-/// name costs 48 bytes of index (slot and heap entry) where the held RedisModuleString it
-/// replaced cost a 48-byte slot, a 16-byte heap entry and the string (32 bytes for a 12-byte
-/// name).
+/// 24 bytes (with `Option`'s tag in the enum's).
 #[derive(Clone)]
 pub enum KeyName {
     Inline { len: u8, bytes: [u8; INLINE_NAME] },
