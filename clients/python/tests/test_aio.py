@@ -110,6 +110,97 @@ def test_aio_watchdog_stops_on_release(server):
     assert not lease.lost
 
 
+def test_aio_release_waits_for_a_renewal_under_way(server):
+    # As the sync test: CLIENT PAUSE WRITE holds the watchdog's RENEW; release() does not send
+    # its RELEASE before the RENEW is answered, and the raced renewal reports no loss.
+    admin = server.client(decode_responses=True)
+
+    def running(cmd, held=False):
+        return [c for c in admin.client_list() if c.get("name") == "aio-rw"
+                and c.get("cmd") == cmd and (not held or "b" in c.get("flags", ""))]
+
+    async def main():
+        r = aclient(server, client_name="aio-rw")
+        flock = Flock(r)
+        loop = asyncio.get_running_loop()
+        # 6 s: renewed at 2 s, the held RENEW may wait 4 s (the local deadline)
+        lease = await flock.acquire("a:rw", 6000)
+        admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            await loop.run_in_executor(None, lambda: wait_until(
+                lambda: running("flock.renew", held=True), "a renewal held by the pause"))
+            task = asyncio.ensure_future(lease.release())
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:
+                await asyncio.sleep(0.01)
+                assert not running("flock.release"), \
+                    "RELEASE sent while a RENEW of the lease was still unanswered"
+                assert not task.done()
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        assert await asyncio.wait_for(task, SOON_S) is True
+        await until(lambda: _now(mon.count("FLOCK.RELEASE a:rw") == 1), "the release")
+        assert not lease.lost, lease.lost_reason
+        assert await lease.wait_lost(0) is False
+        await r.aclose()
+        return lease
+
+    mon = Monitor(server)
+    try:
+        lease = run(main())
+    finally:
+        mon.close()
+    after = mon.commands[mon.index("FLOCK.RELEASE a:rw"):]
+    assert not [c for c in after if c.startswith("FLOCK.RENEW a:rw")], after
+    assert mon.count("FLOCK.RENEW a:rw") >= 1
+    assert admin.exists("a:rw") == 0
+    assert not lease.lost
+
+
+def test_aio_release_waits_no_longer_than_the_socket_timeout_for_a_stuck_renewal(server):
+    # As the sync test: a hook holds the watchdog's renewal before its RENEW is sent; release()
+    # waits at most the client's socket_timeout (0.5 s), then releases; the late RENEW is
+    # answered nil and reports no loss.
+    async def main():
+        r = aclient(server, socket_timeout=0.5)
+        flock = Flock(r)
+        lease = await flock.acquire("a:rs", 6000)  # renewed at 2 s
+        inside, gate, replies = asyncio.Event(), asyncio.Event(), []
+        real = lease._io_call
+
+        async def held(*args, **kw):
+            if args[0] == "FLOCK.RENEW" and not inside.is_set():
+                inside.set()
+                await gate.wait()
+                replies.append(await real(*args, **kw))
+                return replies[-1]
+            return await real(*args, **kw)
+
+        lease._io_call = held
+        await asyncio.wait_for(inside.wait(), SOON_S)
+        start = time.monotonic()
+        try:
+            assert await lease.release() is True
+            took = time.monotonic() - start
+        finally:
+            gate.set()
+        assert 0.45 <= took < 3.0, took
+        await until(lambda: _now(bool(replies)), "the late RENEW's reply")
+        await until(lambda: _now(not lease._io.locked()), "the renewal's end")
+        assert replies == [None]
+        assert not lease.lost, lease.lost_reason
+        assert await lease.wait_lost(0) is False
+        await r.aclose()
+
+    mon = Monitor(server)
+    try:
+        run(main())
+    finally:
+        mon.close()
+    assert mon.count("FLOCK.RENEW a:rs") == 1
+    assert mon.index("FLOCK.RELEASE a:rs") < mon.index("FLOCK.RENEW a:rs")
+
+
 async def _now(value):
     return value
 

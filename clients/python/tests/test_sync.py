@@ -129,6 +129,93 @@ def test_watchdog_stops_on_release(server):
     assert not lease.lost
 
 
+def client_running(admin, name, cmd):
+    """The connections named name whose current (or last) command is cmd."""
+    return [c for c in admin.client_list() if c.get("name") == name and c.get("cmd") == cmd]
+
+
+def test_release_waits_for_a_renewal_under_way(server):
+    # CLIENT PAUSE WRITE holds the watchdog's RENEW on the server; release() is called while it
+    # waits there. The RELEASE is not sent until the RENEW is answered, so no RENEW of the lease
+    # comes after it, and the renewal that raced the release reports no loss.
+    admin = server.client(decode_responses=True)
+    flock = Flock(server.client(client_name="rw-holder"))
+    mon = Monitor(server)
+    try:
+        # 6 s: renewed at 2 s; the held RENEW may wait up to the local deadline (4 s after it
+        # went out), far more than finding it and the 0.5 s watched below on a loaded machine
+        lease = flock.acquire("rw", 6000)
+        got = {}
+        t = threading.Thread(target=lambda: got.update(ok=lease.release()))
+        admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            wait_until(lambda: holder_clients(admin, "rw-holder", "flock.renew"),
+                       "a renewal held by the pause")
+            t.start()
+            # Before the fix, the RELEASE went out at once on another connection (and was held
+            # by the pause too, next to the RENEW). Now release() waits for the RENEW's reply.
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:
+                assert not client_running(admin, "rw-holder", "flock.release"), \
+                    "RELEASE sent while a RENEW of the lease was still unanswered"
+                assert t.is_alive() and "ok" not in got
+                time.sleep(0.01)
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        t.join(SOON_S)
+        assert got.get("ok") is True
+        wait_until(lambda: mon.count("FLOCK.RELEASE rw") == 1, "the release")
+    finally:
+        mon.close()
+    after = mon.commands[mon.index("FLOCK.RELEASE rw"):]
+    assert not [c for c in after if c.startswith("FLOCK.RENEW rw")], after
+    assert mon.count("FLOCK.RENEW rw") >= 1  # the held one, before the RELEASE
+    assert admin.exists("rw") == 0
+    assert not lease.lost, lease.lost_reason
+    assert lease.wait_lost(0) is False
+
+
+def test_release_waits_no_longer_than_the_socket_timeout_for_a_stuck_renewal(server):
+    # A renewal stuck before its RENEW reaches the server (a hook holds it, as a dead
+    # connection would): release() waits for it at most the client's socket_timeout (0.5 s,
+    # well before the lease's local deadline), then releases. The RENEW, sent late after all,
+    # is answered nil, and that is not a loss: the lease was released.
+    mon = Monitor(server)
+    try:
+        flock = Flock(server.client(socket_timeout=0.5))
+        lease = flock.acquire("rs", 6000)  # renewed at 2 s; local deadline 4 s after that
+        inside, gate, replies = threading.Event(), threading.Event(), []
+        real = lease._io_call
+
+        def held(*args, **kw):
+            if args[0] == "FLOCK.RENEW" and not inside.is_set():
+                inside.set()
+                gate.wait(SOON_S)
+                replies.append(real(*args, **kw))
+                return replies[-1]
+            return real(*args, **kw)
+
+        lease._io_call = held
+        assert inside.wait(SOON_S), "the watchdog's renewal"
+        start = time.monotonic()
+        try:
+            assert lease.release() is True
+            took = time.monotonic() - start
+        finally:
+            gate.set()
+        assert 0.45 <= took < 3.0, took  # waited for the renewal, up to the socket_timeout
+        wait_until(lambda: replies, "the late RENEW's reply")
+        wait_until(lambda: not lease._io.locked(), "the renewal's end")
+        assert replies == [None]  # the grant was gone: nil
+        assert mon.count("FLOCK.RENEW rs") == 1
+        assert not lease.lost, lease.lost_reason
+        assert lease.wait_lost(0) is False
+        assert lease.release() is True  # idempotent
+    finally:
+        mon.close()
+    assert mon.index("FLOCK.RELEASE rs") < mon.index("FLOCK.RENEW rs")
+
+
 def test_an_unreleased_lease_dropped_by_the_program_stops_and_releases(server):
     r = server.client()
     lease = Flock(server.client()).acquire("dropped", 30_000)

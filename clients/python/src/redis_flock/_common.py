@@ -42,6 +42,30 @@ Number = Union[int, float]
 BLOCK_REPLY_MARGIN_S = 5.0
 #: A "forever" read timeout (asyncio read timeouts need a number).
 FOREVER_S = 365 * 86400.0
+#: How much past the local deadline release() waits for a renewal under way (the renewal
+#: itself gives up at that deadline; this covers dropping its connection and waking up).
+RENEWAL_WAIT_MARGIN_S = 0.1
+
+
+def socket_timeout_of(client: Any) -> Optional[float]:
+    """The ``socket_timeout`` the redis-py client was made with (a ``Redis``' pool, a sync
+    ``RedisCluster``'s nodes manager, an asyncio ``RedisCluster`` itself), or None when it has
+    none (or it cannot be found)."""
+    for holder in (getattr(client, "connection_pool", None),
+                   getattr(client, "nodes_manager", None), client):
+        kw = getattr(holder, "connection_kwargs", None)
+        if isinstance(kw, dict):
+            t = kw.get("socket_timeout")
+            return float(t) if isinstance(t, (int, float)) and t > 0 else None
+    return None
+
+
+def renewal_wait_s(deadline: float, now: float, socket_timeout: Optional[float]) -> float:
+    """How long release() waits for a renewal already under way: no longer than that renewal
+    can itself wait for its reply (until the lease's local deadline, rule 2), and no longer
+    than the client's socket_timeout when it has one."""
+    wait = max(deadline - now, 0.0) + RENEWAL_WAIT_MARGIN_S
+    return wait if socket_timeout is None else min(wait, socket_timeout)
 
 
 def new_owner() -> str:

@@ -37,6 +37,8 @@ from ._common import (
     ms_left,
     new_owner,
     renew_interval,
+    renewal_wait_s,
+    socket_timeout_of,
     wait_seconds,
 )
 
@@ -85,6 +87,8 @@ class _Transport:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        #: the client's socket_timeout (None: none): bounds release()'s wait for a renewal
+        self.socket_timeout = socket_timeout_of(client)
 
     def pool(self, key: Any, addr: Addr) -> Any:
         if not self.cluster:
@@ -478,7 +482,13 @@ class Lease:
 
     def release(self) -> bool:
         """Ends the grant: FLOCK.RELEASE key owner token (rule 4), retried once after a
-        connection error (a retry answered 0 counts as released). Stops the watchdog first.
+        connection error (a retry answered 0 counts as released). Stops the watchdog first:
+        no renewal starts once release() has begun, and one already under way is waited for
+        before the RELEASE is sent, so that when release() returns no RENEW of the lease is in
+        flight. That wait is bounded: at most until the lease's local deadline (a renewal
+        never waits for its reply past it, rule 2) and at most the client's socket_timeout;
+        a renewal stuck longer (on a dead connection) is left behind, its late reply ignored.
+        A renewal's reply that comes after release() began never marks the lease lost.
         True when the grant was live and is now released; False when it was already gone
         (then the lease is lost). Idempotent."""
         with self._lock:
@@ -491,6 +501,8 @@ class Lease:
         self._finalizer.detach()
         if watched:
             _watchdog.forget()
+        if self._conn is None:
+            self._wait_for_renewal()
         try:
             if self._conn is not None:
                 with self._io:
@@ -511,6 +523,17 @@ class Lease:
             else:
                 self._set_lost_locked("FLOCK.RELEASE answered 0: the grant had ended")
         return self._released_ok
+
+    def _wait_for_renewal(self) -> None:
+        """Waits (bounded) for a renewal of this lease already under way: renewals hold _io
+        from their check of _released to their reply, and _released is set, so none can start
+        after this. (A BOUND lease's release takes _io for its connection anyway.)"""
+        wait = renewal_wait_s(self._deadline, monotonic(), self._t.socket_timeout)
+        if self._io.acquire(timeout=wait):
+            self._io.release()
+        else:
+            log.debug("flock: release of %r did not wait longer than %.3f s for a renewal under "
+                      "way", self.key, wait)
 
     def _release_bound(self) -> int:
         conn, self._conn = self._conn, None

@@ -49,6 +49,8 @@ from ._common import (
     ms_left,
     new_owner,
     renew_interval,
+    renewal_wait_s,
+    socket_timeout_of,
     wait_seconds,
 )
 
@@ -127,6 +129,8 @@ class _Transport:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        #: the client's socket_timeout (None: none): bounds release()'s wait for a renewal
+        self.socket_timeout = socket_timeout_of(client)
 
     async def checkout(self, key: Any, addr: Addr) -> _Slot:
         if not self.cluster:
@@ -419,6 +423,10 @@ class Lease:
             raise
 
     async def release(self) -> bool:
+        """Ends the grant (see the sync ``Lease.release``): no renewal starts once release()
+        has begun, and one under way is awaited (at most until the local deadline, and at most
+        the client's socket_timeout) before the RELEASE is sent; a renewal's reply that comes
+        after release() began never marks the lease lost."""
         if self._released:
             return self._released_ok
         if not self._lost and monotonic() >= self._deadline:
@@ -426,6 +434,8 @@ class Lease:
         self._released = True
         self._stop_watchdog()
         self._finalizer.detach()
+        if self._slot is None:
+            await self._wait_for_renewal()
         try:
             if self._slot is not None:
                 async with self._io:
@@ -446,6 +456,21 @@ class Lease:
         else:
             self._set_lost("FLOCK.RELEASE answered 0: the grant had ended")
         return self._released_ok
+
+    async def _wait_for_renewal(self) -> None:
+        """Waits (bounded) for a renewal of this lease under way: renewals hold _io from their
+        check of _released / _watching to their reply, and both are set, so none can start
+        after this. (A BOUND lease's release takes _io for its connection anyway.)"""
+        if not self._io.locked():
+            return
+        wait = renewal_wait_s(self._deadline, monotonic(), self._t.socket_timeout)
+        try:
+            await asyncio.wait_for(self._io.acquire(), wait)
+        except asyncio.TimeoutError:
+            log.debug("flock: release of %r did not wait longer than %.3f s for a renewal under "
+                      "way", self.key, wait)
+            return
+        self._io.release()
 
     async def _release_bound(self) -> int:
         slot, self._slot = self._slot, None
