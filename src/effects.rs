@@ -229,7 +229,6 @@ pub fn with_lock(
             let reply = op(&mut rec.state, &mut env, &mut host);
             (reply, host.delete, host.arm_later)
         };
-        drop(env);
         drop(tokens);
         if delete {
             return Ok(reply);
@@ -258,7 +257,6 @@ pub fn with_lock(
         let reply = op(state, &mut env, &mut host);
         (reply, host.delete, host.arm_later)
     };
-    drop(env);
     drop(tokens);
     if delete {
         lock.discard();

@@ -137,7 +137,7 @@ pub unsafe extern "C" fn on_server_event(
     match event.id {
         raw::REDISMODULE_EVENT_CRON_LOOP => {
             let tick = CRON_TICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if tick % 10 == 0 {
+            if tick.is_multiple_of(10) {
                 server::recheck_replication(ctx);
             }
             jobs::run_queued(ctx);

@@ -60,7 +60,7 @@ impl<E: Default + Copy, const N: usize> Chunked<E, N> {
     #[inline]
     fn push(&mut self, e: E) -> Option<usize> {
         let i = self.len;
-        if i % N == 0 && i / N == self.chunks.len() {
+        if i.is_multiple_of(N) && i / N == self.chunks.len() {
             self.grow()?;
         }
         *self.chunks.get_mut(i / N)?.get_mut(i % N)? = e;
