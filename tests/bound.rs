@@ -1,8 +1,7 @@
 //! Connection-bound grants (SPEC.md "Connection-bound grants (BOUND)", G11): a BOUND grant
 //! lives only while the connection that made it stays connected to the master that holds it.
 use flock_testkit::*;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -430,33 +429,11 @@ fn flock_closed_event_and_lock_delay_apply_as_on_expiry() {
         .module_args(&["lock-delay-ms", "2000"])
         .start();
     let mut c = srv.conn();
-    call(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Kd"]);
-    let mut sub = TcpStream::connect(("127.0.0.1", srv.port())).expect("connect");
-    sub.set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("timeout");
-    let pattern = "__keyspace@0__:*";
-    let cmd = format!(
-        "*2\r\n$10\r\nPSUBSCRIBE\r\n${}\r\n{pattern}\r\n",
-        pattern.len()
-    );
-    sub.write_all(cmd.as_bytes()).expect("subscribe");
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    let mut read_until = |needle: &str, seen: &mut String| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !seen.contains(needle) && Instant::now() < deadline {
-            if let Ok(n) = sub.read(&mut buf) {
-                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        }
-        assert!(seen.contains(needle), "no {needle} event in {seen:?}");
-    };
-    // Subscribed before the event happens: the server has answered the PSUBSCRIBE.
-    read_until("psubscribe", &mut seen);
+    let mut sub = KeyspaceEvents::subscribe(&srv);
     let mut h = srv.conn();
     let t = bound(&mut h, "k", "h", 60_000);
     drop(h);
-    read_until("flock.closed", &mut seen);
+    sub.read_until(b"flock.closed");
     assert_eq!(check(&mut c, "k", t), 0);
     // Lock-delay: the closed grant's slot stays taken for 2 s.
     assert_eq!(

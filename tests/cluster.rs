@@ -149,16 +149,7 @@ fn slot_migration_keeps_the_lock_and_token_order_and_answers_waiters() {
     let ended = "{mig}:ended";
     let s = key_slot(&mut any, lock);
     let from = cluster.master_of(s);
-    let to = cluster
-        .nodes
-        .iter()
-        .find(|n| {
-            n.id != from.id
-                && nodes_text(&n.srv)
-                    .lines()
-                    .any(|l| l.contains("myself") && l.contains("master"))
-        })
-        .expect("another master");
+    let to = cluster.other_master(from);
     let mut src = from.srv.conn();
     let t_ended = grant(&mut src, ended, "gone", 30_000);
     assert_eq!(release(&mut src, ended, "gone"), 1);

@@ -11,8 +11,6 @@
 //! waiting until the server counts each one blocked before the next one is sent.
 
 use flock_testkit::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -85,18 +83,6 @@ fn spawn_acq(srv: &Server, key: &str, owner: &str, ttl: i64, opts: &[&str]) -> J
 fn join(h: JoinHandle<Reply>, what: &str) -> Reply {
     h.join()
         .unwrap_or_else(|_| panic!("{what}: waiter thread panicked"))
-}
-
-fn blocked_clients(c: &mut redis::Connection) -> i64 {
-    info_field(c, "clients", "blocked_clients")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Wait until exactly `n` clients are blocked (so that the arrival order is known).
-#[track_caller]
-fn wait_blocked(c: &mut redis::Connection, n: i64) {
-    wait_until(&format!("{n} blocked clients"), || blocked_clients(c) == n);
 }
 
 /// FLOCK.INFO with the kinds' fields.
@@ -1707,16 +1693,7 @@ fn slot_migration_moves_readers_and_permits_whole_and_answers_a_waiting_writer()
     let (rw, sem) = ("{kmig}:rw", "{kmig}:sem");
     let s = key_slot(&mut any, rw);
     let from = cluster.master_of(s);
-    let to = cluster
-        .nodes
-        .iter()
-        .find(|n| {
-            n.id != from.id
-                && nodes_text(&n.srv)
-                    .lines()
-                    .any(|l| l.contains("myself") && l.contains("master"))
-        })
-        .expect("another master");
+    let to = cluster.other_master(from);
     let mut src = from.srv.conn();
     let t1 = grant_kind(&mut src, rw, "r1", 20_000, &["SHARED"]);
     let t2 = grant_kind(&mut src, rw, "r2", 20_000, &["SHARED"]);
@@ -1764,58 +1741,12 @@ fn slot_migration_moves_readers_and_permits_whole_and_answers_a_waiting_writer()
 // events, counters, ACL
 // ---------------------------------------------------------------------------------------
 
-/// A RESP2 PSUBSCRIBE connection that collects what it is sent.
-struct Sub {
-    s: TcpStream,
-    seen: Vec<u8>,
-}
-
-impl Sub {
-    fn new(srv: &Server) -> Sub {
-        let mut s = TcpStream::connect(("127.0.0.1", srv.port())).expect("connect");
-        s.set_read_timeout(Some(Duration::from_millis(200)))
-            .expect("timeout");
-        let p = "__keyspace@0__:*";
-        s.write_all(format!("*2\r\n$10\r\nPSUBSCRIBE\r\n${}\r\n{p}\r\n", p.len()).as_bytes())
-            .expect("subscribe");
-        let mut sub = Sub {
-            s,
-            seen: Vec::new(),
-        };
-        sub.read_until(b"psubscribe");
-        sub
-    }
-    /// Read until `needle` was seen (10 s at most).
-    #[track_caller]
-    fn read_until(&mut self, needle: &[u8]) {
-        let deadline = Instant::now() + DEADLINE;
-        let mut buf = [0u8; 4096];
-        while !contains_bytes(&self.seen, needle) && Instant::now() < deadline {
-            if let Ok(n) = self.s.read(&mut buf) {
-                self.seen.extend_from_slice(&buf[..n]);
-            }
-        }
-        assert!(
-            contains_bytes(&self.seen, needle),
-            "no {:?} in {:?}",
-            String::from_utf8_lossy(needle),
-            String::from_utf8_lossy(&self.seen)
-        );
-    }
-    /// How often `event` was sent for `key`.
-    fn count(&self, key: &str, event: &str) -> usize {
-        let needle = format!("__keyspace@0__:{key}\r\n${}\r\n{event}\r\n", event.len());
-        let n = needle.as_bytes();
-        self.seen.windows(n.len()).filter(|w| *w == n).count()
-    }
-}
-
 #[test]
 fn keyspace_events_and_info_counters_come_once_per_grant() {
     let srv = Server::start();
     let mut c = srv.conn();
     set_config(&mut c, "notify-keyspace-events", "Kd");
-    let mut sub = Sub::new(&srv);
+    let mut sub = KeyspaceEvents::subscribe(&srv);
     let base: Vec<i64> = [
         "grants",
         "releases",
@@ -2245,7 +2176,7 @@ fn bound_shared_grants_and_permits_end_with_their_connection() {
     let srv = Server::start();
     let mut c = srv.conn();
     set_config(&mut c, "notify-keyspace-events", "Kd");
-    let mut sub = Sub::new(&srv);
+    let mut sub = KeyspaceEvents::subscribe(&srv);
     let mut a = srv.conn();
     let ta = grant_kind(&mut a, "rw", "ra", 60_000, &["BOUND", "SHARED"]);
     let tb = grant_kind(&mut c, "rw", "rb", 60_000, &["SHARED"]);
@@ -2382,7 +2313,7 @@ fn grants_that_expire_together_each_count_and_each_hand_off() {
     let srv = Server::start();
     let mut c = srv.conn();
     set_config(&mut c, "notify-keyspace-events", "Kd");
-    let mut sub = Sub::new(&srv);
+    let mut sub = KeyspaceEvents::subscribe(&srv);
     let e0 = flock_stat(&mut c, "expirations");
     for i in 0..3 {
         grant_kind(&mut c, "sem", &format!("p{i}"), 60_000, &["LIMIT", "3"]);

@@ -3,7 +3,7 @@
 //! with generous time bounds (CI machines are loaded 2-core boxes).
 
 use flock_testkit::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::thread::{self, sleep, JoinHandle};
 use std::time::{Duration, Instant};
@@ -33,18 +33,6 @@ fn spawn_acquire(
         );
         (r, start.elapsed())
     })
-}
-
-fn blocked_clients(c: &mut redis::Connection) -> i64 {
-    info_field(c, "clients", "blocked_clients")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Wait until exactly `n` clients are blocked (so that arrival order is known).
-#[track_caller]
-fn wait_blocked(c: &mut redis::Connection, n: i64) {
-    wait_until(&format!("{n} blocked clients"), || blocked_clients(c) == n);
 }
 
 fn token_of(r: &Reply, what: &str) -> i64 {
@@ -532,37 +520,16 @@ fn info_flock_counts_what_happened() {
 fn keyspace_events_for_acquire_release_expire_revoke() {
     let srv = Server::start();
     let mut c = srv.conn();
-    call(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "Kd"]);
-    let mut sub = TcpStream::connect(("127.0.0.1", srv.port())).expect("connect");
-    sub.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let pattern = "__keyspace@0__:*";
-    let cmd = format!(
-        "*2\r\n$10\r\nPSUBSCRIBE\r\n${}\r\n{pattern}\r\n",
-        pattern.len()
-    );
-    sub.write_all(cmd.as_bytes()).expect("subscribe");
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    let mut read_until = |needle: &str, seen: &mut String| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !seen.contains(needle) && Instant::now() < deadline {
-            if let Ok(n) = sub.read(&mut buf) {
-                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        }
-        assert!(seen.contains(needle), "no {needle} event in {seen:?}");
-    };
-    read_until("psubscribe", &mut seen);
+    let mut sub = KeyspaceEvents::subscribe(&srv);
     grant(&mut c, "lk", "a", 60_000);
-    read_until("flock.acquired", &mut seen);
+    sub.read_until(b"flock.acquired");
     release(&mut c, "lk", "a");
-    read_until("flock.released", &mut seen);
+    sub.read_until(b"flock.released");
     grant(&mut c, "lk", "a", 50);
-    read_until("flock.expired", &mut seen);
+    sub.read_until(b"flock.expired");
     grant(&mut c, "lk", "a", 60_000);
     call(&mut c, &["FLOCK.REVOKE", "lk"]);
-    read_until("flock.revoked", &mut seen);
+    sub.read_until(b"flock.revoked");
 }
 
 #[test]

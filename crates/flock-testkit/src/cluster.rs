@@ -143,6 +143,14 @@ impl Cluster {
         panic!("no master for slot {slot}:\n{text}");
     }
 
+    /// A master other than `than` (a slot's migration target).
+    pub fn other_master(&self, than: &Node) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.id != than.id && is_master(&n.srv))
+            .expect("another master")
+    }
+
     pub fn replica_of(&self, master: &Node) -> &Node {
         self.nodes
             .iter()

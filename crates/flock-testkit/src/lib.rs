@@ -15,6 +15,7 @@
 pub mod builder;
 pub mod cluster;
 pub mod env;
+pub mod events;
 pub mod files;
 pub mod flock;
 pub mod info;
@@ -27,6 +28,7 @@ pub mod wait;
 pub use builder::*;
 pub use cluster::*;
 pub use env::*;
+pub use events::*;
 pub use flock::*;
 pub use info::*;
 pub use raw::*;
