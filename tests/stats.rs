@@ -5,21 +5,12 @@ use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// A reply map (RESP3 map or RESP2 flat array) as name -> value.
-fn map(r: &Reply) -> HashMap<String, Reply> {
-    r.pairs()
-        .unwrap_or_else(|| panic!("not a map: {r:?}"))
-        .into_iter()
-        .map(|(k, v)| (k.string().unwrap_or_default(), v))
-        .collect()
-}
-
 fn stats(c: &mut redis::Connection, classes: &[&str]) -> (HashMap<String, Reply>, i64) {
     let mut cmd = vec!["FLOCK.STATS", "GET"];
     cmd.extend(classes);
-    let top = map(&call(c, &cmd));
+    let top = map_of(&call(c, &cmd));
     let overflow = top.get("overflow").and_then(Reply::int).expect("overflow");
-    let classes = top.get("classes").map(map).expect("classes");
+    let classes = top.get("classes").map(map_of).expect("classes");
     (classes, overflow)
 }
 
@@ -55,8 +46,8 @@ fn classes_fold_identifiers_out_of_key_names() {
     want.dedup();
     assert_eq!(names, want);
     assert_eq!(overflow, 0);
-    assert_eq!(int(&map(&classes["lock:orders:#"]), "grants"), 2);
-    assert_eq!(int(&map(&classes["job:#"]), "released"), 2);
+    assert_eq!(int(&map_of(&classes["lock:orders:#"]), "grants"), 2);
+    assert_eq!(int(&map_of(&classes["job:#"]), "released"), 2);
     // GET with names: only those (a name never seen is left out).
     let (some, _) = stats(&mut c, &["job:#", "nope:#"]);
     assert_eq!(some.keys().collect::<Vec<_>>(), vec!["job:#"]);
@@ -103,17 +94,17 @@ fn counters_after_a_scripted_history() {
     wait_until("the expiries are counted", || {
         let (cl, _) = stats(&mut c, &["h:#"]);
         cl.get("h:#")
-            .map(map)
+            .map(map_of)
             .is_some_and(|m| int(&m, "expired") == 2)
     });
     let (cl, _) = stats(&mut c, &["h:#"]);
-    let h = map(&cl["h:#"]);
+    let h = map_of(&cl["h:#"]);
     assert_eq!(
         ["grants", "released", "expired", "revoked", "closed", "renewals"].map(|k| int(&h, k)),
         [8, 5, 2, 1, 0, 2],
         "{h:?}"
     );
-    let wait = map(&h["wait_ms"]);
+    let wait = map_of(&h["wait_ms"]);
     let w50 = int(&wait, "p50");
     // within 3% (the histogram) plus a few ms of the bounds
     let w_max = waited_at_most * 103 / 100 + 5;
@@ -121,7 +112,7 @@ fn counters_after_a_scripted_history() {
         (190..=w_max).contains(&w50),
         "wait p50 {w50} (the wait took between 200 and {waited_at_most} ms)"
     );
-    let ttl50 = int(&map(&h["ttl_ms"]), "p50");
+    let ttl50 = int(&map_of(&h["ttl_ms"]), "p50");
     assert!(
         (ttl50 - 60_000).abs() <= 1_800,
         "ttl p50 {ttl50} (within 3% of 60000)"
@@ -170,8 +161,8 @@ fn hold_percentiles_match_known_hold_times_and_give_the_advice() {
     outer.sort();
     let mut c = srv.conn();
     let (cl, _) = stats(&mut c, &["hold:#"]);
-    let h = map(&cl["hold:#"]);
-    let hold = map(&h["hold_ms"]);
+    let h = map_of(&cl["hold:#"]);
+    let hold = map_of(&h["hold_ms"]);
     let (p50, p99, max) = (int(&hold, "p50"), int(&hold, "p99"), int(&hold, "max"));
     let (t50, t99, tmax) = (held[99] as i64, held[197] as i64, held[199] as i64);
     let (o50, o99, omax) = (outer[99] as i64, outer[197] as i64, outer[199] as i64);
@@ -209,8 +200,9 @@ fn expiries_over_one_percent_withhold_the_advice() {
         grant(&mut c, &k, "o", 60_000);
         assert_eq!(release(&mut c, &k, "o"), 1);
     }
-    let advice =
-        |c: &mut redis::Connection| map(&stats(c, &["adv:#"]).0["adv:#"])["ttl_advice_ms"].clone();
+    let advice = |c: &mut redis::Connection| {
+        map_of(&stats(c, &["adv:#"]).0["adv:#"])["ttl_advice_ms"].clone()
+    };
     assert!(
         advice(&mut c).array().is_some(),
         "advice after 120 releases"
@@ -218,7 +210,7 @@ fn expiries_over_one_percent_withhold_the_advice() {
     grant(&mut c, "adv:1000", "o", 20);
     grant(&mut c, "adv:1001", "o", 20);
     wait_until("two expiries", || {
-        int(&map(&stats(&mut c, &["adv:#"]).0["adv:#"]), "expired") == 2
+        int(&map_of(&stats(&mut c, &["adv:#"]).0["adv:#"]), "expired") == 2
     });
     // 2 of 122 ended grants expired (1.6%): the releases alone would hide them.
     assert_eq!(advice(&mut c), Reply::Nil);
@@ -237,13 +229,13 @@ fn reset_bound_and_both_protocols() {
     let (cl, overflow) = stats(&mut c, &[]);
     assert_eq!(cl.len(), 3, "{cl:?}");
     assert_eq!(overflow, 2, "d:1 and e:1 are beyond the bound");
-    assert_eq!(int(&map(&cl["a:#"]), "grants"), 2);
+    assert_eq!(int(&map_of(&cl["a:#"]), "grants"), 2);
     // RESP3: real maps, the same fields.
     let mut c3 = srv.conn_resp3();
     let r = call(&mut c3, &["FLOCK.STATS", "GET", "a:#"]);
     assert!(matches!(r, Reply::Map(_)), "RESP3 reply is a map: {r:?}");
     let (cl3, _) = stats(&mut c3, &["a:#"]);
-    assert_eq!(int(&map(&cl3["a:#"]), "grants"), 2);
+    assert_eq!(int(&map_of(&cl3["a:#"]), "grants"), 2);
     // RESP2: a flat array.
     assert!(matches!(
         call(&mut c, &["FLOCK.STATS", "GET"]),

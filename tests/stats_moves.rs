@@ -3,21 +3,12 @@
 //! copied to a name of another class counts there from then on, and one held across a RESET
 //! counts for a class of the new table.
 use flock_testkit::*;
-use std::collections::HashMap;
-
-fn map(r: &Reply) -> HashMap<String, Reply> {
-    r.pairs()
-        .unwrap_or_else(|| panic!("not a map: {r:?}"))
-        .into_iter()
-        .map(|(k, v)| (k.string().unwrap_or_default(), v))
-        .collect()
-}
 
 /// (grants, released, renewals) of `class`, None when the class was never seen.
 fn counts(c: &mut redis::Connection, class: &str) -> Option<(i64, i64, i64)> {
-    let top = map(&call(c, &["FLOCK.STATS", "GET", class]));
-    let classes = top.get("classes").map(map).expect("classes");
-    let m = map(classes.get(class)?);
+    let top = map_of(&call(c, &["FLOCK.STATS", "GET", class]));
+    let classes = top.get("classes").map(map_of).expect("classes");
+    let m = map_of(classes.get(class)?);
     let int = |k: &str| m.get(k).and_then(Reply::int).expect(k);
     Some((int("grants"), int("released"), int("renewals")))
 }

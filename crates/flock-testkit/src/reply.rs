@@ -65,6 +65,22 @@ impl Reply {
             _ => None,
         }
     }
+
+    /// A reply map (RESP3 map or RESP2 flat array) as name -> value; panics on anything else.
+    #[track_caller]
+    pub fn named(&self) -> std::collections::HashMap<String, Reply> {
+        self.pairs()
+            .unwrap_or_else(|| panic!("not a map: {self:?}"))
+            .into_iter()
+            .map(|(k, v)| (k.string().unwrap_or_default(), v))
+            .collect()
+    }
+}
+
+/// [`Reply::named`] as a function (for `Option::map` and the like).
+#[track_caller]
+pub fn map_of(r: &Reply) -> std::collections::HashMap<String, Reply> {
+    r.named()
 }
 
 fn convert(v: redis::Value) -> Reply {
