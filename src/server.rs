@@ -9,12 +9,11 @@ use crate::ffi::{self, Ctx};
 use flock_core::{Now, TokenIssuer};
 use redis_module::raw;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::thread::ThreadId;
+use std::cell::Cell;
+use std::sync::{Mutex, MutexGuard};
 
 static TOKENS: Mutex<TokenIssuer> = Mutex::new(TokenIssuer::new());
 static IS_MASTER: AtomicBool = AtomicBool::new(true);
-static MAIN_THREAD: OnceLock<ThreadId> = OnceLock::new();
 static LOCK_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
 static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -27,7 +26,7 @@ pub fn tokens() -> MutexGuard<'static, TokenIssuer> {
 
 /// Called once from the module's init, on the main thread.
 pub fn init(ctx: Ctx, lock_type: *mut raw::RedisModuleType) {
-    let _ = MAIN_THREAD.set(std::thread::current().id());
+    ON_MAIN_THREAD.with(|m| m.set(true));
     LOCK_TYPE.store(lock_type, Ordering::Relaxed);
     // SAFETY: `ctx` is the context of the module's init; the detached context lives as long
     // as the module.
@@ -47,8 +46,14 @@ pub fn module_ctx() -> Ctx {
     MODULE_CTX.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// Set on the thread that loaded the module (Redis's main thread). A thread-local flag:
+    /// `free` asks on every release, and `std::thread::current()` costs an `Arc` round trip.
+    static ON_MAIN_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
 pub fn on_main_thread() -> bool {
-    MAIN_THREAD.get() == Some(&std::thread::current().id())
+    ON_MAIN_THREAD.with(Cell::get)
 }
 
 /// Whether this server is a master: only a master expires leases on its own.

@@ -334,6 +334,26 @@ fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, change
     publish(state, env, host, changed)
 }
 
+/// The first step of an operation on a held key (RELEASE, RENEW, REVOKE): [`settle`], except
+/// that a state the settling left unchanged is not armed again. Its timer is already right:
+/// every change was armed when it was published, and a timer that fires pops its entry and
+/// arms the key again through [`expire`], so only the deletion of a key nothing is left of
+/// needs checking here. Returns true when the key is to be deleted.
+#[inline]
+fn settle_first(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
+    if !env.master {
+        return false;
+    }
+    if settle_state(state, env, host) {
+        return publish(state, env, host, true);
+    }
+    if state.is_vacant(env.now) && host.waiting() == 0 {
+        host.effect(Effect::DeleteKey);
+        return true;
+    }
+    false
+}
+
 // ---- the operations ----
 
 /// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]` on the key's
@@ -448,7 +468,7 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Reply<'static> {
-    if settle(state, env, host, false) {
+    if settle_first(state, env, host) {
         return Reply::Int(0);
     }
     let Some(grant) = state.release(owner, token, env.now) else {
@@ -472,7 +492,7 @@ pub fn renew(
     ttl_ms: u64,
     token: Option<u64>,
 ) -> Reply<'static> {
-    if settle(state, env, host, false) {
+    if settle_first(state, env, host) {
         return Reply::Null;
     }
     match state.renew(owner, ttl_ms, token, env.now) {
@@ -493,7 +513,7 @@ pub fn revoke(
     host: &mut impl Host,
     owner: Option<&[u8]>,
 ) -> Reply<'static> {
-    if settle(state, env, host, false) {
+    if settle_first(state, env, host) {
         return Reply::Int(0);
     }
     let n = state.revoke(owner, env.now, env.lock_delay_ms, |g| {
