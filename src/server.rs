@@ -8,8 +8,8 @@ use crate::api;
 use crate::ffi::{self, Ctx};
 use flock_core::{Now, TokenIssuer};
 use redis_module::raw;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 static TOKENS: Mutex<TokenIssuer> = Mutex::new(TokenIssuer::new());

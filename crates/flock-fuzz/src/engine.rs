@@ -1009,6 +1009,11 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         max_holders_seen: set.max_holders,
     };
     let mut steps = 0usize;
+    // Each key's timer as the glue's deadline index keeps it: the last deadline the engine
+    // armed it for (`Some(None)`: disarmed), kept across steps that arm nothing (an operation
+    // that leaves the key as it was does not arm it again), gone with the key, and set anew
+    // for every key after it travelled (the glue arms every lock when loading ends).
+    let mut timers: Vec<Option<Option<u64>>> = vec![None; KEYS];
 
     while !r.done() && steps < 4000 {
         steps += 1;
@@ -1341,6 +1346,11 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 for kk in 0..KEYS {
                     travel(&mut real, &mut model, kk, now);
                 }
+                for (kk, timer) in timers.iter_mut().enumerate() {
+                    *timer = real.states[kk]
+                        .as_ref()
+                        .map(|s| s.next_deadline().map(|d| d.mono_us));
+                }
             }
             // A restart or a failover: state travels, waiters are gone; the high-water mark
             // comes along (RDB aux data; a failover has the replica's) or not (an AOF
@@ -1370,6 +1380,11 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     real.queues[kk] = WaitQueue::default();
                     model.keys[kk].queue.clear();
                     travel(&mut real, &mut model, kk, now);
+                }
+                for (kk, timer) in timers.iter_mut().enumerate() {
+                    *timer = real.states[kk]
+                        .as_ref()
+                        .map(|s| s.next_deadline().map(|d| d.mono_us));
                 }
                 real.vanished.clear();
                 model.vanished.clear();
@@ -1416,6 +1431,13 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         // an expiry hands it on at once rather than at the next command. (Earlier is allowed:
         // a key with several grants keeps a lower bound of its next end, made exact when its
         // timer fires; a timer that comes early settles nothing and is armed again.)
+        if armed.is_some() {
+            timers[touched] = armed;
+        }
+        if real.states[touched].is_none() {
+            timers[touched] = None;
+        }
+        let armed = timers[touched];
         if write && real.states[touched].is_some() {
             let mk = &model.keys[touched];
             let next = mk
