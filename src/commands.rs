@@ -52,7 +52,23 @@ fn write_op(
 ) -> c_int {
     let key_name = key_arg(args);
     let mut key = Key::open(ctx, key_name, true);
-    match effects::with_lock(ctx, key_name, &mut key, create, op) {
+    write_op_on(ctx, key_name, &mut key, create, missing, op)
+}
+
+/// [`write_op`] on a key already open for writing.
+fn write_op_on(
+    ctx: Ctx,
+    key_name: RStr,
+    key: &mut Key,
+    create: bool,
+    missing: Reply<'static>,
+    op: impl FnOnce(
+        &mut flock_core::LockState,
+        &mut engine::Env<'_>,
+        &mut effects::KeyHost<'_>,
+    ) -> Reply<'static>,
+) -> c_int {
+    match effects::with_lock(ctx, key_name, key, create, op) {
         Ok(reply) => effects::send(ctx, key_name, reply),
         Err(why) => effects::send_no_lock(ctx, key_name, why, missing),
     }
@@ -75,9 +91,22 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
         };
         // Only a BLOCK call asks whether it may block (not inside MULTI or a script).
         let can_block = a.block.is_some() && waiters::can_block(ctx);
-        write_op(ctx, args, true, Reply::Null, |state, env, host| {
-            engine::acquire(state, env, host, &a, can_block, bind_to)
-        })
+        let key_name = key_arg(args);
+        let mut key = Key::open(ctx, key_name, true);
+        if let Some(done) = effects::acquire_free(ctx, key_name, &mut key, &a, bind_to) {
+            return match done {
+                Ok(reply) => effects::send(ctx, key_name, reply),
+                Err(why) => effects::send_no_lock(ctx, key_name, why, Reply::Null),
+            };
+        }
+        write_op_on(
+            ctx,
+            key_name,
+            &mut key,
+            true,
+            Reply::Null,
+            |state, env, host| engine::acquire(state, env, host, &a, can_block, bind_to),
+        )
     })
 }
 
@@ -88,9 +117,19 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
             Ok(o) => o,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        write_op(ctx, args, false, Reply::Int(0), |state, env, host| {
-            engine::release(state, env, host, owner, token)
-        })
+        let key_name = key_arg(args);
+        let mut key = Key::open(ctx, key_name, true);
+        if let Some(reply) = effects::release_lone(ctx, key_name, &mut key, owner, token) {
+            return effects::send(ctx, key_name, reply);
+        }
+        write_op_on(
+            ctx,
+            key_name,
+            &mut key,
+            false,
+            Reply::Int(0),
+            |state, env, host| engine::release(state, env, host, owner, token),
+        )
     })
 }
 

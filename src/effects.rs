@@ -6,7 +6,7 @@ use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::record::{self, KeyId, LockRecord, RecordPtr};
 use crate::{bindings, config, expiry, replication, server, stats, waiters};
 use flock_core::args::AcquireArgs;
-use flock_core::engine::{BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
+use flock_core::engine::{self, BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::lock_stats::{ClassRef, Event as Measured};
 use flock_core::state::Mode;
 use flock_core::{Deadline, LockState, Waiter};
@@ -272,6 +272,82 @@ pub fn with_lock(
         expiry::name_and_arm(ctx, key_name, key, false);
     }
     Ok(reply)
+}
+
+/// ACQUIRE on a key that does not exist, by the engine's `acquire_free`: the grant is stored
+/// as the new key's one block. `None`: the key exists, or the engine left the request to
+/// the general path ([`with_lock`] with `engine::acquire`), and nothing was done.
+#[inline]
+pub fn acquire_free(
+    ctx: Ctx,
+    key_name: RStr,
+    key: &mut Key,
+    args: &AcquireArgs<'_>,
+    bind_to: Option<u64>,
+) -> Option<Result<Reply<'static>, NoLock>> {
+    if !matches!(key.kind(server::lock_type()), KeyKind::Empty) {
+        return None;
+    }
+    let mut tokens = server::tokens();
+    let mut env = Env {
+        now: server::now(),
+        lock_delay_ms: config::lock_delay_ms(),
+        max_holders: config::max_holders(),
+        master: server::is_master(),
+        tokens: &mut tokens,
+    };
+    let mut class = ClassRef::default();
+    let mut watched = None;
+    let (reply, grant, arm) = {
+        let mut host = KeyHost::new(ctx, key_name, &mut class, &mut watched, None);
+        // Clients waiting for the name make the engine leave the request to `acquire`.
+        host.watch_if_waited();
+        let (reply, grant) = engine::acquire_free(args, &mut env, &mut host, bind_to)?;
+        (reply, grant, host.arm_later)
+    };
+    drop(tokens);
+    let rec = LockRecord {
+        state: LockState::with_grant(Mode::Exclusive, grant),
+        watched: None,
+    };
+    let db = ffi::selected_db(ctx);
+    let Ok(block) = record::create(key, rec, db, ffi::bytes(&key_name), class) else {
+        return Some(Err(NoLock::NotStored));
+    };
+    if let Some(next) = arm {
+        // A block made here carries its name: arming it cannot be refused.
+        let _ = expiry::arm(ctx, key_name, block, next);
+    }
+    Some(Ok(reply))
+}
+
+/// RELEASE of a key whose whole state is one grant (its block's compact form), by the
+/// engine's `release_lone` on the grant read in place. `None`: another key or state, or the
+/// engine left the request to the general path ([`with_lock`] with `engine::release`), and
+/// nothing was done.
+#[inline]
+pub fn release_lone(
+    ctx: Ctx,
+    key_name: RStr,
+    key: &mut Key,
+    owner: &[u8],
+    token: Option<u64>,
+) -> Option<Reply<'static>> {
+    let (block, lone) = record::lone_of(key)?;
+    // SAFETY: the key's live block.
+    let mut class = unsafe { block.class() };
+    let mut watched = None;
+    let (reply, delete) = {
+        let mut host = KeyHost::new(ctx, key_name, &mut class, &mut watched, Some(block));
+        let mono_us = ffi::monotonic_us();
+        let master = server::is_master();
+        let reply = engine::release_lone(&lone, mono_us, master, &mut host, owner, token)?;
+        (reply, host.delete)
+    };
+    if delete {
+        key.delete();
+    }
+    Some(reply)
 }
 
 /// Send `reply` to the client of `ctx`; `key` names the lock key in error texts.

@@ -21,6 +21,7 @@
 use crate::ffi::{Key, KeyKind};
 use crate::server;
 use flock_core::deadlines::NOWHERE;
+use flock_core::engine::LoneGrant;
 use flock_core::lock_stats::ClassRef;
 use flock_core::state::Mode;
 use flock_core::{Deadline, Grant, LockState};
@@ -355,36 +356,57 @@ impl RecordPtr {
         unsafe {
             let head = self.head();
             match self.flags() & FORM_MASK {
-                FORM_COMPACT => {
-                    let c = (*head).body.compact;
-                    let owner = std::slice::from_raw_parts(self.tail(), self.owner_area());
-                    let mono_ms = (c.deadline_mono_us / 1000) as i64;
-                    let deadline = Deadline {
-                        wall_ms: mono_ms + wall_base() + i64::from((*head).wall_delta),
-                        mono_us: c.deadline_mono_us,
-                    };
-                    let tie = if self.tie_area() {
-                        self.tie_ptr().read_unaligned()
-                    } else {
-                        0
-                    };
-                    let grant = Grant::from_parts(owner, c.token, deadline, c.since_mono_us, tie);
-                    let mode = if self.flags() & SHARED != 0 {
-                        Mode::Shared
-                    } else {
-                        Mode::Exclusive
-                    };
-                    Work::Own(LockRecord {
-                        state: LockState::with_grant(mode, grant),
+                FORM_COMPACT => match self.lone() {
+                    Some(lone) => Work::Own(LockRecord {
+                        state: lone.state(),
                         watched: None,
-                    })
-                }
+                    }),
+                    None => Work::Own(LockRecord::default()),
+                },
                 FORM_FULL => match (*head).body.full.as_mut() {
                     Some(rec) => Work::Full(rec),
                     None => Work::Own(LockRecord::default()),
                 },
                 _ => Work::Own(LockRecord::default()),
             }
+        }
+    }
+
+    /// The block's one grant, read in place, when the block is in the compact form.
+    ///
+    /// # Safety
+    /// `self` must be a live block, not changed while the result lives.
+    unsafe fn lone<'a>(self) -> Option<LoneGrant<'a>> {
+        // SAFETY: by the caller; the compact body is valid in the compact form, and its
+        // owner is `owner_area` bytes after the head (and its tie word after the name).
+        unsafe {
+            let head = self.head();
+            let flags = (*head).flags;
+            if flags & FORM_MASK != FORM_COMPACT {
+                return None;
+            }
+            let c = (*head).body.compact;
+            Some(LoneGrant {
+                mode: if flags & SHARED != 0 {
+                    Mode::Shared
+                } else {
+                    Mode::Exclusive
+                },
+                owner: std::slice::from_raw_parts(self.tail(), self.owner_area()),
+                token: c.token,
+                deadline: Deadline {
+                    wall_ms: (c.deadline_mono_us / 1000) as i64
+                        + wall_base()
+                        + i64::from((*head).wall_delta),
+                    mono_us: c.deadline_mono_us,
+                },
+                since_mono_us: c.since_mono_us,
+                tie_word: if flags & TIE_AREA != 0 {
+                    self.tie_ptr().read_unaligned()
+                } else {
+                    0
+                },
+            })
         }
     }
 
@@ -673,6 +695,16 @@ pub unsafe fn lock_mut_ours(key: &mut Key) -> Option<LockMut<'_>> {
         keep: false,
         _key: PhantomData,
     })
+}
+
+/// The lock under `key` when its whole state is one grant (the compact form): its block
+/// and that grant, read in place. `None`: no key, another type, or any other state.
+pub fn lone_of(key: &Key) -> Option<(RecordPtr, LoneGrant<'_>)> {
+    match block_of(key) {
+        // SAFETY: a live block of the open key, unchanged while the key is borrowed.
+        Found::Lock(b) => unsafe { b.lone() }.map(|lone| (b, lone)),
+        _ => None,
+    }
 }
 
 /// Why [`create`] stored nothing.

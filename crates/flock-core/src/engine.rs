@@ -710,5 +710,8 @@ pub fn apply(
     Reply::Ok
 }
 
+mod lone;
+pub use lone::{acquire_free, release_lone, LoneGrant};
+
 #[cfg(test)]
 mod tests;

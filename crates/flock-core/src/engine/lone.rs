@@ -1,0 +1,109 @@
+//! The two operations most locks see, decided without building a [`LockState`]: ACQUIRE of a
+//! key that does not exist, and RELEASE of a key whose whole state is one grant (the host's
+//! compact copy of it, read in place).
+//!
+//! Why: these two are the hot path of every lock, and on a key this simple the general
+//! operations spend most of their time building, settling and storing back a state that
+//! holds one grant. The rules are not new ones: each function answers only the cases where
+//! [`super::acquire`] and [`super::release`] on the equivalent state would do exactly this
+//! (same reply, same effects in the same order, the same state after), which the tests check
+//! against them, and leaves every other case to them (`None`).
+
+use super::{Effect, Env, Event, Host, Reply};
+use crate::args::AcquireArgs;
+use crate::clock::Deadline;
+use crate::snapshot::Snapshot;
+use crate::state::{Grant, LockState, Mode};
+
+/// A key's one grant, as a host keeps it when that grant is all the key is (see
+/// [`LockState::lone_grant`]): the fields of a [`Grant`], borrowed from the host's copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoneGrant<'a> {
+    /// Exclusive or shared (a permit key is never lone).
+    pub mode: Mode,
+    pub owner: &'a [u8],
+    pub token: u64,
+    pub deadline: Deadline,
+    pub since_mono_us: u64,
+    /// [`Grant::tie_word`]: 0 for a grant made without BOUND.
+    pub tie_word: u64,
+}
+
+impl LoneGrant<'_> {
+    /// The grant itself, and the state of a key that holds it alone.
+    pub fn state(&self) -> LockState {
+        let grant = Grant::from_parts(
+            self.owner,
+            self.token,
+            self.deadline,
+            self.since_mono_us,
+            self.tie_word,
+        );
+        LockState::with_grant(self.mode, grant)
+    }
+}
+
+/// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire`] on an empty state, for an
+/// exclusive request without BOUND on a master, when nobody waits for the key's name and
+/// a token is left. Returns the reply and the key's one grant (exclusive), which the host
+/// stores as the new key. `None`: another case, for [`super::acquire`].
+#[inline]
+pub fn acquire_free(
+    args: &AcquireArgs<'_>,
+    env: &mut Env<'_>,
+    host: &mut impl Host,
+    bind_to: Option<u64>,
+) -> Option<(Reply<'static>, Grant)> {
+    let now = env.now;
+    if !env.master || !args.mode.is_exclusive() || bind_to.is_some() || host.waiting() > 0 {
+        return None;
+    }
+    // No token left: nothing was issued, and `acquire` gives the error.
+    let token = env.tokens.issue(now)?;
+    let grant = Grant::new(args.owner, token, args.ttl_ms, now);
+    // As `acquire` publishes a grant: the new state, its timer, then the event.
+    host.effect(Effect::Replicate(Snapshot::Held(&grant)));
+    host.effect(Effect::Arm(Some(grant.deadline)));
+    host.effect(Effect::Notify(Event::Acquired {
+        ttl_ms: args.ttl_ms,
+    }));
+    Some((Reply::Int(token as i64), grant))
+}
+
+/// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release`] on its
+/// state,
+/// on a master, for a live grant made without BOUND, when nobody waits for the key. The
+/// holder's release ends the grant and the key (the host deletes it, as told); anyone
+/// else's changes nothing and gets 0. `None`: another case (a lease that ran out must expire
+/// first, a bound grant must be unbound), for [`super::release`].
+///
+/// Only the monotonic clock is asked for (`mono_us`, as in `Now::mono_us`): whether the lease
+/// runs and how long it was held are measured on it (G9), and nothing here needs the wall
+/// clock, which saves the host a clock read on the hottest path there is.
+#[inline]
+pub fn release_lone(
+    lone: &LoneGrant<'_>,
+    mono_us: u64,
+    master: bool,
+    host: &mut impl Host,
+    owner: &[u8],
+    token: Option<u64>,
+) -> Option<Reply<'static>> {
+    let ran_out = mono_us >= lone.deadline.mono_us; // as `Deadline::passed`
+    if !master || lone.tie_word != 0 || ran_out || host.waiting() > 0 {
+        return None;
+    }
+    if lone.owner != owner || token.is_some_and(|t| t != lone.token) {
+        return Some(Reply::Int(0));
+    }
+    host.effect(Effect::Notify(Event::Released {
+        held_ms: mono_us.saturating_sub(lone.since_mono_us) / 1000,
+    }));
+    // Nothing is left of the key: its deletion travels, and the key goes.
+    host.effect(Effect::ReplicateDelete);
+    host.effect(Effect::DeleteKey);
+    Some(Reply::Int(1))
+}
+
+#[cfg(test)]
+mod tests;
