@@ -306,17 +306,12 @@ pub fn acquire_free(
         (reply, grant, host.arm_later)
     };
     drop(tokens);
-    let rec = LockRecord {
-        state: LockState::with_grant(Mode::Exclusive, grant),
-        watched: None,
-    };
     let db = ffi::selected_db(ctx);
-    let Ok(block) = record::create(key, rec, db, ffi::bytes(&key_name), class) else {
+    let Ok(block) = record::create_lone(key, &grant, db, ffi::bytes(&key_name), class) else {
         return Some(Err(NoLock::NotStored));
     };
     if let Some(next) = arm {
-        // A block made here carries its name: arming it cannot be refused.
-        let _ = expiry::arm(ctx, key_name, block, next);
+        expiry::arm_new(block, next);
     }
     Some(Ok(reply))
 }

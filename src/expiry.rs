@@ -75,6 +75,18 @@ pub fn arm(ctx: Ctx, key: RStr, block: RecordPtr, next: Option<Deadline>) -> Res
     arm_with(ctx, key, block, next, false)
 }
 
+/// [`arm`] for a block just made for `key` by this command (it carries the key's name and
+/// database and has no entry yet): nothing to compare, nothing to take out first.
+pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
+    let Some(next) = next.filter(|_| server::is_master()) else {
+        return;
+    };
+    let mut e = expiry();
+    if e.index.insert(next.mono_us, block, &mut place) {
+        ensure_alarm(&mut e, next.mono_us);
+    }
+}
+
 /// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
 /// The lock's FLOCK.STATS class is forgotten too: its next event counts for the class of the
 /// name it has now.

@@ -195,6 +195,58 @@ impl RecordPtr {
         RecordPtr::new_with(&mut Some(rec), name, class)
     }
 
+    /// A new named block holding `grant` alone, an exclusive grant, in the compact form (the
+    /// full form when it does not fit one: an owner over 255 bytes, a deadline too far out).
+    pub fn new_lone(grant: &Grant, db: c_int, name: &[u8], class: ClassRef) -> Option<Self> {
+        let fits = grant.owner.len() <= usize::from(u8::MAX);
+        let (Some(wall_delta), Ok(db16), Ok(name_len), true) = (
+            wall_delta(grant.deadline),
+            u16::try_from(db),
+            u32::try_from(name.len()),
+            fits,
+        ) else {
+            let state = LockState::with_grant(Mode::Exclusive, grant.clone());
+            let rec = LockRecord {
+                state,
+                watched: None,
+            };
+            return RecordPtr::new(rec, Some((db, name)), class);
+        };
+        let tie = grant.tie_word();
+        let owner_area = grant.owner.len();
+        let layout = layout(owner_area, name.len(), tie != 0)?;
+        // SAFETY: the layout's size is at least the head's 48 bytes.
+        let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
+        let head = Head {
+            class,
+            pos: NOWHERE,
+            name_len,
+            db: db16,
+            flags: FORM_COMPACT | NAMED | if tie != 0 { TIE_AREA } else { 0 },
+            owner_area: owner_area as u8,
+            wall_delta,
+            body: Body {
+                compact: Compact {
+                    token: grant.token,
+                    deadline_mono_us: grant.deadline.mono_us,
+                    since_mono_us: grant.since_mono_us,
+                },
+            },
+        };
+        let this = RecordPtr(block);
+        // SAFETY: a fresh allocation of the block's layout: head, owner, name and tie word
+        // fit, each written once.
+        unsafe {
+            block.as_ptr().write(head);
+            ptr::copy_nonoverlapping(grant.owner.as_ptr(), this.tail(), owner_area);
+            ptr::copy_nonoverlapping(name.as_ptr(), this.name_ptr(), name.len());
+            if tie != 0 {
+                this.tie_ptr().write_unaligned(tie);
+            }
+        }
+        Some(this)
+    }
+
     /// [`RecordPtr::new`] that leaves `rec` in place when it makes no block (and takes it
     /// when it does).
     fn new_with(
@@ -723,6 +775,24 @@ pub fn create(
     class: ClassRef,
 ) -> Result<RecordPtr, StoreError> {
     let b = RecordPtr::new(rec, Some((db, name)), class).ok_or(StoreError::Refused)?;
+    if !key.set_value(server::lock_type(), b.as_value()) {
+        // SAFETY: Redis refused the value, so the block is still only ours.
+        drop(unsafe { b.free() });
+        return Err(StoreError::Refused);
+    }
+    Ok(b)
+}
+
+/// [`create`] for a new key held by `grant` alone (exclusive, made by this command): its
+/// block is written in the compact form straight from the grant.
+pub fn create_lone(
+    key: &mut Key,
+    grant: &Grant,
+    db: c_int,
+    name: &[u8],
+    class: ClassRef,
+) -> Result<RecordPtr, StoreError> {
+    let b = RecordPtr::new_lone(grant, db, name, class).ok_or(StoreError::Refused)?;
     if !key.set_value(server::lock_type(), b.as_value()) {
         // SAFETY: Redis refused the value, so the block is still only ours.
         drop(unsafe { b.free() });
