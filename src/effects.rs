@@ -298,16 +298,17 @@ pub fn acquire_free(
     };
     let mut class = ClassRef::default();
     let mut watched = None;
-    let (reply, grant, arm) = {
+    let (reply, grant, mode, arm) = {
         let mut host = KeyHost::new(ctx, key_name, &mut class, &mut watched, None);
         // Clients waiting for the name make the engine leave the request to `acquire`.
         host.watch_if_waited();
-        let (reply, grant) = engine::acquire_free(args, &mut env, &mut host, bind_to)?;
-        (reply, grant, host.arm_later)
+        let (reply, grant, mode) = engine::acquire_free(args, &mut env, &mut host, bind_to)?;
+        (reply, grant, mode, host.arm_later)
     };
     drop(tokens);
     let db = ffi::selected_db(ctx);
-    let Ok(block) = record::create_lone(key, &grant, db, ffi::bytes(&key_name), class) else {
+    let name = ffi::bytes(&key_name);
+    let Ok(block) = record::create_lone(key, &grant, mode, db, name, class) else {
         return Some(Err(NoLock::NotStored));
     };
     if let Some(next) = arm {

@@ -195,17 +195,24 @@ impl RecordPtr {
         RecordPtr::new_with(&mut Some(rec), name, class)
     }
 
-    /// A new named block holding `grant` alone, an exclusive grant, in the compact form (the
-    /// full form when it does not fit one: an owner over 255 bytes, a deadline too far out).
-    pub fn new_lone(grant: &Grant, db: c_int, name: &[u8], class: ClassRef) -> Option<Self> {
-        let fits = grant.owner.len() <= usize::from(u8::MAX);
+    /// A new named block holding `grant` alone (exclusive or shared), in the compact form
+    /// (the full form when it does not fit one: a permit, an owner over 255 bytes, a deadline
+    /// too far out).
+    pub fn new_lone(
+        grant: &Grant,
+        mode: Mode,
+        db: c_int,
+        name: &[u8],
+        class: ClassRef,
+    ) -> Option<Self> {
+        let fits = grant.owner.len() <= usize::from(u8::MAX) && !matches!(mode, Mode::Permits(_));
         let (Some(wall_delta), Ok(db16), Ok(name_len), true) = (
             wall_delta(grant.deadline),
             u16::try_from(db),
             u32::try_from(name.len()),
             fits,
         ) else {
-            let state = LockState::with_grant(Mode::Exclusive, grant.clone());
+            let state = LockState::with_grant(mode, grant.clone());
             let rec = LockRecord {
                 state,
                 watched: None,
@@ -222,7 +229,10 @@ impl RecordPtr {
             pos: NOWHERE,
             name_len,
             db: db16,
-            flags: FORM_COMPACT | NAMED | if tie != 0 { TIE_AREA } else { 0 },
+            flags: FORM_COMPACT
+                | NAMED
+                | if tie != 0 { TIE_AREA } else { 0 }
+                | if mode == Mode::Shared { SHARED } else { 0 },
             owner_area: owner_area as u8,
             wall_delta,
             body: Body {
@@ -783,16 +793,17 @@ pub fn create(
     Ok(b)
 }
 
-/// [`create`] for a new key held by `grant` alone (exclusive, made by this command): its
-/// block is written in the compact form straight from the grant.
+/// [`create`] for a new key held by `grant` alone (exclusive or shared, made by this
+/// command): its block is written in the compact form straight from the grant.
 pub fn create_lone(
     key: &mut Key,
     grant: &Grant,
+    mode: Mode,
     db: c_int,
     name: &[u8],
     class: ClassRef,
 ) -> Result<RecordPtr, StoreError> {
-    let b = RecordPtr::new_lone(grant, db, name, class).ok_or(StoreError::Refused)?;
+    let b = RecordPtr::new_lone(grant, mode, db, name, class).ok_or(StoreError::Refused)?;
     if !key.set_value(server::lock_type(), b.as_value()) {
         // SAFETY: Redis refused the value, so the block is still only ours.
         drop(unsafe { b.free() });

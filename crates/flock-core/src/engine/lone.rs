@@ -44,30 +44,41 @@ impl LoneGrant<'_> {
 }
 
 /// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire`] on an empty state, for an
-/// exclusive request without BOUND on a master, when nobody waits for the key's name and
-/// a token is left. Returns the reply and the key's one grant (exclusive), which the host
-/// stores as the new key. `None`: another case, for [`super::acquire`].
+/// exclusive or shared request (BOUND or not) on a master, when nobody waits for the key's
+/// name and a token is left. Returns the reply, the key's one grant and its mode, which the
+/// host stores as the new key. `None`: another case (a permit key), for [`super::acquire`].
 #[inline]
 pub fn acquire_free(
     args: &AcquireArgs<'_>,
     env: &mut Env<'_>,
     host: &mut impl Host,
     bind_to: Option<u64>,
-) -> Option<(Reply<'static>, Grant)> {
+) -> Option<(Reply<'static>, Grant, Mode)> {
     let now = env.now;
-    if !env.master || !args.mode.is_exclusive() || bind_to.is_some() || host.waiting() > 0 {
+    let mode = args.mode;
+    if !env.master || matches!(mode, Mode::Permits(_)) || host.waiting() > 0 {
         return None;
     }
     // No token left: nothing was issued, and `acquire` gives the error.
     let token = env.tokens.issue(now)?;
-    let grant = Grant::new(args.owner, token, args.ttl_ms, now);
-    // As `acquire` publishes a grant: the new state, its timer, then the event.
-    host.effect(Effect::Replicate(Snapshot::Held(&grant)));
+    let mut grant = Grant::new(args.owner, token, args.ttl_ms, now);
+    grant.bind(bind_to);
+    // As `acquire` publishes a grant: the new state, its timer, then the event (and the
+    // binding).
+    if mode.is_exclusive() {
+        host.effect(Effect::Replicate(Snapshot::Held(&grant)));
+    } else {
+        let state = LockState::with_grant(mode, grant.clone());
+        host.effect(Effect::Replicate(Snapshot::Full(&state)));
+    }
     host.effect(Effect::Arm(Some(grant.deadline)));
     host.effect(Effect::Notify(Event::Acquired {
         ttl_ms: args.ttl_ms,
     }));
-    Some((Reply::Int(token as i64), grant))
+    if let Some(client) = bind_to {
+        host.effect(Effect::Bind { client, token });
+    }
+    Some((Reply::Int(token as i64), grant, mode))
 }
 
 /// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release`] on its

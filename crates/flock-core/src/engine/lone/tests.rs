@@ -215,23 +215,19 @@ fn acquire_free_is_acquire_on_an_empty_state() {
         let want = acquire(&mut state, &mut env, &mut general, &args, false, bind_to);
 
         match got {
-            Some((reply, grant)) => {
+            Some((reply, grant, got_mode)) => {
                 answered += 1;
+                assert_eq!(got_mode, mode);
                 assert_eq!(reply, want, "{args:?}");
                 assert_eq!(fast.effects, general.effects, "{args:?}");
-                assert_eq!(
-                    LockState::with_grant(Mode::Exclusive, grant),
-                    state,
-                    "{args:?}"
-                );
+                assert_eq!(LockState::with_grant(mode, grant), state, "{args:?}");
                 assert_eq!(fast_tokens.high_water(), tokens.high_water());
             }
             None => {
                 left += 1;
                 assert!(
                     !master
-                        || !mode.is_exclusive()
-                        || bind_to.is_some()
+                        || matches!(mode, Mode::Permits(_))
                         || waiting > 0
                         || matches!(want, Reply::Error(_)),
                     "{args:?}: left to acquire"
