@@ -15,7 +15,13 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         cfg.s1_rounds,
         thousands(n)
     );
-    let srv = Server::builder().start();
+    // scripts/bench-floor.sh: a minimal module's acquire and release beside flock's
+    // (benches/floor/minlock.c), the least any module pays for an owner-checked delete.
+    let floor = std::env::var("FLOCK_BENCH_FLOOR_MODULE").ok();
+    let srv = match &floor {
+        Some(m) => Server::builder().arg("--loadmodule", m).start(),
+        None => Server::builder().start(),
+    };
     let port = srv.port();
     let mut c = Conn::open(port);
     let cad = c.script(CAD);
@@ -23,7 +29,15 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     let fw = c.script(FENCE_WRITE);
     let delifeq = has_delifeq(&mut c);
     // Valkey 9's DELIFEQ: a fourth lock kind's release (SET NX PX, then DELIFEQ).
-    let groups: &[usize] = if delifeq { &[0, 1, 2, 3] } else { &[0, 1, 2] };
+    let mut groups: Vec<usize> = if delifeq {
+        vec![0, 1, 2, 3]
+    } else {
+        vec![0, 1, 2]
+    };
+    if floor.is_some() {
+        groups.push(4);
+    }
+    let groups = &groups[..];
     let mut s = Samples::default();
     let (conns, depth) = (8, 16);
     // warm up the fresh server (page faults, allocator); not measured
@@ -76,6 +90,19 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
                     });
                     expect("Lua fenced acquire", &t, n, |t| t.int);
                     s.add("acq.lua", c.cmdstats().cost("evalsha"));
+                }
+                4 => {
+                    let t = drive(port, conns, depth, n, 1, &|i, c| {
+                        c.push(&["MIN.ACQUIRE", &lock_key(i), &uuid(i)])
+                    });
+                    expect("MIN.ACQUIRE", &t, n, |t| t.int);
+                    s.add("acq.min", c.cmdstats().cost("min.acquire"));
+                    c.reset_stats();
+                    let t = drive(port, conns, depth, n, 1, &|i, c| {
+                        c.push(&["MIN.RELEASE", &lock_key(i), &uuid(i)])
+                    });
+                    expect("MIN.RELEASE", &t, n, |t| t.one);
+                    s.add("rel.min", c.cmdstats().cost("min.release"));
                 }
                 _ => {
                     let t = drive(port, conns, depth, n, 1, &|i, c| {
@@ -146,6 +173,14 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         s.ratio("r.rel_cad", "rel.flock", "rel.cad");
         if delifeq {
             s.ratio("r.rel_delifeq", "rel.flock", "rel.delifeq");
+        }
+        if floor.is_some() {
+            s.ratio("r.acq_min", "acq.flock", "acq.min");
+            s.ratio("r.rel_min", "rel.flock", "rel.min");
+            s.ratio("r.minacq_set", "acq.min", "acq.set");
+            if delifeq {
+                s.ratio("r.min_delifeq", "rel.min", "rel.delifeq");
+            }
         }
         s.ratio("r.check_get", "check", "get");
         s.ratio("r.fenced_luaw", "fenced", "luaw");
@@ -289,6 +324,46 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
             ),
         );
     }
+    if floor.is_some() {
+        rows.push(row(
+            "`FLOCK.ACQUIRE`",
+            "acq.flock",
+            "`MIN.ACQUIRE` (the module floor)",
+            "acq.min",
+            "r.acq_min",
+            "",
+            "—",
+        ));
+        rows.push(row(
+            "`MIN.ACQUIRE` (the module floor)",
+            "acq.min",
+            "`SET key owner NX PX ttl`",
+            "acq.set",
+            "r.minacq_set",
+            "",
+            "—",
+        ));
+        rows.push(row(
+            "`FLOCK.RELEASE`",
+            "rel.flock",
+            "`MIN.RELEASE` (the module floor)",
+            "rel.min",
+            "r.rel_min",
+            "",
+            "—",
+        ));
+        if delifeq {
+            rows.push(row(
+                "`MIN.RELEASE` (the module floor)",
+                "rel.min",
+                "`DELIFEQ key owner` (Valkey 9)",
+                "rel.delifeq",
+                "r.min_delifeq",
+                "",
+                "—",
+            ));
+        }
+    }
     let mut body = format!(
         "`INFO commandstats` usec per call (usec / calls), lower is better. {} rounds; each round \
          runs every command over {} keys (each key acquired once and released once, so every \
@@ -309,6 +384,16 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
             ""
         }
     );
+    if floor.is_some() {
+        body += "**The module floor** (this run was made by `scripts/bench-floor.sh`): \
+                 `MIN.ACQUIRE` and `MIN.RELEASE` come from a minimal module loaded beside flock \
+                 ([benches/floor/minlock.c](../benches/floor/minlock.c)): the owner kept in a \
+                 module value, one allocation, no token, no timer, no clock, no statistics. \
+                 What it costs is what the module API costs (the dispatch, opening and closing \
+                 the key, the module value's extra indirection, the notification, the reply): \
+                 no module lock can go below it, and the rows against it show what flock's \
+                 fencing token, expiry timer and statistics add.\n\n";
+    }
     body += &table(
         &[
             "flock",
