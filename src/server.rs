@@ -73,11 +73,25 @@ pub fn refresh_role(ctx: Ctx) {
 /// module API for it; this is the same clock_gettime(CLOCK_REALTIME) Redis reads) and Redis's
 /// monotonic clock.
 pub fn now() -> Now {
-    let wall_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let mono_us = ffi::monotonic_us();
-    Now::new(wall_us, mono_us)
+    Now::new(wall_us(), ffi::monotonic_us())
+}
+
+/// The wall clock in microseconds since the Unix epoch (0 before it), read with one
+/// `clock_gettime`: `SystemTime::now().duration_since(UNIX_EPOCH)` reads the same clock but
+/// then goes through a `Result` and 128-bit arithmetic, on every command.
+fn wall_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_REALTIME always exists on Linux.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    let (Ok(secs), Ok(nanos)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec)) else {
+        return 0;
+    };
+    secs.saturating_mul(1_000_000).saturating_add(nanos / 1000)
 }
 
 pub fn set_master(master: bool) {
