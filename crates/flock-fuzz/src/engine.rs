@@ -19,7 +19,9 @@
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
-use flock_core::engine::{self, BlockRefused, Effect, Env, Host, Info, Reply, ReplyError};
+use flock_core::engine::{
+    self, BlockRefused, Effect, Env, Host, Info, LoneGrant, Reply, ReplyError,
+};
 use flock_core::snapshot::{self, LockImage};
 use flock_core::state::Mode;
 use flock_core::{Grant, LockState, Now, Snapshot, TokenIssuer, WaitQueue, Waiter};
@@ -1086,8 +1088,19 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 let before = real.states[k]
                     .as_ref()
                     .and_then(|s| s.owner_grant(&owner, now).map(|g| (g.token, s.mode)));
+                // As the glue does: a key that does not exist is offered to the engine's
+                // free-key path first (which leaves the other cases to `acquire`).
+                let fresh = real.states[k].is_none();
                 let (got, out) = real
                     .run(k, now, set, true, |s, env, host| {
+                        if fresh {
+                            if let Some((reply, grant, mode)) =
+                                engine::acquire_free(&a, env, host, None)
+                            {
+                                *s = LockState::with_grant(mode, grant);
+                                return reply;
+                            }
+                        }
                         engine::acquire(s, env, host, &a, can_block, None)
                     })
                     .expect("ACQUIRE creates the key");
@@ -1123,7 +1136,31 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 };
                 let before = others(&real, k, spared, now);
                 let ran = match op {
+                    // As the glue does: a key held by one grant alone (its compact form)
+                    // is offered to the engine's one-grant path first.
                     6 | 7 => real.run(k, now, set, false, |s, env, host| {
+                        let lone = s.lone_grant().map(|(mode, g)| LoneGrant {
+                            mode,
+                            owner: &g.owner,
+                            token: g.token,
+                            deadline: g.deadline,
+                            since_mono_us: g.since_mono_us,
+                            tie_word: g.tie_word(),
+                        });
+                        if let Some(lone) = lone {
+                            let master = env.master;
+                            let fast = engine::release_lone(
+                                &lone,
+                                env.now.mono_us,
+                                master,
+                                host,
+                                &owner,
+                                token,
+                            );
+                            if let Some(reply) = fast {
+                                return reply;
+                            }
+                        }
                         engine::release(s, env, host, &owner, token)
                     }),
                     8 => real.run(k, now, set, false, |s, env, host| {
