@@ -9,11 +9,25 @@ out="${1:-target/bench-clients.md}"
 iters="${BENCH_CLIENT_ITERS:-5000}"
 module="$(pwd)/target/release/libredis_flock.so"
 dir="$(mktemp -d /tmp/flock-bench-clients.XXXXXX)"
-port=$(( 20000 + RANDOM % 20000 ))
-"${REDIS_SERVER:-redis-server}" --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' \
-  --appendonly no --loadmodule "$module" --logfile "$dir/server.log" --daemonize yes
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+port=0
+trap 'if [ "$port" != 0 ]; then redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; fi; rm -rf "$dir"' EXIT
+# A random port can be taken (another server of the bench, closing down): try a few, and go
+# on only with a server that answers.
+for _ in 1 2 3 4 5; do
+  try=$(( 20000 + RANDOM % 20000 ))
+  "${REDIS_SERVER:-redis-server}" --port "$try" --bind 127.0.0.1 --dir "$dir" --save '' \
+    --appendonly no --loadmodule "$module" --logfile "$dir/server.log" --daemonize yes || continue
+  for _ in $(seq 50); do
+    if redis-cli -p "$try" ping 2>/dev/null | grep -q PONG; then port=$try; break; fi
+    sleep 0.1
+  done
+  [ "$port" != 0 ] && break
+done
+if [ "$port" = 0 ]; then
+  echo "bench-clients: no redis-server with the module came up; its log:" >&2
+  cat "$dir/server.log" >&2 || true
+  exit 1
+fi
 
 mkdir -p "$(dirname "$out")"
 {
