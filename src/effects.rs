@@ -9,7 +9,7 @@ use flock_core::args::AcquireArgs;
 use flock_core::engine::{self, BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::lock_stats::{ClassRef, Event as Measured};
 use flock_core::state::Mode;
-use flock_core::{Deadline, LockState, Waiter};
+use flock_core::{Deadline, LockState, TokenIssuer, Waiter};
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -181,6 +181,18 @@ impl Host for KeyHost<'_> {
     }
 }
 
+/// What an operation runs in: both clocks read now, the configs, the role, and the token
+/// issuer (held for the operation).
+fn env_now(tokens: &mut TokenIssuer) -> Env<'_> {
+    Env {
+        now: server::now(),
+        lock_delay_ms: config::lock_delay_ms(),
+        max_holders: config::max_holders(),
+        master: server::is_master(),
+        tokens,
+    }
+}
+
 /// Why [`with_lock`] ran nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoLock {
@@ -211,13 +223,7 @@ pub fn with_lock(
         return Err(NoLock::Missing);
     }
     let mut tokens = server::tokens();
-    let mut env = Env {
-        now: server::now(),
-        lock_delay_ms: config::lock_delay_ms(),
-        max_holders: config::max_holders(),
-        master: server::is_master(),
-        tokens: &mut tokens,
-    };
+    let mut env = env_now(&mut tokens);
     if matches!(kind, KeyKind::Empty) {
         // A new lock: the operation runs on an empty state, stored only if the engine keeps
         // it (a refused or waiting request leaves no key behind).
@@ -289,13 +295,7 @@ pub fn acquire_free(
         return None;
     }
     let mut tokens = server::tokens();
-    let mut env = Env {
-        now: server::now(),
-        lock_delay_ms: config::lock_delay_ms(),
-        max_holders: config::max_holders(),
-        master: server::is_master(),
-        tokens: &mut tokens,
-    };
+    let mut env = env_now(&mut tokens);
     let mut class = ClassRef::default();
     let mut watched = None;
     let (reply, grant, mode, arm) = {

@@ -302,9 +302,7 @@ pub enum Delivery {
 pub fn deliver(waiter_id: u64, token: u64) -> Option<u64> {
     let mut guard = registry();
     let reg = guard.get();
-    let Some(mut b) = reg.blocked.remove(&waiter_id) else {
-        return None;
-    };
+    let mut b = reg.blocked.remove(&waiter_id)?;
     let waited_us = server::now().mono_us.saturating_sub(b.since_us);
     reg.by_client.remove(&b.client_id);
     b.stop_timer();
