@@ -75,12 +75,18 @@ pub fn arm(ctx: Ctx, key: RStr, block: RecordPtr, next: Option<Deadline>) -> Res
     arm_with(ctx, key, block, next, false)
 }
 
-/// [`arm`] for a block just made for `key` by this command (it carries the key's name and
-/// database and has no entry yet): nothing to compare, nothing to take out first.
+/// [`arm`] for a block just made for its key by this command (it has no entry yet, and its
+/// name is the key's): nothing to compare, nothing to take out first. A block without a name
+/// (a database number past 65535) is not armed, as [`arm`] would refuse it: a due entry could
+/// not find its key.
 pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
     let Some(next) = next.filter(|_| server::is_master()) else {
         return;
     };
+    // SAFETY: a live block of the open key.
+    if unsafe { block.name() }.is_none() {
+        return;
+    }
     let mut e = expiry();
     if e.index.insert(next.mono_us, block, &mut place) {
         ensure_alarm(&mut e, next.mono_us);

@@ -206,54 +206,21 @@ impl RecordPtr {
         class: ClassRef,
     ) -> Option<Self> {
         let fits = grant.owner.len() <= usize::from(u8::MAX) && !matches!(mode, Mode::Permits(_));
-        let (Some(wall_delta), Ok(db16), Ok(name_len), true) = (
-            wall_delta(grant.deadline),
-            u16::try_from(db),
-            u32::try_from(name.len()),
-            fits,
-        ) else {
-            let state = LockState::with_grant(mode, grant.clone());
+        let (Some(wall_delta), true) = (wall_delta(grant.deadline), fits) else {
             let rec = LockRecord {
-                state,
+                state: LockState::with_grant(mode, grant.clone()),
                 watched: None,
             };
             return RecordPtr::new(rec, Some((db, name)), class);
         };
-        let tie = grant.tie_word();
-        let owner_area = grant.owner.len();
-        let layout = layout(owner_area, name.len(), tie != 0)?;
-        // SAFETY: the layout's size is at least the head's 48 bytes.
-        let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
-        let head = Head {
+        let this = RecordPtr::alloc(
+            grant.owner.len(),
+            grant.tie_word() != 0,
+            Some((db, name)),
             class,
-            pos: NOWHERE,
-            name_len,
-            db: db16,
-            flags: FORM_COMPACT
-                | NAMED
-                | if tie != 0 { TIE_AREA } else { 0 }
-                | if mode == Mode::Shared { SHARED } else { 0 },
-            owner_area: owner_area as u8,
-            wall_delta,
-            body: Body {
-                compact: Compact {
-                    token: grant.token,
-                    deadline_mono_us: grant.deadline.mono_us,
-                    since_mono_us: grant.since_mono_us,
-                },
-            },
-        };
-        let this = RecordPtr(block);
-        // SAFETY: a fresh allocation of the block's layout: head, owner, name and tie word
-        // fit, each written once.
-        unsafe {
-            block.as_ptr().write(head);
-            ptr::copy_nonoverlapping(grant.owner.as_ptr(), this.tail(), owner_area);
-            ptr::copy_nonoverlapping(name.as_ptr(), this.name_ptr(), name.len());
-            if tie != 0 {
-                this.tie_ptr().write_unaligned(tie);
-            }
-        }
+        )?;
+        // SAFETY: a fresh block whose owner area is the owner's length.
+        unsafe { this.write_compact(grant, mode == Mode::Shared, wall_delta) };
         Some(this)
     }
 
@@ -269,8 +236,26 @@ impl RecordPtr {
             Form::Compact { grant, .. } => (grant.owner.len(), grant.tie_word() != 0),
             _ => (0, false),
         };
+        let this = RecordPtr::alloc(owner_area, tie_area, name, class)?;
+        if let Some(rec) = slot.take() {
+            // SAFETY: a fresh block in the empty form: its body holds no box.
+            unsafe { this.store(rec) };
+        }
+        Some(this)
+    }
+
+    /// A fresh block in the empty form, with room for an owner of `owner_area` bytes (and
+    /// a tie word when `tie_area`), its name written (named when its database fits), no
+    /// index entry.
+    fn alloc(
+        owner_area: usize,
+        tie_area: bool,
+        name: Option<(c_int, &[u8])>,
+        class: ClassRef,
+    ) -> Option<Self> {
         let name_bytes = name.map_or(&[][..], |(_, n)| n);
         let name_len = u32::try_from(name_bytes.len()).ok()?;
+        let owner_len = u8::try_from(owner_area).ok()?;
         let layout = layout(owner_area, name_bytes.len(), tie_area)?;
         // SAFETY: the layout's size is at least the head's 48 bytes.
         let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
@@ -283,7 +268,7 @@ impl RecordPtr {
             flags: FORM_EMPTY
                 | if db.is_some() { NAMED } else { 0 }
                 | if tie_area { TIE_AREA } else { 0 },
-            owner_area: owner_area as u8,
+            owner_area: owner_len,
             wall_delta: 0,
             body: Body {
                 compact: Compact {
@@ -298,11 +283,35 @@ impl RecordPtr {
         unsafe {
             block.as_ptr().write(head);
             ptr::copy_nonoverlapping(name_bytes.as_ptr(), this.name_ptr(), name_bytes.len());
-            if let Some(rec) = slot.take() {
-                this.store(rec);
-            }
         }
         Some(this)
+    }
+
+    /// Put `grant` in the block as its compact form (shared or exclusive), keeping the
+    /// block's NAMED and TIE_AREA marks.
+    ///
+    /// # Safety
+    /// `self` must be a live block whose owner area is `grant`'s owner's length, whose tie
+    /// area (if any) may take the grant's tie word (a grant with one needs it), and whose
+    /// body holds no box.
+    unsafe fn write_compact(self, grant: &Grant, shared: bool, wall_delta: i32) {
+        // SAFETY: by the caller. The owner is always written (a few bytes): a new block's
+        // owner area is not yet initialised, so it is never read before.
+        unsafe {
+            let head = self.head();
+            ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), self.owner_area());
+            if self.tie_area() {
+                self.tie_ptr().write_unaligned(grant.tie_word());
+            }
+            (*head).wall_delta = wall_delta;
+            (*head).body.compact = Compact {
+                token: grant.token,
+                deadline_mono_us: grant.deadline.mono_us,
+                since_mono_us: grant.since_mono_us,
+            };
+            let kept = (*head).flags & (NAMED | TIE_AREA);
+            (*head).flags = FORM_COMPACT | kept | if shared { SHARED } else { 0 };
+        }
     }
 
     /// # Safety (for every method below)
@@ -489,21 +498,7 @@ impl RecordPtr {
                     shared,
                     grant,
                     wall_delta,
-                } => {
-                    // Always written (a few bytes): a new block's owner area is not yet
-                    // initialised, so it is never read before.
-                    ptr::copy_nonoverlapping(grant.owner.as_ptr(), self.tail(), self.owner_area());
-                    if self.tie_area() {
-                        self.tie_ptr().write_unaligned(grant.tie_word());
-                    }
-                    (*head).wall_delta = wall_delta;
-                    (*head).body.compact = Compact {
-                        token: grant.token,
-                        deadline_mono_us: grant.deadline.mono_us,
-                        since_mono_us: grant.since_mono_us,
-                    };
-                    (*head).flags = FORM_COMPACT | kept | if shared { SHARED } else { 0 };
-                }
+                } => self.write_compact(grant, shared, wall_delta),
                 Form::Empty => (*head).flags = FORM_EMPTY | kept,
                 Form::Full => {
                     (*head).body.full = Box::into_raw(Box::new(rec));

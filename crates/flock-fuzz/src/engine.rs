@@ -1139,14 +1139,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     // As the glue does: a key held by one grant alone (its compact form)
                     // is offered to the engine's one-grant path first.
                     6 | 7 => real.run(k, now, set, false, |s, env, host| {
-                        let lone = s.lone_grant().map(|(mode, g)| LoneGrant {
-                            mode,
-                            owner: &g.owner,
-                            token: g.token,
-                            deadline: g.deadline,
-                            since_mono_us: g.since_mono_us,
-                            tie_word: g.tie_word(),
-                        });
+                        let lone = s.lone_grant().map(|(mode, g)| LoneGrant::of(mode, g));
                         if let Some(lone) = lone {
                             let master = env.master;
                             let fast = engine::release_lone(

@@ -29,7 +29,19 @@ pub struct LoneGrant<'a> {
     pub tie_word: u64,
 }
 
-impl LoneGrant<'_> {
+impl<'a> LoneGrant<'a> {
+    /// `grant`, the one grant of a key of `mode` (as [`LockState::lone_grant`] gives them).
+    pub fn of(mode: Mode, grant: &'a Grant) -> LoneGrant<'a> {
+        LoneGrant {
+            mode,
+            owner: &grant.owner,
+            token: grant.token,
+            deadline: grant.deadline,
+            since_mono_us: grant.since_mono_us,
+            tie_word: grant.tie_word(),
+        }
+    }
+
     /// The grant itself, and the state of a key that holds it alone.
     pub fn state(&self) -> LockState {
         let grant = Grant::from_parts(

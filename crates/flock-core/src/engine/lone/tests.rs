@@ -41,6 +41,26 @@ impl Host for Log {
     }
 }
 
+impl Log {
+    fn with_waiting(waiting: usize) -> Log {
+        Log {
+            waiting,
+            ..Log::default()
+        }
+    }
+}
+
+/// The environment both sides of a comparison run in (no lock-delay: a lone key has none).
+fn env_at(now: Now, master: bool, tokens: &mut TokenIssuer) -> Env<'_> {
+    Env {
+        now,
+        lock_delay_ms: 0,
+        max_holders: 64,
+        master,
+        tokens,
+    }
+}
+
 /// A small deterministic generator (the cases must be the same on every run).
 struct Rng(u64);
 
@@ -96,26 +116,14 @@ fn release_lone_is_release_on_the_one_grant_state() {
         let master = rng.below(8) != 0;
         let waiting = if rng.below(8) == 0 { 1 } else { 0 };
 
-        let mut fast = Log {
-            waiting,
-            ..Log::default()
-        };
+        let mut fast = Log::with_waiting(waiting);
         let got = release_lone(&lone, now.mono_us, master, &mut fast, owner, token);
 
         let mut state = lone.state();
         let before = state.clone();
         let mut tokens = TokenIssuer::new();
-        let mut env = Env {
-            now,
-            lock_delay_ms: 0,
-            max_holders: 64,
-            master,
-            tokens: &mut tokens,
-        };
-        let mut general = Log {
-            waiting,
-            ..Log::default()
-        };
+        let mut env = env_at(now, master, &mut tokens);
+        let mut general = Log::with_waiting(waiting);
         let want = release(&mut state, &mut env, &mut general, owner, token);
 
         match got {
@@ -185,33 +193,15 @@ fn acquire_free_is_acquire_on_an_empty_state() {
 
         let mut fast_tokens = TokenIssuer::new();
         fast_tokens.observe(mark);
-        let mut fast_env = Env {
-            now,
-            lock_delay_ms: 0,
-            max_holders: 64,
-            master,
-            tokens: &mut fast_tokens,
-        };
-        let mut fast = Log {
-            waiting,
-            ..Log::default()
-        };
+        let mut fast_env = env_at(now, master, &mut fast_tokens);
+        let mut fast = Log::with_waiting(waiting);
         let got = acquire_free(&args, &mut fast_env, &mut fast, bind_to);
 
         let mut state = LockState::default();
         let mut tokens = TokenIssuer::new();
         tokens.observe(mark);
-        let mut env = Env {
-            now,
-            lock_delay_ms: 0,
-            max_holders: 64,
-            master,
-            tokens: &mut tokens,
-        };
-        let mut general = Log {
-            waiting,
-            ..Log::default()
-        };
+        let mut env = env_at(now, master, &mut tokens);
+        let mut general = Log::with_waiting(waiting);
         let want = acquire(&mut state, &mut env, &mut general, &args, false, bind_to);
 
         match got {
