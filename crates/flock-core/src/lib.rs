@@ -19,12 +19,17 @@
 //! - [`deadlines`]: the deadline index behind the module's timers.
 //! - [`slots`]: Redis Cluster key slots and `CLUSTER NODES` parsing.
 //! - [`engine`]: every operation on a key: state and clock in, reply and effects out.
+//! - [`fence`]: FLOCK.FENCED's rules: what a token lets the inner command do.
+//! - [`keyspace`]: what becomes of locks when Redis moves keys or the server changes role,
+//!   loads, flushes or swaps databases.
 
 pub mod args;
 pub mod clock;
 pub mod deadlines;
 pub mod engine;
+pub mod fence;
 pub mod grants;
+pub mod keyspace;
 pub mod lock_stats;
 pub mod queue;
 pub mod settings;

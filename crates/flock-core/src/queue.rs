@@ -202,6 +202,37 @@ impl WaitQueue {
     }
 }
 
+/// Whether a BLOCK request of `owner` may join `queue` (`None`: nobody waits for the key)
+/// under `flock.max-waiters` = `max_waiters`. A retried wait of an owner already in the
+/// queue takes its earlier request's place, so it is admitted even when the queue is full.
+pub fn admits(queue: Option<&WaitQueue>, owner: &[u8], max_waiters: usize) -> bool {
+    let waiting = queue.map_or(0, WaitQueue::len);
+    waiting < max_waiters || queue.is_some_and(|q| q.has_owner(owner))
+}
+
+/// The timeout a waiter is given for a BLOCK of `timeout_ms` (0: waits without limit).
+/// A timeout beyond [`MAX_BLOCK_TIMEOUT_MS`] is no limit: a huge period would wrap in the
+/// server's timer arithmetic and fire at once.
+pub fn block_timeout_ms(timeout_ms: u64) -> u64 {
+    if timeout_ms > MAX_BLOCK_TIMEOUT_MS {
+        0
+    } else {
+        timeout_ms
+    }
+}
+
+impl WaitQueue {
+    /// Waiter `id` leaves early (timeout, disconnect, CLIENT UNBLOCK). Returns whether the
+    /// key must be looked at again: when the leaver was the head and others wait behind it,
+    /// they may fit now (a reader behind a writer that timed out), and nothing else would
+    /// grant them until the key next changes.
+    pub fn leave(&mut self, id: u64) -> bool {
+        let was_front = self.is_front(id);
+        self.cancel(id);
+        was_front && !self.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +306,47 @@ mod tests {
         assert_eq!(q.pop().map(|w| w.id), Some(4));
         assert!(q.cancel(3));
         assert_eq!(q.shared_mode(), None);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn admission_counts_live_waiters_and_lets_a_retry_in() {
+        let mut q = WaitQueue::default();
+        assert!(admits(None, b"a", 1));
+        assert!(!admits(None, b"a", 0));
+        q.push(waiter(1, "a", 10));
+        assert!(!admits(Some(&q), b"b", 1), "full");
+        assert!(
+            admits(Some(&q), b"a", 1),
+            "a retried wait takes its own place"
+        );
+        assert!(admits(Some(&q), b"b", 2));
+        q.cancel(1);
+        assert!(
+            admits(Some(&q), b"b", 1),
+            "a waiter that left frees its place"
+        );
+    }
+
+    #[test]
+    fn block_timeouts_past_ten_years_mean_no_limit() {
+        assert_eq!(block_timeout_ms(0), 0);
+        assert_eq!(block_timeout_ms(1), 1);
+        assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS), MAX_BLOCK_TIMEOUT_MS);
+        assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS + 1), 0);
+        assert_eq!(block_timeout_ms(u64::MAX), 0);
+    }
+
+    #[test]
+    fn a_head_that_leaves_with_others_behind_asks_for_a_look() {
+        let mut q = WaitQueue::default();
+        for id in 1..=3 {
+            q.push(waiter(id, &format!("w{id}"), 10));
+        }
+        assert!(!q.leave(2), "not the head");
+        assert!(q.leave(1), "the head, with w3 behind it");
+        assert!(!q.leave(3), "the head, nobody behind");
+        assert!(!q.leave(99), "never queued");
         assert!(q.is_empty());
     }
 }
