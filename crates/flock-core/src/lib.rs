@@ -13,6 +13,7 @@
 //! - [`state`]: the state of one lock key and its rules.
 //! - [`snapshot`]: the persisted form of a lock (RDB, AOF, digest, replication, FLOCK.APPLY).
 //! - [`args`]: argument parsing (Redis's integer rules) and the error texts of malformed calls.
+//! - [`commands`]: the command table: names, flags, arity, key specs, COMMAND DOCS.
 //! - [`settings`]: the module's configs: defaults, ranges and their one validation.
 //! - [`lock_stats`]: the building blocks of FLOCK.STATS (lock classes, histograms, TTL advice;
 //!   not wired into the commands yet).
@@ -25,6 +26,7 @@
 
 pub mod args;
 pub mod clock;
+pub mod commands;
 pub mod deadlines;
 pub mod engine;
 pub mod fence;
