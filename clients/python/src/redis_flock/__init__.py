@@ -9,7 +9,7 @@
 
 The asyncio client is ``redis_flock.aio.Flock``.
 """
-from ._common import FencedError, FlockError, LeaseTooShortError, LockBusyError, LockLostError
+from ._core import FencedError, FlockError, LeaseTooShortError, LockBusyError, LockLostError
 from ._sync import Flock, Lease
 
 __all__ = [

@@ -11,47 +11,50 @@ Same rules and names as the sync client; every call that talks to the server is 
 (``acquire``, ``release``, ``revoke``, and the lease's ``check``, ``renew``, ``fenced``,
 ``release``, ``wait_lost``); ``lost``, ``remaining_ms()`` and ``ensure()`` are local and
 synchronous. The watchdog of a lease is an asyncio task that only holds the lease weakly.
+
+A driver of the lease core (``_core``), as the sync client is: it awaits the core's ops. All
+of a lease's state is touched on its loop's thread only, so the state needs no lock.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import math
-import time
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ConnectionError,
-    MovedError,
-    ResponseError,
-    TimeoutError,
-    TryAgainError,
-)
+from redis.exceptions import ConnectionError, TimeoutError
 
-from ._common import (
-    BLOCK_REPLY_MARGIN_S,
+from ._core import (
+    Addr,
+    Checkout,
+    Disconnect,
     FencedError,
     FlockError,
+    Forget,
+    GiveBack,
+    Grant,
+    GrantCall,
+    LeaseCore,
     LeaseTooShortError,
     LockBusyError,
     LockLostError,
     Number,
-    block_ms,
+    Plan,
+    Send,
+    Sleep,
+    acquire_plan,
+    busy_error,
     check_ttl,
-    is_fenced_refusal,
-    kind_args,
-    ms_left,
-    new_owner,
-    renew_interval,
+    log,
+    monotonic,
+    release_args,
+    release_quietly,
     renewal_wait_s,
+    revoke_args,
     socket_timeout_of,
-    wait_seconds,
 )
 
 __all__ = [
@@ -64,12 +67,7 @@ __all__ = [
     "FencedError",
 ]
 
-log = logging.getLogger("redis_flock")
-monotonic = time.monotonic
-Addr = Optional[Tuple[str, int]]
-_NETWORK_ERRORS = (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError)
-_REROUTE_ERRORS = (TryAgainError, ClusterDownError)
-_MAX_REDIRECTS = 16
+#: tasks started in the background (a strong reference, so that they are not collected)
 _background: Set["asyncio.Task[Any]"] = set()
 
 
@@ -80,9 +78,7 @@ async def _maybe_await(x: Any) -> Any:
 
 
 async def _read(conn: Any, timeout: Optional[float]) -> Any:
-    """The reply of the command just sent. timeout: None = the connection's socket timeout;
-    math.inf = no limit; else at most that many seconds (then the connection is dropped, so a
-    late reply is never read as the answer to a later command)."""
+    """The reply of the command just sent (timeout as in ``_core.Send``)."""
     if timeout is None:
         return await conn.read_response()
     if math.isinf(timeout):
@@ -125,7 +121,15 @@ class _Slot:
             await _maybe_await(self._pool.release(self.conn))
 
 
+def _spawn(coro: Any) -> None:
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
 class _Transport:
+    """Carries out the core's ops for one client, awaiting them."""
+
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
@@ -153,53 +157,52 @@ class _Transport:
                     raise ConnectionError(f"flock: redirected to unknown node {addr[0]}:{addr[1]}")
         return _Slot(node.acquire_connection(), node=node)
 
-    async def call(self, key: Any, *args: Any, timeout: Optional[float] = None,
-                   addr: Addr = None, attempts: int = 1) -> Tuple[Any, Addr]:
-        asking = False
-        redirects = 0
-        failures = 0
-        while True:
-            slot = await self.checkout(key, addr)
-            try:
-                return await _roundtrip(slot.conn, args, timeout, asking), addr
-            except MovedError as e:
-                addr, asking = (e.host, int(e.port)), False
-            except AskError as e:
-                addr, asking = (e.host, int(e.port)), True
-            except _REROUTE_ERRORS:
-                addr, asking = None, False
-                await asyncio.sleep(min(0.2, 0.01 * (1 << min(redirects, 5))))
-            except _NETWORK_ERRORS:
-                failures += 1
-                if failures >= attempts:
-                    raise
-                continue
-            finally:
-                await slot.give_back()
-            redirects += 1
-            if redirects > _MAX_REDIRECTS:
-                raise ConnectionError(f"flock: too many redirects for {args[0]}")
+    async def perform(self, op: Any) -> Any:
+        """One op of a plan, awaited."""
+        kind = type(op)
+        if kind is Send:
+            return await _roundtrip(op.slot.conn, op.args, op.timeout, op.asking)
+        if kind is Checkout:
+            return await self.checkout(op.key, op.addr)
+        if kind is GiveBack:
+            await op.slot.give_back()
+        elif kind is Disconnect:
+            await op.slot.conn.disconnect()
+        elif kind is Sleep:
+            await asyncio.sleep(op.seconds)
+        elif kind is Forget:
+            # in a task: this may run while the caller is being cancelled
+            _spawn(_release_quietly(self, op.key, op.owner, None, op.addr))
+        else:
+            raise TypeError(f"flock: no asyncio meaning for {op!r}")
+        return None
 
-
-def _spawn(coro: Any) -> None:
-    task = asyncio.ensure_future(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    async def run(self, plan: Plan, perform: Optional[Callable[[Any], Any]] = None) -> Any:
+        """Runs a plan to its end: each op's result is sent back into it, each op's exception
+        (cancellation too: the plan's finally clauses give connections back) thrown in."""
+        perform = perform or self.perform
+        reply: Any = None
+        error: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    op = plan.send(reply) if error is None else plan.throw(error)
+                except StopIteration as done:
+                    return done.value
+                try:
+                    reply, error = await perform(op), None
+                except BaseException as e:
+                    reply, error = None, e
+        finally:
+            # An error raised out of here holds this frame in its traceback: the frame must
+            # not hold the error in turn (a cycle that only the gc would break).
+            error = None
 
 
 async def _release_quietly(transport: _Transport, key: Any, owner: str, token: Optional[int],
                            addr: Addr, slot: Optional[_Slot] = None) -> None:
     try:
-        args = ("FLOCK.RELEASE", key, owner) + ((token,) if token is not None else ())
-        if slot is not None:  # a BOUND lease: on its own connection, which then goes back
-            try:
-                await _roundtrip(slot.conn, args, None, False)
-            except _NETWORK_ERRORS:
-                await slot.conn.disconnect()
-            finally:
-                await slot.give_back()
-            return
-        await transport.call(key, *args, addr=addr, attempts=2)
+        await transport.run(release_quietly(key, owner, token, addr, slot))
     except Exception:
         log.warning("flock: background release of %r failed", key, exc_info=True)
 
@@ -234,49 +237,27 @@ async def _watch(ref: "weakref.ref[Lease]") -> None:
         del lease
 
 
-class Lease:
+class Lease(LeaseCore):
     """One grant of one lock (asyncio). See the sync ``redis_flock.Lease``."""
 
-    def __init__(self, flock: "Flock", key: Any, owner: str, token: int, ttl_ms: int,
-                 sent: float, renew: bool, addr: Addr, slot: Optional[_Slot] = None) -> None:
-        self.key = key
-        self.owner = owner
-        self.token: int = token
-        self.ttl_ms = ttl_ms
-        self.bound = slot is not None
-        self.lost_reason: Optional[str] = None
+    def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
+        super().__init__(grant, renew)
         self._t = flock._t
-        self._addr = addr
-        self._slot = slot
-        self._deadline = sent + ttl_ms / 1000.0
-        self._io = asyncio.Lock()
-        self._lost_evt: Optional[asyncio.Event] = None
-        self._lost = False
-        self._released = False
-        self._released_ok = False
-        self._watching = renew
+        self._io = asyncio.Lock()  # one RENEW at a time (and the bound connection)
+        self._lost_evt: Optional[asyncio.Event] = None  # made by the first wait_lost()
         self._renewing = False
-        self._backoff = 0.0
-        self._next_due = sent + renew_interval(ttl_ms)
         self._finalizer = weakref.finalize(self, _release_in_background,
-                                           asyncio.get_running_loop(), self._t, key, owner,
-                                           token, addr, slot)
+                                           asyncio.get_running_loop(), self._t, self.key,
+                                           self.owner, self.token, self._addr, self._slot)
         self._finalizer.atexit = False
         self._task: Optional["asyncio.Task[None]"] = None
         if renew:
             self._task = asyncio.ensure_future(_watch(weakref.ref(self)))
 
-    def __repr__(self) -> str:
-        state = "lost" if self._lost else "released" if self._released else "live"
-        return f"<Lease key={self.key!r} owner={self.owner!r} token={self.token} {state}>"
-
-    def _set_lost(self, reason: str) -> None:
-        if not self._lost:
-            self._lost = True
-            self.lost_reason = reason
-            self._stop_watchdog()
-            if self._lost_evt is not None:
-                self._lost_evt.set()
+    def _on_lost(self) -> None:
+        self._stop_watchdog()
+        if self._lost_evt is not None:
+            self._lost_evt.set()
 
     def _stop_watchdog(self) -> None:
         self._watching = False
@@ -284,178 +265,81 @@ class Lease:
         if task is not None and not self._renewing and task is not asyncio.current_task():
             task.cancel()  # it only sleeps: nothing in flight
 
-    @property
-    def lost(self) -> bool:
-        if self._lost:
-            return True
-        if self._released:
-            return False
-        if monotonic() >= self._deadline:
-            self._set_lost("the local deadline passed (rule 1)")
-            return True
-        return False
+    async def _run(self, plan: Plan) -> Any:
+        return await self._t.run(plan, self._perform)
 
-    def remaining_ms(self) -> int:
-        if self._lost or self._released:
-            return 0
-        left = ms_left(self._deadline, monotonic())
-        if left == 0:
-            self.lost  # noqa: B018 (marks it)
-        return left
+    async def _perform(self, op: Any) -> Any:
+        if type(op) is GrantCall:
+            return await self._io_call(*op.args, timeout=op.timeout)
+        return await self._t.perform(op)
 
-    def ensure(self, min_ms: Number = 0) -> None:
-        if self.lost:
-            raise LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
-        if self._released:
-            raise LockLostError(f"lease of {self.key!r} was released")
-        left = self.remaining_ms()
-        if left < min_ms:
-            if left == 0 and self.lost:
-                raise LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
-            raise LeaseTooShortError(
-                f"lease of {self.key!r} has {left} ms left, less than the {min_ms} ms needed")
+    async def _io_call(self, *args: Any, timeout: Optional[float] = None) -> Any:
+        """A command about this grant, on the bound connection or routed to the grant's node."""
+        return await self._run(self._grant_call(args, timeout))
+
+    def _bound_io(self) -> Any:
+        """The lock a command takes: a BOUND lease's connection carries one command at a time."""
+        return self._io if self._slot is not None else _NO_ASYNC_LOCK
 
     async def wait_lost(self, timeout_ms: Optional[Number] = None) -> bool:
         """Waits until the lease is lost (True) or timeout_ms passed (False; None: no limit)."""
-        end = math.inf if timeout_ms is None else monotonic() + timeout_ms / 1000.0
+        end = self._wait_end(timeout_ms)
         if self._lost_evt is None:
             self._lost_evt = asyncio.Event()
             if self._lost or self._released:
                 self._lost_evt.set()
         while True:
-            if self.lost:
-                return True
-            if self._released:
-                return False
-            now = monotonic()
-            if now >= end:
-                return False
-            step = min(end, self._deadline) - now
+            done, step = self._wait_lost_step(end)
+            if done is not None:
+                return done
             try:
-                await asyncio.wait_for(self._lost_evt.wait(),
-                                       None if math.isinf(step) else max(step, 0.0005))
+                await asyncio.wait_for(self._lost_evt.wait(), step)
             except asyncio.TimeoutError:
                 pass
 
-    async def _io_call(self, *args: Any, timeout: Optional[float] = None) -> Any:
-        if self._slot is not None:
-            try:
-                return await _roundtrip(self._slot.conn, args, timeout, False)
-            except _NETWORK_ERRORS:
-                self._set_lost("the connection of the BOUND lease failed")
-                raise
-        reply, addr = await self._t.call(self.key, *args, timeout=timeout, addr=self._addr)
-        if addr is not None:
-            self._addr = addr
-        return reply
-
     async def check(self) -> int:
-        if self._slot is not None:
-            async with self._io:
-                left = await self._io_call("FLOCK.CHECK", self.key, self.token)
-        else:
-            left = await self._io_call("FLOCK.CHECK", self.key, self.token)
-        if not left:
-            self._set_lost("FLOCK.CHECK answered 0: the grant is gone")
-            return 0
-        return int(left)
+        async with self._bound_io():
+            return await self._run(self._check_plan())
 
     async def renew(self, ttl_ms: Optional[int] = None) -> None:
         ttl = self.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         async with self._io:
-            await self._renew_locked(ttl, raise_lost=True)
-
-    async def _renew_locked(self, ttl: int, raise_lost: bool) -> bool:
-        if self._released:
-            if raise_lost:
-                raise LockLostError(f"lease of {self.key!r} was released")
-            return False
-        if self.lost:
-            if raise_lost:
-                raise LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
-            return False
-        sent = monotonic()
-        reply = await self._io_call("FLOCK.RENEW", self.key, self.owner, ttl, self.token,
-                                    timeout=self._deadline - sent)
-        if self._released:
-            return False
-        if reply is None:
-            self._set_lost("FLOCK.RENEW answered nil: the grant is gone")
-        elif not self._lost:
-            self._deadline = sent + ttl / 1000.0
-            self.ttl_ms = ttl
-        if self._lost and raise_lost:
-            raise LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
-        return not self._lost
+            await self._run(self._renew_plan(ttl, raise_lost=True))
 
     async def _tick(self) -> None:
+        """The watchdog task's renewal; the task reads _next_due and _watching afterwards."""
         async with self._io:
             if not self._watching:
                 return
-            self._renewing = True
-            sent = monotonic()
+            self._renewing = True  # the task is busy: losing the lease must not cancel it
             try:
-                ok = await self._renew_locked(self.ttl_ms, raise_lost=False)
-            except Exception as e:  # network, redirect, LOADING...: retry until the deadline
-                if self._slot is not None:
-                    self._set_lost(f"the connection of the BOUND lease failed: {e}")
-                    return
-                self._backoff = min(max(self._backoff * 2, 0.01), 0.25, self.ttl_ms / 12000.0)
-                self._next_due = min(monotonic() + self._backoff, self._deadline)
-                log.debug("flock: renewal of %r failed (%s); retrying", self.key, e)
-                return
+                await self._run(self._watchdog_plan())
             finally:
                 self._renewing = False
-            self._backoff = 0.0
-            if ok:
-                self._next_due = sent + renew_interval(self.ttl_ms)
 
     async def fenced(self, *command: Any) -> Any:
-        try:
-            if self._slot is not None:
-                async with self._io:
-                    return await self._io_call("FLOCK.FENCED", self.key, self.token, *command)
-            return await self._io_call("FLOCK.FENCED", self.key, self.token, *command)
-        except ResponseError as e:
-            if is_fenced_refusal(e):
-                self._set_lost(f"a fenced write was refused: {e}")
-                raise FencedError(str(e)) from e
-            raise
+        async with self._bound_io():
+            return await self._run(self._fenced_plan(command))
 
     async def release(self) -> bool:
         """Ends the grant (see the sync ``Lease.release``): no renewal starts once release()
         has begun, and one under way is awaited (at most until the local deadline, and at most
         the client's socket_timeout) before the RELEASE is sent; a renewal's reply that comes
         after release() began never marks the lease lost."""
-        if self._released:
+        first, _ = self._begin_release()
+        if not first:
             return self._released_ok
-        if not self._lost and monotonic() >= self._deadline:
-            self._set_lost("the local deadline passed (rule 1)")
-        self._released = True
         self._stop_watchdog()
         self._finalizer.detach()
         if self._slot is None:
             await self._wait_for_renewal()
         try:
-            if self._slot is not None:
-                async with self._io:
-                    n = await self._release_bound()
-            else:
-                try:
-                    n, _ = await self._t.call(self.key, "FLOCK.RELEASE", self.key, self.owner,
-                                              self.token, addr=self._addr)
-                except _NETWORK_ERRORS:
-                    n, _ = await self._t.call(self.key, "FLOCK.RELEASE", self.key, self.owner,
-                                              self.token, addr=self._addr)
-                    n = 1 if n == 0 else n  # the first one may have landed
+            async with self._bound_io():
+                n = await self._run(self._release_plan())
         finally:
             if self._lost_evt is not None:
                 self._lost_evt.set()
-        if n == 1:
-            self._released_ok = True
-        else:
-            self._set_lost("FLOCK.RELEASE answered 0: the grant had ended")
-        return self._released_ok
+        return self._end_release(n)
 
     async def _wait_for_renewal(self) -> None:
         """Waits (bounded) for a renewal of this lease under way: renewals hold _io from their
@@ -472,33 +356,33 @@ class Lease:
             return
         self._io.release()
 
-    async def _release_bound(self) -> int:
-        slot, self._slot = self._slot, None
-        assert slot is not None
-        try:
-            n = await _roundtrip(slot.conn, ("FLOCK.RELEASE", self.key, self.owner, self.token),
-                                 None, False)
-        except _NETWORK_ERRORS:
-            await slot.conn.disconnect()
-            await slot.give_back()
-            self._set_lost("the connection of the BOUND lease failed")
-            return 0
-        await slot.give_back()
-        return int(n)
-
     async def __aenter__(self) -> "Lease":
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             await self.release()
-            if self._lost:
-                raise LockLostError(f"lease of {self.key!r} was lost while held: {self.lost_reason}")
+            lost = self._lost_on_leaving()
+            if lost is not None:
+                raise lost
             return
         try:
             await self.release()
         except Exception:
             log.warning("flock: release of %r after an error failed", self.key, exc_info=True)
+
+
+class _NoAsyncLock:
+    """``async with`` that takes nothing (a lease without a connection of its own)."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *a: Any) -> None:
+        return None
+
+
+_NO_ASYNC_LOCK = _NoAsyncLock()
 
 
 class _LockContext:
@@ -513,9 +397,7 @@ class _LockContext:
     async def __aenter__(self) -> Lease:
         lease = await self._flock.acquire(*self._args, **self._kw)
         if lease is None:
-            wait = self._kw.get("wait_ms")
-            raise LockBusyError(f"lock {self._args[0]!r} not granted"
-                                + (f" within {wait} ms" if wait else " (held by another owner)"))
+            raise busy_error(self._args[0], self._kw.get("wait_ms"))
         self._lease = lease
         return lease
 
@@ -542,97 +424,11 @@ class Flock:
     async def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                       shared: bool = False, limit: Optional[int] = None, bound: bool = False,
                       renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
-        ttl = check_ttl(ttl_ms)
-        wait_s = wait_seconds(wait_ms)
-        extra = kind_args(shared, limit, bound)
-        own = owner if owner is not None else new_owner()
-        if bound or wait_s is not None:
-            start = monotonic()
-            if not bound:
-                sent = monotonic()
-                token, addr = await self._t.call(key, "FLOCK.ACQUIRE", key, own, ttl, *extra,
-                                                 attempts=2)
-                if token is not None:
-                    return Lease(self, key, own, int(token), ttl, sent, renew, addr)
-            return await self._acquire_dedicated(key, own, ttl, extra, wait_s, start, bound,
-                                                 renew, owner is None)
-        sent = monotonic()
-        token, addr = await self._t.call(key, "FLOCK.ACQUIRE", key, own, ttl, *extra, attempts=2)
-        if token is None:
-            return None
-        return Lease(self, key, own, int(token), ttl, sent, renew, addr)
-
-    async def _acquire_dedicated(self, key: Any, owner: str, ttl: int, extra: List[Any],
-                                 wait_s: Optional[float], start: float, bound: bool,
-                                 renew: bool, own_owner: bool) -> Optional[Lease]:
-        end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
-        addr: Addr = None
-        asking = False
-        redirects = 0
-        failures = 0
-        while True:
-            left = end - monotonic()
-            if wait_s is not None and left <= 0:
-                return None
-            slot = await self._t.checkout(key, addr)
-            keep = False
-            try:
-                if wait_s is None:
-                    sent = monotonic()
-                    token = await _roundtrip(slot.conn, ("FLOCK.ACQUIRE", key, owner, ttl, *extra),
-                                             None, asking)
-                    if token is None:
-                        return None
-                else:
-                    timeout = left + BLOCK_REPLY_MARGIN_S if not math.isinf(left) else math.inf
-                    token = await _roundtrip(slot.conn, ("FLOCK.ACQUIRE", key, owner, ttl, *extra,
-                                                         "BLOCK", block_ms(left)), timeout, asking)
-                    if token is None:
-                        return None
-                    sent = monotonic()  # rule 1: renew at once, count from this RENEW
-                    again = await _roundtrip(slot.conn, ("FLOCK.RENEW", key, owner, ttl, token),
-                                             ttl / 1000.0, asking)
-                    if again is None:
-                        continue
-                keep = bound
-                return Lease(self, key, owner, int(token), ttl, sent, renew, addr,
-                             slot=slot if bound else None)
-            except MovedError as e:
-                addr, asking = (e.host, int(e.port)), False
-            except AskError as e:
-                addr, asking = (e.host, int(e.port)), True
-            except _REROUTE_ERRORS:
-                addr, asking = None, False
-                await asyncio.sleep(min(0.2, 0.01 * (1 << min(redirects, 5))))
-            except _NETWORK_ERRORS:
-                failures += 1
-                if failures >= 2:
-                    if own_owner:
-                        _spawn(_release_quietly(self._t, key, owner, None, addr))
-                    raise
-                continue
-            except asyncio.CancelledError:
-                # a grant whose reply was cut off must not stay held until its ttl
-                if own_owner:
-                    _spawn(_release_quietly(self._t, key, owner, None, addr))
-                raise
-            finally:
-                if not keep:
-                    await slot.give_back()
-            redirects += 1
-            if redirects > _MAX_REDIRECTS and wait_s is None:
-                raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
-            if redirects > 4:  # a cluster in flux: do not spin
-                await asyncio.sleep(min(0.2, 0.01 * (1 << min(redirects - 4, 5))))
+        grant = await self._t.run(acquire_plan(key, ttl_ms, wait_ms, shared, limit, bound, owner))
+        return None if grant is None else Lease(self, grant, renew)
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
-        args: List[Any] = ["FLOCK.RELEASE", key, owner]
-        if token is not None:
-            args.append(token)
-        return bool(await self.client.execute_command(*args))
+        return bool(await self.client.execute_command(*release_args(key, owner, token)))
 
     async def revoke(self, key: Any, owner: Optional[str] = None) -> int:
-        args: List[Any] = ["FLOCK.REVOKE", key]
-        if owner is not None:
-            args.append(owner)
-        return int(await self.client.execute_command(*args))
+        return int(await self.client.execute_command(*revoke_args(key, owner)))

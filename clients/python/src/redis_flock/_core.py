@@ -1,0 +1,676 @@
+"""The lease core that the sync client (``_sync``) and the asyncio client (``aio``) share.
+
+Everything that decides anything lives here once: argument checks, reply parsing, the lease's
+state (token, local deadline, lost flag and reason, release), when the next renewal is due,
+fenced writes, redirect and retry handling, and the errors. It does no I/O itself. Each
+operation that talks to the server is a *plan*: a generator that yields the I/O it needs as
+small op objects (``Send``, ``Checkout``, ``Sleep``, ...) and is sent each op's result back
+(or has the op's exception thrown in). A driver runs a plan: ``_sync`` performs the ops with
+blocking calls, ``aio`` awaits them. So the two clients differ only in how an op is carried
+out, how the watchdog is scheduled, and what a lock or an event is.
+
+Plans always run to their end (a driver throws every failure of an op back into the plan,
+cancellation included), so their ``finally`` clauses can themselves yield ops, for instance
+to give a connection back to its pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from typing import Any, Generator, List, NamedTuple, Optional, Tuple, Union
+
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    ResponseError,
+    TimeoutError,
+    TryAgainError,
+)
+
+__all__ = [
+    "FlockError",
+    "LockBusyError",
+    "LockLostError",
+    "LeaseTooShortError",
+    "FencedError",
+]
+
+log = logging.getLogger("redis_flock")
+monotonic = time.monotonic
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+class FlockError(Exception):
+    """Base class of every error this client raises itself (redis-py's own errors, such as
+    ``redis.ConnectionError``, pass through unchanged)."""
+
+
+class LockBusyError(FlockError):
+    """The lock was not granted within ``wait_ms`` (``flock.lock``)."""
+
+
+class LockLostError(FlockError):
+    """The lease is lost: released by nobody but ended by expiry, REVOKE, a refused renewal,
+    a stale fenced write, or its local deadline passing (rule 1)."""
+
+
+class LeaseTooShortError(LockLostError):
+    """``lease.ensure(min_ms)``: the lease is live but has less than ``min_ms`` left."""
+
+
+class FencedError(FlockError):
+    """FLOCK.FENCED refused the lease's token as stale; nothing ran and the lease is lost."""
+
+
+Number = Union[int, float]
+#: (host, port) of the node a key's commands were last redirected to; None: the slot's owner
+#: as the client's own slot table says (always None without a cluster)
+Addr = Optional[Tuple[str, int]]
+
+#: Failures of the connection itself. asyncio.TimeoutError is a distinct class before Python
+#: 3.11 and only the asyncio driver raises it; listing it here costs the sync driver nothing.
+NETWORK_ERRORS = (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError)
+#: The slot is between owners: ask the client's slot table again after a short pause.
+REROUTE_ERRORS = (TryAgainError, ClusterDownError)
+#: redirects / TRYAGAINs one call follows before giving up (waits follow them until their end)
+MAX_REDIRECTS = 16
+#: How much longer than the server-side BLOCK timeout the socket waits for the reply.
+BLOCK_REPLY_MARGIN_S = 5.0
+#: How much past the local deadline release() waits for a renewal under way (the renewal
+#: itself gives up at that deadline; this covers dropping its connection and waking up).
+RENEWAL_WAIT_MARGIN_S = 0.1
+
+
+# --- argument checks and small rules -----------------------------------------------------------
+
+def socket_timeout_of(client: Any) -> Optional[float]:
+    """The ``socket_timeout`` the redis-py client was made with (a ``Redis``' pool, a sync
+    ``RedisCluster``'s nodes manager, an asyncio ``RedisCluster`` itself), or None when it has
+    none (or it cannot be found)."""
+    for holder in (getattr(client, "connection_pool", None),
+                   getattr(client, "nodes_manager", None), client):
+        kw = getattr(holder, "connection_kwargs", None)
+        if isinstance(kw, dict):
+            t = kw.get("socket_timeout")
+            return float(t) if isinstance(t, (int, float)) and t > 0 else None
+    return None
+
+
+def renewal_wait_s(deadline: float, now: float, socket_timeout: Optional[float]) -> float:
+    """How long release() waits for a renewal already under way: no longer than that renewal
+    can itself wait for its reply (until the lease's local deadline, rule 2), and no longer
+    than the client's socket_timeout when it has one."""
+    wait = max(deadline - now, 0.0) + RENEWAL_WAIT_MARGIN_S
+    return wait if socket_timeout is None else min(wait, socket_timeout)
+
+
+def new_owner() -> str:
+    """A random 128-bit owner (rule 7)."""
+    return secrets.token_hex(16)
+
+
+def check_ttl(ttl_ms: Any) -> int:
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms < 1:
+        raise ValueError(f"ttl_ms must be a positive integer of milliseconds, not {ttl_ms!r}")
+    return ttl_ms
+
+
+def wait_seconds(wait_ms: Optional[Number]) -> Optional[float]:
+    """None: one try; math.inf: no limit; else seconds."""
+    if wait_ms is None or wait_ms == 0:
+        return None
+    if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or wait_ms < 0 \
+            or math.isnan(wait_ms):
+        raise ValueError(f"wait_ms must be None, 0, a positive number or math.inf, not {wait_ms!r}")
+    return math.inf if math.isinf(wait_ms) else wait_ms / 1000.0
+
+
+def kind_args(shared: bool, limit: Optional[int], bound: bool) -> List[Any]:
+    """SHARED / LIMIT n / BOUND (SPEC 'Lock kinds', 'BOUND')."""
+    out: List[Any] = []
+    if shared and limit is not None:
+        raise ValueError("shared=True and limit=n exclude each other (a LIMIT key is a semaphore)")
+    if shared:
+        out.append("SHARED")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, not {limit!r}")
+        out += ["LIMIT", limit]
+    if bound:
+        out.append("BOUND")
+    return out
+
+
+def block_ms(left_s: float) -> int:
+    """The BLOCK argument for a wait of left_s seconds (0 = no limit on the server)."""
+    if math.isinf(left_s):
+        return 0
+    return max(1, int(math.ceil(left_s * 1000.0)))
+
+
+def is_fenced_refusal(err: Exception) -> bool:
+    return str(err).startswith("FENCED")
+
+
+def ms_left(deadline: float, now: float) -> int:
+    """Whole milliseconds from now to deadline (floor: never more than the truth)."""
+    left = deadline - now
+    if left <= 0:
+        return 0
+    return int(left * 1000.0)
+
+
+def renew_interval(ttl_ms: int) -> float:
+    """Rule 2: renew at a third of the ttl."""
+    return ttl_ms / 3000.0
+
+
+def reroute_pause_s(redirects: int) -> float:
+    """The pause before asking again after TRYAGAIN / CLUSTERDOWN: 10 ms doubling to 200 ms."""
+    return min(0.2, 0.01 * (1 << min(redirects, 5)))
+
+
+def release_args(key: Any, owner: str, token: Optional[int]) -> Tuple[Any, ...]:
+    return ("FLOCK.RELEASE", key, owner) + ((token,) if token is not None else ())
+
+
+def revoke_args(key: Any, owner: Optional[str]) -> Tuple[Any, ...]:
+    return ("FLOCK.REVOKE", key) + ((owner,) if owner is not None else ())
+
+
+def busy_error(key: Any, wait_ms: Optional[Number]) -> LockBusyError:
+    """What ``with flock.lock(...)`` raises when the lock was not granted."""
+    return LockBusyError(f"lock {key!r} not granted"
+                         + (f" within {wait_ms} ms" if wait_ms else " (held by another owner)"))
+
+
+# --- the ops a plan yields, and what each one's result is ---------------------------------------
+
+class Checkout(NamedTuple):
+    """A connection for key's commands: from the client's pool, or (cluster) from the pool of
+    addr or of the node serving key's slot. Result: a slot (``slot.conn`` is the connection)
+    that the plan gives back with GiveBack."""
+    key: Any
+    addr: Addr
+
+
+class GiveBack(NamedTuple):
+    """The slot's connection goes back to its pool. Result: None."""
+    slot: Any
+
+
+class Send(NamedTuple):
+    """One command on the slot's connection (after ASKING when asking). timeout: None = the
+    connection's socket timeout; math.inf = no limit; else at most that many seconds, after
+    which the driver drops the connection (so a late reply is never read as the answer to a
+    later command) and raises TimeoutError. Result: the reply; a redis error is raised."""
+    slot: Any
+    args: Tuple[Any, ...]
+    timeout: Optional[float]
+    asking: bool
+
+
+class Disconnect(NamedTuple):
+    """Closes the slot's connection (it may hold a half-read reply). Result: None."""
+    slot: Any
+
+
+class Sleep(NamedTuple):
+    seconds: float
+
+
+class Forget(NamedTuple):
+    """A wait that failed may have been granted with its reply lost: end any grant of owner on
+    key so it is not held until its ttl. The driver does it however it can without holding up
+    the error being raised (the sync driver at once, the asyncio one in a task); its failure
+    is never reported. Result: None."""
+    key: Any
+    owner: str
+    addr: Addr
+
+
+class GrantCall(NamedTuple):
+    """A command about a lease's grant. The driver hands it to the lease's ``_io_call``, which
+    runs ``LeaseCore._grant_call``: on the BOUND connection, or routed to the grant's node.
+    (One method every grant command passes through: a test can hold a renewal there.)"""
+    args: Tuple[Any, ...]
+    timeout: Optional[float]
+
+
+Plan = Generator[Any, Any, Any]
+
+
+def routed_call(key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None,
+                addr: Addr = None, attempts: int = 1) -> Plan:
+    """One command on a connection checked out for key, following MOVED / ASK / TRYAGAIN
+    (rule 5); network errors are retried up to ``attempts`` times in all. Returns (reply,
+    address it came from)."""
+    asking = False
+    redirects = 0
+    failures = 0
+    while True:
+        slot = yield Checkout(key, addr)
+        try:
+            return (yield Send(slot, args, timeout, asking)), addr
+        except MovedError as e:
+            addr, asking = (e.host, int(e.port)), False
+        except AskError as e:
+            addr, asking = (e.host, int(e.port)), True
+        except REROUTE_ERRORS:
+            addr, asking = None, False
+            yield Sleep(reroute_pause_s(redirects))
+        except NETWORK_ERRORS:
+            failures += 1
+            if failures >= attempts:
+                raise
+            continue
+        finally:
+            yield GiveBack(slot)
+        redirects += 1
+        if redirects > MAX_REDIRECTS:
+            raise ConnectionError(f"flock: too many redirects for {args[0]}")
+
+
+def release_quietly(key: Any, owner: str, token: Optional[int], addr: Addr,
+                    slot: Any = None) -> Plan:
+    """RELEASE for a lease nobody releases any more (garbage-collected unreleased, or a wait
+    that failed): on its BOUND connection, which then goes back to its pool (a network error
+    there needs no RELEASE: the binding ended with the connection), or routed with one retry.
+    The driver logs a failure; nobody is told."""
+    args = release_args(key, owner, token)
+    if slot is not None:
+        try:
+            yield Send(slot, args, None, False)
+        except NETWORK_ERRORS:
+            yield Disconnect(slot)
+        finally:
+            yield GiveBack(slot)
+        return
+    yield from routed_call(key, args, addr=addr, attempts=2)
+
+
+# --- acquiring --------------------------------------------------------------------------------
+
+class Grant(NamedTuple):
+    """What a successful acquire plan returns; the driver wraps it in its Lease."""
+    key: Any
+    owner: str
+    token: int
+    ttl_ms: int
+    #: monotonic time the granting command was sent: the local deadline counts from it
+    sent: float
+    addr: Addr
+    #: BOUND: the slot whose connection the grant lives on (None otherwise)
+    slot: Any
+
+
+def acquire_plan(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
+                 limit: Optional[int], bound: bool, owner: Optional[str]) -> Plan:
+    """FLOCK.ACQUIRE: a Grant, or None when not granted within wait_ms (None or 0: one try;
+    math.inf: no limit)."""
+    ttl = check_ttl(ttl_ms)
+    wait_s = wait_seconds(wait_ms)
+    extra = kind_args(shared, limit, bound)
+    own = owner if owner is not None else new_owner()
+    acquire = ("FLOCK.ACQUIRE", key, own, ttl, *extra)
+    if bound or wait_s is not None:
+        start = monotonic()
+        if not bound:
+            # Free key: one round trip on the shared pool, as without wait.
+            sent = monotonic()
+            token, addr = yield from routed_call(key, acquire, attempts=2)
+            if token is not None:
+                return Grant(key, own, int(token), ttl, sent, addr, None)
+        return (yield from _acquire_dedicated(key, own, ttl, acquire, wait_s, start, bound,
+                                              owner is None))
+    sent = monotonic()
+    # A retry after a lost reply is safe: the same owner gets the same token (G4); the
+    # deadline counts from the first send.
+    token, addr = yield from routed_call(key, acquire, attempts=2)
+    if token is None:
+        return None
+    return Grant(key, own, int(token), ttl, sent, addr, None)
+
+
+def _acquire_dedicated(key: Any, owner: str, ttl: int, acquire: Tuple[Any, ...],
+                       wait_s: Optional[float], start: float, bound: bool,
+                       own_owner: bool) -> Plan:
+    """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
+    lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK
+    (a slot moved while waiting) to the slot's new owner (rule 5)."""
+    end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
+    addr: Addr = None
+    asking = False
+    redirects = 0
+    failures = 0
+    while True:
+        left = end - monotonic()
+        if wait_s is not None and left <= 0:
+            return None
+        slot = yield Checkout(key, addr)
+        keep = False
+        try:
+            if wait_s is None:
+                sent = monotonic()
+                token = yield Send(slot, acquire, None, asking)
+                if token is None:
+                    return None
+            else:
+                token = yield Send(slot, acquire + ("BLOCK", block_ms(left)),
+                                   left + BLOCK_REPLY_MARGIN_S, asking)
+                if token is None:
+                    return None  # the server's BLOCK timeout
+                # Rule 1: the wait may have outlasted the ttl. Renew at once, token-qualified,
+                # and count from this RENEW.
+                sent = monotonic()
+                again = yield Send(slot, ("FLOCK.RENEW", key, owner, ttl, token), ttl / 1000.0,
+                                   asking)
+                if again is None:
+                    continue  # expired before we could use it: wait again
+            keep = bound
+            return Grant(key, owner, int(token), ttl, sent, addr, slot if bound else None)
+        except MovedError as e:
+            addr, asking = (e.host, int(e.port)), False
+        except AskError as e:
+            addr, asking = (e.host, int(e.port)), True
+        except REROUTE_ERRORS:
+            addr, asking = None, False
+            yield Sleep(reroute_pause_s(redirects))
+        except NETWORK_ERRORS:
+            # A retried ACQUIRE of the same owner is safe: it takes the earlier request's
+            # place, or gets the same token back if the lost reply was a grant.
+            failures += 1
+            if failures >= 2:
+                if own_owner:
+                    yield Forget(key, owner, addr)
+                raise
+            continue
+        except asyncio.CancelledError:
+            # (only the asyncio driver throws this in) a grant whose reply was cut off must not
+            # stay held until its ttl
+            if own_owner:
+                yield Forget(key, owner, addr)
+            raise
+        finally:
+            if not keep:
+                yield GiveBack(slot)
+        redirects += 1
+        if redirects > MAX_REDIRECTS and wait_s is None:
+            raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
+        if redirects > 4:  # a cluster in flux: do not spin
+            yield Sleep(reroute_pause_s(redirects - 4))
+
+
+# --- the lease ---------------------------------------------------------------------------------
+
+class NoLock:
+    """A lock that is no lock: for state only one thread touches (asyncio), and for commands
+    that need no connection of their own to themselves."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+NO_LOCK = NoLock()
+
+
+class LeaseCore:
+    """One grant of one lock: its names, its state and the plans of its commands. A driver's
+    ``Lease`` subclasses it and adds the I/O: running the plans, the watchdog, the waiting.
+
+    ``_state`` guards the state below; the sync driver sets a threading.Lock (its watchdog
+    threads share the lease with the caller's thread), the asyncio driver none. Nothing is
+    ever awaited or sent while ``_state`` is held."""
+
+    _state: Any = NO_LOCK
+
+    def __init__(self, grant: Grant, renew: bool) -> None:
+        self.key = grant.key
+        self.owner = grant.owner
+        self.token: int = grant.token
+        self.ttl_ms = grant.ttl_ms
+        self.bound = grant.slot is not None
+        #: why the lease was lost (None while it is not)
+        self.lost_reason: Optional[str] = None
+        self._addr = grant.addr
+        self._slot = grant.slot  # BOUND: the connection the grant lives on, until release
+        self._deadline = grant.sent + grant.ttl_ms / 1000.0
+        self._lost = False
+        self._released = False
+        self._released_ok = False
+        #: the watchdog renews this lease (off once lost or released)
+        self._watching = renew
+        self._backoff = 0.0
+        #: when the watchdog's next renewal is due (monotonic)
+        self._next_due = grant.sent + renew_interval(grant.ttl_ms)
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost else "released" if self._released else "live"
+        return f"<Lease key={self.key!r} owner={self.owner!r} token={self.token} {state}>"
+
+    def _on_lost(self) -> None:
+        """The driver's hook, called once when the lease becomes lost (with _state held):
+        wakes its waiters, stops its watchdog."""
+
+    # -- state -------------------------------------------------------------------------------
+    def _set_lost_locked(self, reason: str) -> None:
+        if not self._lost:
+            self._lost = True
+            self.lost_reason = reason
+            self._watching = False
+            self._on_lost()
+
+    def _set_lost(self, reason: str) -> None:
+        with self._state:
+            self._set_lost_locked(reason)
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is gone (a refused renewal, REVOKE seen, a stale fenced write,
+        a release answered 0, or its local deadline passed). Never true after a clean release."""
+        if self._lost:
+            return True
+        if self._released:
+            return False
+        if monotonic() >= self._deadline:
+            with self._state:
+                if not self._released:
+                    self._set_lost_locked("the local deadline passed (rule 1)")
+            return self._lost
+        return False
+
+    def remaining_ms(self) -> int:
+        """Milliseconds the lease certainly still runs by this process's own clock, never more
+        than the server's FLOCK.CHECK would answer; 0 once lost or released."""
+        if self._lost or self._released:
+            return 0
+        left = ms_left(self._deadline, monotonic())
+        if left == 0:
+            self.lost  # noqa: B018 (marks it)
+        return left
+
+    def ensure(self, min_ms: Number = 0) -> None:
+        """Before a critical step: raises LockLostError when the lease is lost (or released),
+        LeaseTooShortError when it has less than min_ms left. By the local clock alone: no
+        round trip, so a process that was paused learns it at once."""
+        if self.lost:
+            raise self._lost_error()
+        if self._released:
+            raise LockLostError(f"lease of {self.key!r} was released")
+        left = self.remaining_ms()
+        if left < min_ms:
+            if left == 0 and self.lost:
+                raise self._lost_error()
+            raise LeaseTooShortError(
+                f"lease of {self.key!r} has {left} ms left, less than the {min_ms} ms needed")
+
+    def _lost_error(self) -> LockLostError:
+        return LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
+
+    def _lost_on_leaving(self) -> Optional[LockLostError]:
+        """What leaving a ``with`` block without an error raises after the release."""
+        if self._lost:
+            return LockLostError(f"lease of {self.key!r} was lost while held: {self.lost_reason}")
+        return None
+
+    @staticmethod
+    def _wait_end(timeout_ms: Optional[Number]) -> float:
+        return math.inf if timeout_ms is None else monotonic() + timeout_ms / 1000.0
+
+    def _wait_lost_step(self, end: float) -> Tuple[Optional[bool], Optional[float]]:
+        """One turn of wait_lost(): (True, _) lost, (False, _) released or out of time, else
+        (None, seconds to sleep on the lost event; None = no limit). The sleep never passes
+        the local deadline, which marks the lease lost with no event."""
+        if self.lost:
+            return True, None
+        if self._released:
+            return False, None
+        now = monotonic()
+        if now >= end:
+            return False, None
+        step = min(end, self._deadline) - now
+        return None, None if math.isinf(step) else max(step, 0.0005)
+
+    # -- plans of the lease's commands ---------------------------------------------------------
+    def _grant_call(self, args: Tuple[Any, ...], timeout: Optional[float]) -> Plan:
+        """A command about this grant, on the bound connection or routed to the grant's node."""
+        if self._slot is not None:
+            try:
+                return (yield Send(self._slot, args, timeout, False))
+            except NETWORK_ERRORS:
+                self._set_lost("the connection of the BOUND lease failed")
+                raise
+        reply, addr = yield from routed_call(self.key, args, timeout=timeout, addr=self._addr)
+        if addr is not None:
+            self._addr = addr
+        return reply
+
+    def _check_plan(self) -> Plan:
+        left = yield GrantCall(("FLOCK.CHECK", self.key, self.token), None)
+        if not left:
+            self._set_lost("FLOCK.CHECK answered 0: the grant is gone")
+            return 0
+        return int(left)
+
+    def _renew_plan(self, ttl: int, raise_lost: bool) -> Plan:
+        """RENEW once (the driver holds the lease's I/O lock). True: renewed; False: lost (or
+        released). Network errors pass."""
+        now = monotonic()
+        with self._state:
+            if self._released:
+                if raise_lost:
+                    raise LockLostError(f"lease of {self.key!r} was released")
+                return False
+            if not self._lost and now >= self._deadline:
+                self._set_lost_locked("the local deadline passed before a renewal (rule 2)")
+            if self._lost:
+                if raise_lost:
+                    raise self._lost_error()
+                return False
+            deadline = self._deadline
+        sent = monotonic()
+        # The reply can only matter before the local deadline: wait no longer than that.
+        reply = yield GrantCall(("FLOCK.RENEW", self.key, self.owner, ttl, self.token),
+                                deadline - sent)
+        with self._state:
+            if self._released:
+                return False  # release() began meanwhile: a late nil is no loss
+            if reply is None:
+                self._set_lost_locked("FLOCK.RENEW answered nil: the grant is gone")
+            elif not self._lost:
+                self._deadline = sent + ttl / 1000.0
+                self.ttl_ms = ttl
+            lost = self._lost
+        if lost and raise_lost:
+            raise self._lost_error()
+        return not lost
+
+    def _watchdog_plan(self) -> Plan:
+        """The watchdog's renewal (the driver holds the lease's I/O lock). Returns True when
+        the watchdog goes on, its next renewal due at _next_due."""
+        if not self._watching:
+            return False
+        sent = monotonic()
+        try:
+            ok = yield from self._renew_plan(self.ttl_ms, raise_lost=False)
+        except Exception as e:  # network, redirect, LOADING...: retry until the deadline
+            if self._slot is not None:
+                self._set_lost(f"the connection of the BOUND lease failed: {e}")
+                return False
+            # Retry soon, but never past the local deadline (checked before each send).
+            self._backoff = min(max(self._backoff * 2, 0.01), 0.25, self.ttl_ms / 12000.0)
+            self._next_due = min(monotonic() + self._backoff, self._deadline)
+            log.debug("flock: renewal of %r failed (%s); retrying", self.key, e)
+            return self._watching
+        self._backoff = 0.0
+        if ok and self._watching:
+            self._next_due = sent + renew_interval(self.ttl_ms)
+            return True
+        return False
+
+    def _fenced_plan(self, command: Tuple[Any, ...]) -> Plan:
+        """FLOCK.FENCED key token command...: a refusal (stale token) marks the lease lost and
+        raises FencedError."""
+        try:
+            return (yield GrantCall(("FLOCK.FENCED", self.key, self.token, *command), None))
+        except ResponseError as e:
+            if is_fenced_refusal(e):
+                self._set_lost(f"a fenced write was refused: {e}")
+                raise FencedError(str(e)) from e
+            raise
+
+    def _begin_release(self) -> Tuple[bool, bool]:
+        """The first half of release(), before any I/O: (first, was_watching). first is False
+        when release() ran before (its answer is _released_ok). Once this ran no renewal
+        starts, and a renewal's reply never marks the lease lost."""
+        with self._state:
+            if self._released:
+                return False, False
+            if not self._lost and monotonic() >= self._deadline:
+                self._set_lost_locked("the local deadline passed (rule 1)")
+            self._released = True
+            watched, self._watching = self._watching, False
+        return True, watched
+
+    def _release_plan(self) -> Plan:
+        """FLOCK.RELEASE key owner token (rule 4): on the BOUND connection, which then goes
+        back to its pool, or routed with one retry after a connection error (a retry answered 0
+        counts as released: the first one may have landed). Returns the reply (1 or 0)."""
+        args = release_args(self.key, self.owner, self.token)
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            try:
+                n = yield Send(slot, args, None, False)
+            except NETWORK_ERRORS:
+                # the binding died with the connection: the server ends the grant by itself
+                yield Disconnect(slot)
+                yield GiveBack(slot)
+                self._set_lost("the connection of the BOUND lease failed")
+                return 0
+            yield GiveBack(slot)
+            return int(n)
+        try:
+            n, _ = yield from routed_call(self.key, args, addr=self._addr)
+        except NETWORK_ERRORS:
+            n, _ = yield from routed_call(self.key, args, addr=self._addr)
+            n = 1 if n == 0 else n
+        return n
+
+    def _end_release(self, n: int) -> bool:
+        """The second half of release(): True when the grant was live and is now released;
+        False when it was already gone (then the lease is lost)."""
+        with self._state:
+            if n == 1:
+                self._released_ok = True
+            else:
+                self._set_lost_locked("FLOCK.RELEASE answered 0: the grant had ended")
+        return self._released_ok
