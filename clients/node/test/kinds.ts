@@ -1,4 +1,4 @@
-// Shared, counted and bound leases (shared/SPEC.md "Lock kinds", "Connection-bound grants"),
+// Shared, counted and bound leases (docs/SPEC.md "Lock kinds", "Connection-bound grants"),
 // run once per client library against a real redis-server with the flock module.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";

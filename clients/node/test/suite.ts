@@ -1,4 +1,4 @@
-// The scenarios of shared/CLIENTS.md "What done looks like" (exclusive leases), run once per
+// The scenarios of docs/CLIENTS.md "What done looks like" (exclusive leases), run once per
 // client library against real redis-server processes with the flock module.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
