@@ -3,7 +3,9 @@
 //!   cargo run -p flock-client --example worker -- redis://127.0.0.1:6379/
 use std::time::Duration;
 
-use flock_client::{Error, Flock, LockOptions, Wait};
+// redis-rs through the crate's re-export: this program needs no dependency but flock-client
+// and tokio (with macros, rt-multi-thread), as the README's install step gives.
+use flock_client::{redis, Error, Flock, LockOptions, Wait};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

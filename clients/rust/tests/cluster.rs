@@ -1,11 +1,12 @@
-//! A 3-master Redis Cluster (made by `redis-cli --cluster create`): a client waits for a
-//! lock while its slot moves to another master; the wait completes on the new node.
-mod common;
+//! A Redis Cluster of 3 masters (the testkit's, made by `redis-cli --cluster create`, with a
+//! replica each): a client waits for a lock while its slot moves to another master; the wait
+//! completes on the new node.
 
 use std::time::Duration;
 
-use common::*;
 use flock_client::{Flock, LockOptions, Wait};
+use flock_testkit::aio::{info_i64, q, wait_until};
+use flock_testkit::Cluster;
 use redis::cluster::ClusterClient;
 use tokio::time::Instant;
 
@@ -13,13 +14,15 @@ const MS: fn(u64) -> Duration = Duration::from_millis;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
-    let cluster = Cluster::start().await;
+    // The testkit's cluster calls are blocking: block_in_place hands this worker's tasks to
+    // another thread meanwhile (the waiter must keep running while its slot moves).
+    let cluster = tokio::task::block_in_place(Cluster::start);
     let flock = Flock::new(ClusterClient::new(cluster.urls()).expect("cluster client"));
     let key = "{order:42}:lock";
-    let mut any = cluster.nodes[0].raw().await;
+    let mut any = cluster.nodes[0].srv.async_conn().await;
     let slot: u16 = q::<i64>(&mut any, &["CLUSTER", "KEYSLOT", key]).await as u16;
-    let from = cluster.master_of(slot).await;
-    let to = (from + 1) % 3;
+    let from = cluster.master_of(slot);
+    let to = cluster.other_master(from);
 
     // Routing through the cluster: a scoped lock with a fenced write in the same slot.
     let out: Result<i64, flock_client::Error> = flock
@@ -40,27 +43,29 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
         )
         .await
     });
-    let mut src = cluster.nodes[from].raw().await;
+    let mut src = from.srv.async_conn().await;
     wait_until("the waiter blocks on the old master", MS(10_000), || {
         let mut c = src.clone();
-        async move { info_num(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
     })
     .await;
 
     let moved = Instant::now();
-    cluster.move_slot(slot, from, to).await;
+    tokio::task::block_in_place(|| cluster.migrate_slot(slot, from, to));
     println!(
-        "slot {slot} moved from node {from} to node {to} in {:?}",
+        "slot {slot} moved from port {} to port {} in {:?}",
+        from.srv.port(),
+        to.srv.port(),
         moved.elapsed()
     );
-    let mut dst = cluster.nodes[to].raw().await;
+    let mut dst = to.srv.async_conn().await;
     // The waiter got TRYAGAIN at the old master and waits again at the new one.
     wait_until("the waiter blocks on the new master", MS(15_000), || {
         let mut c = dst.clone();
-        async move { info_num(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
     })
     .await;
-    assert_eq!(info_num(&mut src, "clients", "blocked_clients").await, 0);
+    assert_eq!(info_i64(&mut src, "clients", "blocked_clients").await, 0);
     assert!(
         !waiter.is_finished(),
         "still waiting: the holder holds the lock"

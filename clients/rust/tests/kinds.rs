@@ -1,13 +1,13 @@
-//! Shared, counted and bound leases (shared/SPEC.md "Lock kinds", "Connection-bound grants")
+//! Shared, counted and bound leases (docs/SPEC.md "Lock kinds", "Connection-bound grants")
 //! against a real redis-server with the flock module. Each test starts its own server.
-mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use flock_client::{Error, Flock, Lease, LockOptions, Mode, Wait};
+use flock_testkit::aio::{info_i64, q, wait_until};
+use flock_testkit::Server;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -48,7 +48,7 @@ async fn holders(c: &mut MultiplexedConnection, key: &str) -> Vec<(String, u64)>
 async fn blocked(c: &MultiplexedConnection, n: i64) {
     wait_until(&format!("{n} blocked clients"), MS(10_000), || {
         let mut c = c.clone();
-        async move { info_num(&mut c, "clients", "blocked_clients").await == n }
+        async move { info_i64(&mut c, "clients", "blocked_clients").await == n }
     })
     .await;
 }
@@ -60,7 +60,7 @@ fn redis_error_with(r: &Result<Option<Lease>, Error>, text: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_leases_hold_together_and_a_writer_waits_for_all_of_them() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let mut readers = Vec::new();
     for _ in 0..3 {
@@ -119,10 +119,10 @@ async fn shared_leases_hold_together_and_a_writer_waits_for_all_of_them() {
         .expect("try")
         .is_none());
     // The watchdogs keep the 900 ms shared leases alive while the writer waits.
-    let base = info_num(&mut raw, "flock", "flock_renewals").await;
+    let base = info_i64(&mut raw, "flock", "flock_renewals").await;
     wait_until("two renewals per reader", MS(10_000), || {
         let mut c = raw.clone();
-        async move { info_num(&mut c, "flock", "flock_renewals").await >= base + 6 }
+        async move { info_i64(&mut c, "flock", "flock_renewals").await >= base + 6 }
     })
     .await;
     assert!(readers.iter().all(|l| !l.is_lost()));
@@ -131,7 +131,7 @@ async fn shared_leases_hold_together_and_a_writer_waits_for_all_of_them() {
         l.release().await.expect("release a reader");
     }
     assert_eq!(holders(&mut raw, "rw").await.len(), 1);
-    assert_eq!(info_num(&mut raw, "clients", "blocked_clients").await, 1);
+    assert_eq!(info_i64(&mut raw, "clients", "blocked_clients").await, 1);
     assert!(
         !writer.is_finished(),
         "the writer waits for the last reader"
@@ -153,7 +153,7 @@ async fn shared_leases_hold_together_and_a_writer_waits_for_all_of_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_admit_n_holders_and_the_next_waiter_gets_a_released_one() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let sem = || opts(5000).mode(Mode::Permits(3));
     let out: Result<(), Error> = flock
@@ -208,7 +208,7 @@ async fn permits_admit_n_holders_and_the_next_waiter_gets_a_released_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_mismatch_and_mode_conflicts_are_the_servers_errors() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let a = flock
         .lock("lim", opts(5000).mode(Mode::Permits(2)).owner("a"))
@@ -328,12 +328,12 @@ async fn last_cmd(admin: &mut MultiplexedConnection, id: &str) -> Option<String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     // 3 s: the next renewal (a third) plus 800 ms of slack on a loaded machine is still before
     // the local deadline (at least two thirds of the ttl after the kill).
     let ttl = 3000;
-    let closed = info_num(&mut raw, "flock", "flock_bound_closed").await;
+    let closed = info_i64(&mut raw, "flock", "flock_bound_closed").await;
     let out: Result<(), Error> = flock
         .with_lock("bd", opts(ttl).bound(true), |lease| {
             let srv_client = srv.client();
@@ -389,7 +389,7 @@ async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
     // Leaving the block of a lost lease is Error::Lost (rule 3), not the dead connection's error.
     assert!(matches!(out, Err(Error::Lost)), "{out:?}");
     assert_eq!(
-        info_num(&mut raw, "flock", "flock_bound_closed").await,
+        info_i64(&mut raw, "flock", "flock_bound_closed").await,
         closed + 1
     );
     // The factory works on: a new bound lease on a new connection.
@@ -403,14 +403,14 @@ async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bound_lease_renews_on_its_own_connection_and_is_lost_when_it_fails() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     // No watchdog: the kill is found by the lease's next use of its connection.
     let lease = flock
         .lock("bo", opts(5000).bound(true).renew(false))
         .await
         .expect("lock");
-    assert_eq!(info_num(&mut raw, "flock", "flock_bound_grants").await, 1);
+    assert_eq!(info_i64(&mut raw, "flock", "flock_bound_grants").await, 1);
     let mine = other_clients(&mut raw).await;
     assert_eq!(mine.len(), 1, "{mine:?}");
     lease.renew(None).await.expect("renew");
@@ -431,7 +431,7 @@ async fn a_bound_lease_renews_on_its_own_connection_and_is_lost_when_it_fails() 
     assert!(lease.is_lost());
     assert!(matches!(lease.renew(None).await, Err(Error::Lost)));
     assert!(matches!(lease.release().await, Err(Error::Lost)));
-    assert_eq!(info_num(&mut raw, "flock", "flock_bound_grants").await, 0);
+    assert_eq!(info_i64(&mut raw, "flock", "flock_bound_grants").await, 0);
 }
 
 /// The holder side of the process-death test (this test binary re-invoked with
@@ -457,7 +457,7 @@ async fn a_bound_scoped_lock_is_freed_at_once_when_its_process_dies() {
         return bound_holder_child(port).await;
     }
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let exe = std::env::current_exe().expect("test binary");
     let mut child = Command::new(exe)
         .args([
@@ -466,7 +466,7 @@ async fn a_bound_scoped_lock_is_freed_at_once_when_its_process_dies() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("FLOCK_BOUND_HOLDER_PORT", srv.port.to_string())
+        .env("FLOCK_BOUND_HOLDER_PORT", srv.port().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -505,7 +505,7 @@ async fn a_bound_scoped_lock_is_freed_at_once_when_its_process_dies() {
         .await
         .expect("try")
         .is_none());
-    let closed = info_num(&mut raw, "flock", "flock_bound_closed").await;
+    let closed = info_i64(&mut raw, "flock", "flock_bound_closed").await;
     let f = flock.clone();
     let waiter = tokio::spawn(async move {
         let l = f.lock("bp", opts(5000).wait(Wait::For(MS(20_000)))).await;
@@ -524,7 +524,7 @@ async fn a_bound_scoped_lock_is_freed_at_once_when_its_process_dies() {
     );
     assert!(lease.token() > token);
     assert_eq!(
-        info_num(&mut raw, "flock", "flock_bound_closed").await,
+        info_i64(&mut raw, "flock", "flock_bound_closed").await,
         closed + 1
     );
     lease.release().await.expect("release");
@@ -547,7 +547,7 @@ async fn blocked_acquirers(admin: &mut MultiplexedConnection) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the_new_one() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let holder = flock.lock("bw", opts(20_000)).await.expect("holder");
     let f = flock.clone();
@@ -575,7 +575,7 @@ async fn a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
     holder.release().await.expect("release");
     let lease = waiter.await.expect("join").expect("granted after the wait");
     assert!(!lease.is_lost());
-    assert_eq!(info_num(&mut raw, "flock", "flock_bound_grants").await, 1);
+    assert_eq!(info_i64(&mut raw, "flock", "flock_bound_grants").await, 1);
     // The grant lives on the connection that waited for it: killing that one ends it.
     let killed: i64 = q(&mut raw, &["CLIENT", "KILL", "ID", &second[0]]).await;
     assert_eq!(killed, 1);
@@ -598,7 +598,7 @@ async fn a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let ttl = 6000;
     let lease = flock
@@ -652,7 +652,7 @@ async fn a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_waiting_behind_a_writer_are_granted_together_in_wait_order() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let writer = flock.lock("rg", opts(10_000)).await.expect("writer");
     let mut waits = Vec::new();
@@ -684,10 +684,10 @@ async fn readers_waiting_behind_a_writer_are_granted_together_in_wait_order() {
         .collect();
     assert_eq!(holders(&mut raw, "rg").await, want);
     // Each was renewed at once after its wait (rule 1), and the watchdogs go on.
-    let base = info_num(&mut raw, "flock", "flock_renewals").await;
+    let base = info_i64(&mut raw, "flock", "flock_renewals").await;
     wait_until("two renewals per reader", MS(10_000), || {
         let mut c = raw.clone();
-        async move { info_num(&mut c, "flock", "flock_renewals").await >= base + 6 }
+        async move { info_i64(&mut c, "flock", "flock_renewals").await >= base + 6 }
     })
     .await;
     assert!(readers.iter().all(|l| !l.is_lost()));

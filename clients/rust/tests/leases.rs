@@ -1,14 +1,14 @@
-//! Exclusive leases against a real redis-server with the flock module (CLIENTS.md "What done
+//! Exclusive leases against a real redis-server with the flock module (docs/CLIENTS.md "What done
 //! looks like"). Each test starts its own server.
-mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use flock_client::{Error, Flock, LockOptions, Wait};
+use flock_testkit::aio::{info_i64, q, wait_until};
+use flock_testkit::{signal, Server};
 use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -24,7 +24,7 @@ async fn server_check(c: &mut redis::aio::MultiplexedConnection, key: &str, toke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scoped_lock_and_release() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
 
     // lock + release: the server sees the owner and token, and nothing is left after.
@@ -119,9 +119,9 @@ async fn scoped_lock_and_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_keeps_a_600ms_lease_alive_for_3s_and_stops_on_release() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
-    let before = info_num(&mut raw, "flock", "flock_renewals").await;
+    let before = info_i64(&mut raw, "flock", "flock_renewals").await;
     // 600 ms (renewed every 200 ms): a renewal may come 400 ms late on a loaded machine
     // before the server lets the lease go.
     let lease = flock.lock("wd", MS(600)).await.expect("lock");
@@ -135,31 +135,31 @@ async fn watchdog_keeps_a_600ms_lease_alive_for_3s_and_stops_on_release() {
             start.elapsed()
         );
     }
-    let renewals = info_num(&mut raw, "flock", "flock_renewals").await - before;
+    let renewals = info_i64(&mut raw, "flock", "flock_renewals").await - before;
     assert!(
         renewals >= 5,
         "only {renewals} renewals in 3 s at ttl/3 = 200 ms"
     );
     lease.release().await.expect("release");
     // The watchdog never outlives the lease (redisson#7272): no RENEW after release ...
-    let after = info_num(&mut raw, "flock", "flock_renewals").await;
+    let after = info_i64(&mut raw, "flock", "flock_renewals").await;
     tokio::time::sleep(MS(400)).await;
-    assert_eq!(info_num(&mut raw, "flock", "flock_renewals").await, after);
+    assert_eq!(info_i64(&mut raw, "flock", "flock_renewals").await, after);
     // ... nor after a drop.
     let lease = flock.lock("wd", MS(600)).await.expect("lock");
     drop(lease);
     // (a RENEW already on its way when the lease was dropped may land meanwhile)
     tokio::time::sleep(MS(300)).await;
-    let after = info_num(&mut raw, "flock", "flock_renewals").await;
+    let after = info_i64(&mut raw, "flock", "flock_renewals").await;
     tokio::time::sleep(MS(400)).await;
-    assert_eq!(info_num(&mut raw, "flock", "flock_renewals").await, after);
+    assert_eq!(info_i64(&mut raw, "flock", "flock_renewals").await, after);
     assert!(!exists(&mut raw, "wd").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoke_is_noticed_within_a_third_of_the_ttl() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     // 3 s: a third of it plus 1 s of slack for a late renewal on a loaded machine is still
     // well before the local deadline (almost the whole ttl after the REVOKE), which is the
@@ -205,7 +205,7 @@ impl From<Error> for AppError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_returns_lost_or_the_blocks_own_error() {
     let srv = Server::start();
-    let raw = srv.raw().await;
+    let raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let ttl = MS(900);
 
@@ -311,7 +311,7 @@ async fn stopped_holder_process_fails_ensure_from_its_own_clock_and_is_fenced() 
         return holder_child(port).await;
     }
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let exe = std::env::current_exe().expect("test binary");
     let mut child = Command::new(exe)
         .args([
@@ -320,7 +320,7 @@ async fn stopped_holder_process_fails_ensure_from_its_own_clock_and_is_fenced() 
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("FLOCK_HOLDER_PORT", srv.port.to_string())
+        .env("FLOCK_HOLDER_PORT", srv.port().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -399,7 +399,7 @@ async fn stopped_holder_process_fails_ensure_from_its_own_clock_and_is_fenced() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remaining_is_never_above_the_servers_check() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     // A lease granted at once. No watchdog here: a renewal that lands between the CHECK and
     // the local reading would move the local deadline past the one the server just gave
@@ -438,7 +438,7 @@ async fn remaining_is_never_above_the_servers_check() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_num(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
     })
     .await;
     lease.release().await.expect("release");
@@ -456,7 +456,7 @@ async fn remaining_is_never_above_the_servers_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_kill_of_the_leases_connection_is_recovered_without_losing_it() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     // 900 ms (renewed every 300 ms): each renewal after a kill also reconnects; 600 ms of
     // slack for that on a loaded machine.
@@ -472,10 +472,10 @@ async fn client_kill_of_the_leases_connection_is_recovered_without_losing_it() {
         assert!(killed >= 1, "round {round}: killed {killed}");
         // Counted after the kill: a renewal that landed just before it must not pass for one
         // on a new connection.
-        let before = info_num(&mut raw, "flock", "flock_renewals").await;
+        let before = info_i64(&mut raw, "flock", "flock_renewals").await;
         wait_until("a renewal on a new connection", MS(3000), || {
             let mut c = raw.clone();
-            async move { info_num(&mut c, "flock", "flock_renewals").await > before }
+            async move { info_i64(&mut c, "flock", "flock_renewals").await > before }
         })
         .await;
         tokio::time::sleep(MS(250)).await;
@@ -494,7 +494,7 @@ async fn client_kill_of_the_leases_connection_is_recovered_without_losing_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let _: i64 = q(&mut raw, &["FLOCK.ACQUIRE", "bw", "holder", "30000"]).await;
     let f = flock.clone();
@@ -515,11 +515,11 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_num(&mut c, "flock", "flock_blocked_clients").await == 1 }
+        async move { info_i64(&mut c, "flock", "flock_blocked_clients").await == 1 }
     })
     .await;
     tokio::time::sleep(MS(2000)).await;
-    let renewals = info_num(&mut raw, "flock", "flock_renewals").await;
+    let renewals = info_i64(&mut raw, "flock", "flock_renewals").await;
     let _: i64 = q(&mut raw, &["FLOCK.RELEASE", "bw", "holder"]).await;
     let (lease, waited) = waiter.await.expect("join");
     let lease = lease.expect("granted after the wait");
@@ -533,7 +533,7 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
         "remaining {remaining:?} after a {waited:?} wait"
     );
     assert_eq!(
-        info_num(&mut raw, "flock", "flock_renewals").await,
+        info_i64(&mut raw, "flock", "flock_renewals").await,
         renewals + 1,
         "exactly one RENEW right after the grant (the watchdog is off)"
     );
@@ -546,7 +546,7 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let holder = flock.lock("q", MS(10_000)).await.expect("lock");
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -567,8 +567,8 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         wait_until("the waiter blocks", MS(5000), || {
             let mut c = raw.clone();
             async move {
-                info_num(&mut c, "clients", "blocked_clients").await == i
-                    && info_num(&mut c, "flock", "flock_blocked_clients").await == i
+                info_i64(&mut c, "clients", "blocked_clients").await == i
+                    && info_i64(&mut c, "flock", "flock_blocked_clients").await == i
             }
         })
         .await;
@@ -579,14 +579,14 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         t.await.expect("waiter");
     }
     assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4]);
-    assert_eq!(info_num(&mut raw, "clients", "blocked_clients").await, 0);
+    assert_eq!(info_i64(&mut raw, "clients", "blocked_clients").await, 0);
     assert!(!exists(&mut raw, "q").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_is_exact_to_its_token() {
     let srv = Server::start();
-    let mut raw = srv.raw().await;
+    let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());
     let opts = LockOptions::new(MS(5000)).owner("same-owner");
     let old = flock.lock("ex", opts.clone()).await.expect("lock");

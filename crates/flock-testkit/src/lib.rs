@@ -10,8 +10,12 @@
 //! - `VALKEY_SERVER`, `FLOCK_FAKETIME_LIB`: see [`env::valkey_server`], [`env::faketime_lib`].
 //! - `FLOCK_KEEP_TMP=1`: keep the temp dirs (logs, RDB, AOF) for post-mortem.
 //!
-//! Tests do `use flock_testkit::*;`: every module's items are re-exported here.
+//! Tests do `use flock_testkit::*;`: every module's items are re-exported here, except the
+//! async helpers of [`aio`] (feature `aio`), which tests on tokio import as
+//! `flock_testkit::aio::*`.
 
+#[cfg(feature = "aio")]
+pub mod aio;
 pub mod builder;
 pub mod cluster;
 pub mod env;

@@ -311,13 +311,13 @@ impl Server {
 
     /// Send a signal to the server process (e.g. "STOP", "CONT") with the `kill` utility.
     pub fn signal(&self, sig: &str) {
-        let pid = self.pid().expect("server not running");
-        let st = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(st.success(), "kill -{sig} {pid} failed");
+        signal(self.pid().expect("server not running"), sig);
+    }
+
+    /// A redis-rs client for this server (for a client under test to open its own
+    /// connections from).
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("client")
     }
 
     /// `SHUTDOWN SAVE` or `SHUTDOWN NOSAVE`, then wait up to `within` for the process to exit
@@ -415,6 +415,17 @@ impl Server {
             self.log_tail(60)
         );
     }
+}
+
+/// Send a signal to any process of the test's (e.g. a child process that holds a lock) with
+/// the `kill` utility, as [`Server::signal`] does to a server.
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -{sig} {pid} failed");
 }
 
 impl Drop for Server {

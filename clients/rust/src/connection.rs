@@ -1,0 +1,162 @@
+//! Connections: what `Flock` is given ([`Target`]), one connection of either kind (`Conn`),
+//! and the factory's shared command connection with its reconnection (`Shared`), which also
+//! opens the dedicated connections that BLOCK waits and bound leases run on (rule 8).
+
+use std::sync::Mutex;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
+use crate::sync::lock;
+
+/// What `Flock` connects to: a single server or a cluster.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub enum Target {
+    /// A single Redis server (or a proxy).
+    Single(redis::Client),
+    /// A Redis Cluster.
+    Cluster(ClusterClient),
+}
+
+impl From<redis::Client> for Target {
+    fn from(c: redis::Client) -> Self {
+        Target::Single(c)
+    }
+}
+
+impl From<ClusterClient> for Target {
+    fn from(c: ClusterClient) -> Self {
+        Target::Cluster(c)
+    }
+}
+
+/// One connection: a multiplexed one to a server or a cluster connection.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
+/// The shared command connection: one multiplexed connection (replaced when it fails) or one
+/// cluster connection (which reconnects by itself).
+pub(crate) struct Shared {
+    pub(crate) target: Target,
+    /// The current multiplexed connection and its generation: a failure reported for an older
+    /// generation does not drop the newer connection that replaced it.
+    single: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Held while a new connection is opened, so that concurrent callers open one, not many;
+    /// it counts the generations.
+    single_gate: tokio::sync::Mutex<u64>,
+    cluster: OnceCell<ClusterConnection>,
+}
+
+impl Shared {
+    /// Connects lazily: the first command opens the connection.
+    pub(crate) fn new(target: Target) -> Self {
+        Shared {
+            target,
+            single: Mutex::new(None),
+            single_gate: tokio::sync::Mutex::new(0),
+            cluster: OnceCell::new(),
+        }
+    }
+
+    async fn conn(&self) -> redis::RedisResult<(u64, Conn)> {
+        match &self.target {
+            Target::Single(client) => {
+                if let Some((g, c)) = lock(&self.single).clone() {
+                    return Ok((g, Conn::Single(c)));
+                }
+                let mut gen = self.single_gate.lock().await;
+                if let Some((g, c)) = lock(&self.single).clone() {
+                    return Ok((g, Conn::Single(c)));
+                }
+                let c = client.get_multiplexed_async_connection().await?;
+                *gen += 1;
+                *lock(&self.single) = Some((*gen, c.clone()));
+                Ok((*gen, Conn::Single(c)))
+            }
+            Target::Cluster(client) => {
+                let c = self
+                    .cluster
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?;
+                Ok((0, Conn::Cluster(c.clone())))
+            }
+        }
+    }
+
+    fn failed(&self, gen: u64) {
+        let mut cur = lock(&self.single);
+        if cur.as_ref().is_some_and(|(g, _)| *g == gen) {
+            *cur = None;
+        }
+    }
+
+    /// One try on the shared connection; a connection failure drops it (the next call opens a
+    /// new one).
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> redis::RedisResult<T> {
+        let (gen, mut c) = self.conn().await?;
+        let r = c.query(cmd).await;
+        if let Err(e) = &r {
+            if is_connection_error(e) && matches!(c, Conn::Single(_)) {
+                self.failed(gen);
+            }
+        }
+        r
+    }
+
+    /// A connection of its own, without a response timeout (for BLOCK waits and bound leases).
+    pub(crate) async fn dedicated(&self) -> redis::RedisResult<Conn> {
+        match &self.target {
+            Target::Single(client) => {
+                let cfg = AsyncConnectionConfig::new().set_response_timeout(None);
+                Ok(Conn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
+                ))
+            }
+            Target::Cluster(client) => Ok(Conn::Cluster(
+                client
+                    .get_async_connection_with_config(redis::cluster::ClusterConfig::new())
+                    .await?,
+            )),
+        }
+    }
+
+    /// A command that is safe to repeat, on the shared connection, with retries after
+    /// connection failures; also gives the send instant of the attempt that was answered.
+    pub(crate) async fn retrying<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<(T, Instant)> {
+        let mut attempt = 0;
+        loop {
+            let sent = Instant::now();
+            match self.query::<T>(cmd).await {
+                Ok(v) => return Ok((v, sent)),
+                Err(e) if is_transient(&e) && attempt < RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The factory, [`Flock`]: taking a lock (one try on the shared connection, then the wait in
+//! `queue`), the scoped `with_lock`, and the supervisor's and operator's calls that need no
+//! lease (release by owner, revoke, check).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::connection::{Shared, Target};
+use crate::error::{invalid, Error, Result};
+use crate::lease::{Lease, LeaseHandle};
+use crate::options::{ttl_ms, LockOptions, Mode, Wait};
+use crate::queue::wait_for;
+use crate::state::LeaseConn;
+
+/// The factory: takes a `redis::Client` or a `ClusterClient` and opens its own connections
+/// (one multiplexed connection for commands and renewals, one more per BLOCK wait and per
+/// bound lease). Cheap to clone.
+#[derive(Clone)]
+pub struct Flock {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Flock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.shared.target {
+            Target::Single(_) => "single",
+            Target::Cluster(_) => "cluster",
+        };
+        f.debug_struct("Flock").field("target", &kind).finish()
+    }
+}
+
+/// A lock that `lock` handed out: the same type as [`Lease`].
+pub type Guard = Lease;
+
+impl Flock {
+    /// A factory over a `redis::Client` or a `redis::cluster::ClusterClient`. Connects lazily.
+    pub fn new(client: impl Into<Target>) -> Self {
+        Flock {
+            shared: Arc::new(Shared::new(client.into())),
+        }
+    }
+
+    /// Take the lock or fail with [`Error::Busy`] when it is not granted within the wait.
+    pub async fn lock(
+        &self,
+        key: impl Into<String>,
+        opts: impl Into<LockOptions>,
+    ) -> Result<Guard> {
+        self.acquire(key, opts).await?.ok_or(Error::Busy)
+    }
+
+    /// Take the lock; `None` when it is not granted within the wait.
+    pub async fn acquire(
+        &self,
+        key: impl Into<String>,
+        opts: impl Into<LockOptions>,
+    ) -> Result<Option<Lease>> {
+        let key = key.into();
+        let opts = opts.into();
+        let ttl = ttl_ms(opts.ttl)?;
+        let owner = match &opts.owner {
+            Some(o) => o.clone(),
+            None => format!("{:032x}", rand::random::<u128>()),
+        };
+        if let Mode::Permits(0) = opts.mode {
+            return Err(invalid("LIMIT must be at least 1", String::new()));
+        }
+        let wait = match opts.wait {
+            Wait::For(d) if d.is_zero() => Wait::None,
+            w => w,
+        };
+        let mut cmd = redis::cmd("FLOCK.ACQUIRE");
+        cmd.arg(&key).arg(&owner).arg(ttl);
+        match opts.mode {
+            Mode::Exclusive => {}
+            Mode::Shared => {
+                cmd.arg("SHARED");
+            }
+            Mode::Permits(n) => {
+                cmd.arg("LIMIT").arg(n);
+            }
+        }
+        if opts.bound {
+            cmd.arg("BOUND");
+        }
+        let ttl_d = Duration::from_millis(ttl);
+
+        if opts.bound {
+            // A bound lease lives on a connection of its own, which it keeps.
+            let mut conn = self.shared.dedicated().await?;
+            let sent = Instant::now();
+            let token: Option<u64> = conn.query(&cmd).await?;
+            let (token, sent) = match token {
+                Some(t) => (t, sent),
+                None if wait == Wait::None => return Ok(None),
+                None => {
+                    match wait_for(&self.shared, &key, &owner, ttl, &cmd, wait, Some(&mut conn))
+                        .await?
+                    {
+                        Some(x) => x,
+                        None => return Ok(None),
+                    }
+                }
+            };
+            return Ok(Some(Lease::start(
+                self.shared.clone(),
+                key,
+                owner,
+                token,
+                ttl_d,
+                sent,
+                opts,
+                LeaseConn::Dedicated(conn),
+            )));
+        }
+
+        // First a plain try on the shared connection (no wait: nobody jumps the queue, a
+        // waiter-free free key is granted at once). ACQUIRE of the same owner is idempotent
+        // (G4), so a connection failure is retried; the lease is counted from the send of the
+        // attempt that was answered.
+        let (token, sent) = self.shared.retrying::<Option<u64>>(&cmd).await?;
+        let (token, sent) = match token {
+            Some(t) => (t, sent),
+            None if wait == Wait::None => return Ok(None),
+            None => match wait_for(&self.shared, &key, &owner, ttl, &cmd, wait, None).await? {
+                Some(x) => x,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(Lease::start(
+            self.shared.clone(),
+            key,
+            owner,
+            token,
+            ttl_d,
+            sent,
+            opts,
+            LeaseConn::Shared,
+        )))
+    }
+
+    /// Scoped lock: take the lock (or fail with `Busy`), run `f` with a handle of the lease,
+    /// release, and return `f`'s result. When `f` fails its error goes on unchanged (the
+    /// handle's `is_lost()` shows a loss); when `f` succeeds but the lease was lost meanwhile,
+    /// the result is `Error::Lost` (converted with `From`).
+    pub async fn with_lock<F, Fut, T, E>(
+        &self,
+        key: impl Into<String>,
+        opts: impl Into<LockOptions>,
+        f: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let lease = self.lock(key, opts).await?;
+        let out = f(lease.handle()).await;
+        let released = lease.release().await;
+        match (out, released) {
+            (Err(e), _) => Err(e),
+            (Ok(v), Ok(())) => Ok(v),
+            (Ok(_), Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Release `owner`'s grant of `key` from anywhere (a supervisor that knows the owner);
+    /// with a token only that grant. True when a live grant was released.
+    pub async fn release(&self, key: &str, owner: &str, token: Option<u64>) -> Result<bool> {
+        let mut cmd = redis::cmd("FLOCK.RELEASE");
+        cmd.arg(key).arg(owner);
+        if let Some(t) = token {
+            cmd.arg(t);
+        }
+        Ok(self.shared.query::<i64>(&cmd).await? == 1)
+    }
+
+    /// End the key's live grants at once (an operator's tool), or only `owner`'s. Returns the
+    /// number of grants ended.
+    pub async fn revoke(&self, key: &str, owner: Option<&str>) -> Result<u64> {
+        let mut cmd = redis::cmd("FLOCK.REVOKE");
+        cmd.arg(key);
+        if let Some(o) = owner {
+            cmd.arg(o);
+        }
+        Ok(self.shared.query::<u64>(&cmd).await?)
+    }
+
+    /// FLOCK.CHECK: the remaining lease of `token` on the server, zero when it is not live.
+    pub async fn check(&self, key: &str, token: u64) -> Result<Duration> {
+        let mut cmd = redis::cmd("FLOCK.CHECK");
+        cmd.arg(key).arg(token);
+        Ok(Duration::from_millis(self.shared.query::<u64>(&cmd).await?))
+    }
+}

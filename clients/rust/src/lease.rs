@@ -1,0 +1,271 @@
+//! What a caller holds: [`Lease`] (the grant and the duty to release it) and [`LeaseHandle`]
+//! (a clonable view of it for other tasks): the lease clock's answers, the token, CHECK,
+//! RENEW and fenced commands, and the release.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::connection::Shared;
+use crate::error::{Error, Result};
+use crate::options::{ttl_ms, LockOptions, Mode};
+use crate::state::{LeaseConn, Sent, State, Timing};
+use crate::sync::lock;
+use crate::watchdog::keeper;
+
+/// A shareable view of a lease (what `with_lock` hands its closure): everything but
+/// `release`. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    pub(crate) st: Arc<State>,
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.st.key)
+            .field("owner", &self.st.owner)
+            .field("token", &self.st.token)
+            .field("mode", &self.st.mode)
+            .field("bound", &self.st.bound)
+            .field("lost", &self.is_lost())
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
+impl LeaseHandle {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.st.key
+    }
+    /// The owner string sent to the server.
+    pub fn owner(&self) -> &str {
+        &self.st.owner
+    }
+    /// The fencing token of this grant: hand it to outside resources.
+    pub fn token(&self) -> u64 {
+        self.st.token
+    }
+    /// The kind of grant.
+    pub fn mode(&self) -> Mode {
+        self.st.mode
+    }
+    /// Rule 1: the time left by the local lease clock, counted from the send of the request
+    /// that granted or last renewed the grant; never more than the server's CHECK; zero once
+    /// lost or released.
+    pub fn remaining(&self) -> Duration {
+        self.st.remaining()
+    }
+    /// Lost: the grant ended on the server, a RENEW answered nil, or the local deadline
+    /// passed. Checked against the local clock, so it needs no round trip.
+    pub fn is_lost(&self) -> bool {
+        self.st.is_lost()
+    }
+    /// A watch channel that turns `true` when the lease is lost (and stays so).
+    pub fn lost_signal(&self) -> watch::Receiver<bool> {
+        self.st.lost.subscribe()
+    }
+    /// Wait up to `timeout` for the lease to be lost; true when it is.
+    pub async fn wait_lost(&self, timeout: Duration) -> bool {
+        if self.is_lost() {
+            return true;
+        }
+        // The lease's own task marks the loss when the local deadline passes, so the channel
+        // covers expiry too.
+        let mut rx = self.lost_signal();
+        matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|v| *v)).await,
+            Ok(Ok(_))
+        ) || self.is_lost()
+    }
+    /// "Is there enough lease left for the critical step?": `Error::Lost` when lost,
+    /// `Error::TooShort` when live with less than `min` left. From the local clock only; it
+    /// changes nothing.
+    pub fn ensure(&self, min: Duration) -> Result<()> {
+        if self.st.is_lost() || lock(&self.st.timing).released {
+            return Err(Error::Lost);
+        }
+        let remaining = self.st.remaining();
+        if remaining.is_zero() {
+            return Err(Error::Lost);
+        }
+        if remaining < min {
+            return Err(Error::TooShort { remaining });
+        }
+        Ok(())
+    }
+    /// FLOCK.CHECK on the server: the remaining lease there; zero (and the lease marked
+    /// lost) when the grant is no longer live. On a bound lease whose connection failed it is
+    /// the connection's error, and the lease is lost.
+    pub async fn check(&self) -> Result<Duration> {
+        let mut cmd = redis::cmd("FLOCK.CHECK");
+        cmd.arg(&self.st.key).arg(self.st.token);
+        match self.st.send::<u64>(&cmd, true, None).await {
+            Sent::Reply(0, _, _) => {
+                self.st.mark_lost();
+                Ok(Duration::ZERO)
+            }
+            Sent::Reply(ms, _, _) => Ok(Duration::from_millis(ms)),
+            Sent::Failed(e) => Err(e.into()),
+        }
+    }
+    /// Renew now with a token-qualified RENEW, for `ttl` (default: the current ttl, which a
+    /// given `ttl` replaces for the watchdog too). `Error::Lost` when the grant is gone.
+    pub async fn renew(&self, ttl: Option<Duration>) -> Result<()> {
+        if self.st.is_lost() || lock(&self.st.timing).released {
+            return Err(Error::Lost);
+        }
+        let ttl = match ttl {
+            Some(t) => Duration::from_millis(ttl_ms(t)?),
+            None => lock(&self.st.timing).ttl,
+        };
+        let cmd = self.st.renew_cmd(ttl);
+        let deadline = lock(&self.st.timing).deadline;
+        match self
+            .st
+            .send::<Option<u64>>(&cmd, !self.st.bound, Some(deadline))
+            .await
+        {
+            Sent::Reply(Some(_), sent, _) => {
+                self.st.renewed(sent, ttl);
+                self.st.wake.notify_one();
+                Ok(())
+            }
+            Sent::Reply(None, _, _) => {
+                self.st.mark_lost();
+                Err(Error::Lost)
+            }
+            Sent::Failed(e) => {
+                if Instant::now() >= deadline || self.st.bound {
+                    self.st.mark_lost();
+                    return Err(Error::Lost);
+                }
+                Err(e.into())
+            }
+        }
+    }
+    /// Run `cmd` through FLOCK.FENCED with this lease's token: the server runs it only while
+    /// the token is the live grant. A refusal as stale is `Error::Fenced` and marks the lease
+    /// lost. The server decides, even when the local clock already says lost.
+    pub async fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        let mut f = redis::cmd("FLOCK.FENCED");
+        f.arg(&self.st.key).arg(self.st.token);
+        for a in cmd.args_iter() {
+            if let redis::Arg::Simple(bytes) = a {
+                f.arg(bytes);
+            }
+        }
+        // Not retried: a write whose reply was lost may have run.
+        match self.st.send::<T>(&f, false, None).await {
+            Sent::Reply(v, _, _) => Ok(v),
+            Sent::Failed(e) if e.code() == Some("FENCED") => {
+                self.st.mark_lost();
+                let text = match e.detail() {
+                    Some(d) => format!("FENCED {d}"),
+                    None => e.to_string(),
+                };
+                Err(Error::Fenced(text))
+            }
+            Sent::Failed(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A held lock: a [`LeaseHandle`] (via `Deref`) plus the duty to release. `release().await`
+/// ends it; dropping an unreleased lease stops its watchdog and releases in the background.
+pub struct Lease {
+    handle: LeaseHandle,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl std::ops::Deref for Lease {
+    type Target = LeaseHandle;
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl Lease {
+    /// A lease for a grant the server just made, counted from `sent` (rule 1), with its
+    /// watchdog started (rule 2).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        key: String,
+        owner: String,
+        token: u64,
+        ttl: Duration,
+        sent: Instant,
+        opts: LockOptions,
+        conn: LeaseConn,
+    ) -> Lease {
+        let (lost_tx, _) = watch::channel(false);
+        let state = Arc::new(State {
+            key,
+            owner,
+            token,
+            mode: opts.mode,
+            bound: opts.bound,
+            shared,
+            conn: tokio::sync::Mutex::new(conn),
+            timing: Mutex::new(Timing {
+                ttl,
+                deadline: sent + ttl,
+                last_sent: sent,
+                released: false,
+            }),
+            lost: lost_tx,
+            wake: Notify::new(),
+        });
+        let keeper = tokio::spawn(keeper(state.clone(), opts.renew));
+        Lease {
+            handle: LeaseHandle { st: state },
+            keeper: Some(keeper),
+        }
+    }
+
+    /// A shareable handle (for other tasks; it cannot release).
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    /// Stop the watchdog (waiting until it has stopped), then `FLOCK.RELEASE key owner
+    /// token`. `Error::Lost` when the lease had been lost (the RELEASE is sent anyway).
+    pub async fn release(mut self) -> Result<()> {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+            let _ = k.await;
+        }
+        self.handle.st.release_exact().await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(k) = self.keeper.take() else {
+            return;
+        };
+        k.abort();
+        let st = self.handle.st.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = k.await;
+                let _ = st.release_exact().await;
+            });
+        } else {
+            lock(&st.timing).released = true;
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Waiting for a held lock in the server's FIFO queue (`BLOCK`, rule 5), never by polling: on
+//! a connection of its own (rule 8), asked again after a cluster slot move (`TRYAGAIN`) or a
+//! response timeout of the caller's cluster client, and a grant counted from the RENEW that
+//! follows it (rule 1).
+
+use std::time::Duration;
+
+use redis::Cmd;
+use tokio::time::Instant;
+
+use crate::connection::{Conn, Shared};
+use crate::error::Result;
+use crate::options::Wait;
+use crate::retry::{backoff, is_connection_error, is_transient, is_tryagain, RETRIES};
+
+/// Wait in the server's queue with BLOCK on a dedicated connection (rule 8), across
+/// TRYAGAIN (rule 5); a grant is renewed at once with a token-qualified RENEW and counted
+/// from that RENEW (rule 1). Returns the token and the send instant of that RENEW.
+pub(crate) async fn wait_for(
+    shared: &Shared,
+    key: &str,
+    owner: &str,
+    ttl: u64,
+    base: &Cmd,
+    wait: Wait,
+    bound_conn: Option<&mut Conn>,
+) -> Result<Option<(u64, Instant)>> {
+    let until = match wait {
+        Wait::For(d) => Some(Instant::now() + d),
+        _ => None,
+    };
+    let mut own: Option<Conn> = None;
+    let mut bound_conn = bound_conn;
+    let mut failures = 0u32;
+    let mut moves = 0u32;
+    loop {
+        let block_ms = match until {
+            None => 0u64,
+            Some(u) => {
+                let left = u.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+            }
+        };
+        let mut cmd = base.clone();
+        cmd.arg("BLOCK").arg(block_ms);
+        let conn: &mut Conn = match bound_conn.as_deref_mut() {
+            Some(c) => c,
+            None => {
+                if own.is_none() {
+                    own = Some(shared.dedicated().await?);
+                }
+                match own.as_mut() {
+                    Some(c) => c,
+                    None => continue,
+                }
+            }
+        };
+        // The server times the wait out; the local bound only covers a server that stops
+        // answering (the connection is then dropped, and a grant made to a client that
+        // went away is released by the server).
+        let fut = conn.query::<Option<u64>>(&cmd);
+        let reply = match until {
+            None => fut.await,
+            Some(u) => match tokio::time::timeout_at(u + Duration::from_millis(250), fut).await {
+                Ok(r) => r,
+                Err(_) => return Ok(None),
+            },
+        };
+        match reply {
+            Ok(Some(token)) => {
+                // Rule 1: the wait may have been longer than the ttl: renew now, count
+                // from this RENEW.
+                let mut renew = redis::cmd("FLOCK.RENEW");
+                renew.arg(key).arg(owner).arg(ttl).arg(token);
+                let renewed = match bound_conn.as_deref_mut() {
+                    Some(c) => {
+                        let sent = Instant::now();
+                        c.query::<Option<u64>>(&renew).await.map(|t| (t, sent))
+                    }
+                    None => {
+                        drop(own.take());
+                        shared.retrying(&renew).await
+                    }
+                };
+                match renewed {
+                    Ok((Some(_), sent)) => return Ok(Some((token, sent))),
+                    // Expired between the grant and the RENEW: wait again if time is left.
+                    Ok((None, _)) => continue,
+                    Err(e) => {
+                        let mut rel = redis::cmd("FLOCK.RELEASE");
+                        rel.arg(key).arg(owner).arg(token);
+                        let _ = shared.query::<i64>(&rel).await;
+                        return Err(e.into());
+                    }
+                }
+            }
+            Ok(None) => return Ok(None),
+            Err(e) if is_tryagain(&e) => {
+                // The key moved to another node while we waited: ask again; the cluster
+                // connection follows the ASK/MOVED to the new owner of the slot.
+                moves += 1;
+                tokio::time::sleep(Duration::from_millis((20 * u64::from(moves)).min(500))).await;
+            }
+            Err(e)
+                if bound_conn.is_none()
+                    && e.is_timeout()
+                    && until.is_none_or(|u| Instant::now() < u) =>
+            {
+                // A response timeout of the caller's cluster client cut the wait short:
+                // a new connection (the server drops the old waiter with the old one)
+                // and the rest of the wait.
+                own = None;
+            }
+            Err(e) if bound_conn.is_none() && is_transient(&e) && failures < RETRIES => {
+                failures += 1;
+                own = None;
+                tokio::time::sleep(backoff(failures)).await;
+            }
+            Err(e) if is_connection_error(&e) && failures < RETRIES => {
+                // A bound wait's connection failed: the server dropped that waiter (and
+                // would end a grant made to it). Wait again on a new connection, which the
+                // grant will then be bound to.
+                failures += 1;
+                tokio::time::sleep(backoff(failures)).await;
+                if let Some(c) = bound_conn.as_deref_mut() {
+                    *c = shared.dedicated().await?;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The state a lease's handles, its watchdog and its release share: the local lease clock
+//! (rule 1), the lost flag (rule 3), the connection it talks on (rule 8), and the sending of
+//! its commands with the retries each allows. The public face is in `lease`, the renewing in
+//! `watchdog`; both build on this.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue, RedisError};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::connection::{Conn, Shared};
+use crate::error::{Error, Result};
+use crate::options::Mode;
+use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
+use crate::sync::lock;
+
+/// The connection a lease sends its commands on.
+pub(crate) enum LeaseConn {
+    /// The factory's shared command connection.
+    Shared,
+    /// A bound lease's own connection.
+    Dedicated(Conn),
+}
+
+/// The local lease clock (rule 1).
+pub(crate) struct Timing {
+    pub(crate) ttl: Duration,
+    /// Send instant of the request that granted or last renewed the grant, plus its ttl.
+    pub(crate) deadline: Instant,
+    /// Send instant of the RENEW counted last: an older one answered later must not move the
+    /// deadline back.
+    pub(crate) last_sent: Instant,
+    pub(crate) released: bool,
+}
+
+/// One lease, shared by its handles, its watchdog and its release.
+pub(crate) struct State {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) token: u64,
+    pub(crate) mode: Mode,
+    pub(crate) bound: bool,
+    /// The factory's connections (the shared one, and new ones for a bound lease's waits).
+    pub(crate) shared: Arc<Shared>,
+    /// An async mutex: a bound lease's connection is used across awaits.
+    pub(crate) conn: tokio::sync::Mutex<LeaseConn>,
+    pub(crate) timing: Mutex<Timing>,
+    /// Rule 3: turns `true` once, never back.
+    pub(crate) lost: watch::Sender<bool>,
+    /// Wakes the watchdog when its schedule changed (a manual renew, the release).
+    pub(crate) wake: Notify,
+}
+
+/// What became of a command sent by [`State::send`].
+pub(crate) enum Sent<T> {
+    /// The reply, the send instant of the attempt that got it, and whether that attempt was a
+    /// retry (a RELEASE answered 0 after a retry counts as released: the first may have run).
+    Reply(T, Instant, bool),
+    Failed(RedisError),
+}
+
+impl State {
+    pub(crate) fn mark_lost(&self) {
+        self.lost.send_if_modified(|v| {
+            if *v {
+                false
+            } else {
+                *v = true;
+                true
+            }
+        });
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if *self.lost.borrow() {
+            return true;
+        }
+        let t = lock(&self.timing);
+        if t.released {
+            return false;
+        }
+        if Instant::now() >= t.deadline {
+            drop(t);
+            self.mark_lost();
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn remaining(&self) -> Duration {
+        if *self.lost.borrow() {
+            return Duration::ZERO;
+        }
+        let t = lock(&self.timing);
+        if t.released {
+            return Duration::ZERO;
+        }
+        t.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// A RENEW sent at `sent` was answered with the token: the lease now ends at `sent + ttl`
+    /// unless a later-sent RENEW was already counted.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        let mut t = lock(&self.timing);
+        if sent >= t.last_sent {
+            t.last_sent = sent;
+            t.deadline = sent + ttl;
+            t.ttl = ttl;
+        }
+    }
+
+    /// Send `cmd` on the lease's connection: the shared one with reconnection and retries
+    /// when `retry`, a bound lease's own connection without (its failure is the lease's
+    /// loss). `until` bounds every attempt (the local deadline, for the watchdog).
+    pub(crate) async fn send<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        retry: bool,
+        until: Option<Instant>,
+    ) -> Sent<T> {
+        let mut attempt = 0u32;
+        loop {
+            if until.is_some_and(|u| Instant::now() >= u) {
+                return Sent::Failed(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the local deadline passed",
+                )));
+            }
+            let sent = Instant::now();
+            let fut = async {
+                let mut guard = self.conn.lock().await;
+                match &mut *guard {
+                    LeaseConn::Shared => {
+                        drop(guard);
+                        self.shared.query::<T>(cmd).await
+                    }
+                    LeaseConn::Dedicated(c) => c.query::<T>(cmd).await,
+                }
+            };
+            let r = match until {
+                Some(u) => match tokio::time::timeout_at(u, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the local deadline passed",
+                    ))),
+                },
+                None => fut.await,
+            };
+            match r {
+                Ok(v) => return Sent::Reply(v, sent, attempt > 0),
+                Err(e) if self.bound && is_connection_error(&e) => {
+                    // Rule 8: a bound grant lives with its connection, and the server ends it
+                    // when that connection closes. Whatever call found the failure, the lease
+                    // is lost.
+                    self.mark_lost();
+                    return Sent::Failed(e);
+                }
+                Err(e) if retry && !self.bound && is_transient(&e) && attempt < RETRIES => {
+                    attempt += 1;
+                    let mut pause = backoff(attempt);
+                    if let Some(u) = until {
+                        pause = pause.min(u.saturating_duration_since(Instant::now()));
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Sent::Failed(e),
+            }
+        }
+    }
+
+    pub(crate) fn renew_cmd(&self, ttl: Duration) -> Cmd {
+        let mut cmd = redis::cmd("FLOCK.RENEW");
+        cmd.arg(&self.key)
+            .arg(&self.owner)
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .arg(self.token);
+        cmd
+    }
+
+    /// Rule 4: RELEASE key owner token, the token kept until the reply; retried after a
+    /// connection failure, where 0 counts as released.
+    pub(crate) async fn release_exact(&self) -> Result<()> {
+        let was_lost = self.is_lost();
+        let mut cmd = redis::cmd("FLOCK.RELEASE");
+        cmd.arg(&self.key).arg(&self.owner).arg(self.token);
+        let r = match self.send::<i64>(&cmd, true, None).await {
+            Sent::Reply(1, _, _) => Ok(()),
+            Sent::Reply(_, _, true) => Ok(()),
+            Sent::Reply(_, _, false) => {
+                self.mark_lost();
+                Err(Error::Lost)
+            }
+            // A bound lease's connection failed: the server ended the grant when it closed,
+            // so there is nothing left to release, and the lease was lost (rule 3).
+            Sent::Failed(e) if self.bound && is_connection_error(&e) => Err(Error::Lost),
+            Sent::Failed(e) => Err(e.into()),
+        };
+        lock(&self.timing).released = true;
+        self.wake.notify_one();
+        match r {
+            Ok(()) if was_lost => Err(Error::Lost),
+            r => r,
+        }
+    }
+}

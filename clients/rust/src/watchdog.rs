@@ -1,0 +1,81 @@
+//! The watchdog (rule 2): the one task per lease that renews it in the background and marks
+//! it lost when its local deadline passes.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::retry::{backoff, is_transient};
+use crate::state::{Sent, State};
+use crate::sync::lock;
+
+/// The watchdog (rule 2) and the lease clock: renews at a third of the ttl with a
+/// token-qualified RENEW, stops for good at the first nil, retries connection failures but
+/// never sends a RENEW once the local deadline passed, and marks the lease lost when its
+/// local deadline passes. With `renew` off it only watches the deadline.
+pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
+    loop {
+        let (deadline, ttl, last_sent, released) = {
+            let t = lock(&st.timing);
+            (t.deadline, t.ttl, t.last_sent, t.released)
+        };
+        if released || *st.lost.borrow() {
+            return;
+        }
+        let due = if renew {
+            (last_sent + ttl / 3).min(deadline)
+        } else {
+            deadline
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(due) => {}
+            _ = st.wake.notified() => continue,
+        }
+        if lock(&st.timing).released {
+            return;
+        }
+        let deadline = lock(&st.timing).deadline;
+        if Instant::now() >= deadline {
+            st.mark_lost();
+            return;
+        }
+        if !renew {
+            continue;
+        }
+        let ttl = lock(&st.timing).ttl;
+        let cmd = st.renew_cmd(ttl);
+        // Retries until the local deadline; every attempt is cut off at it.
+        let mut attempt = 0u32;
+        loop {
+            // A manual renew() may have moved the deadline meanwhile.
+            let deadline = lock(&st.timing).deadline;
+            if Instant::now() >= deadline {
+                st.mark_lost();
+                return;
+            }
+            match st
+                .send::<Option<u64>>(&cmd, !st.bound, Some(deadline))
+                .await
+            {
+                Sent::Reply(Some(_), sent, _) => {
+                    st.renewed(sent, ttl);
+                    break;
+                }
+                Sent::Reply(None, _, _) => {
+                    st.mark_lost();
+                    return;
+                }
+                Sent::Failed(e) => {
+                    if st.bound || Instant::now() >= deadline || !is_transient(&e) {
+                        st.mark_lost();
+                        return;
+                    }
+                    attempt += 1;
+                    let pause =
+                        backoff(attempt).min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+}
