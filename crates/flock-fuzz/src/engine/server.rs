@@ -3,11 +3,11 @@
 
 use super::model::Settings;
 use super::KEY_NAMES;
+use flock_core::apply;
 use flock_core::args::{self, AcquireArgs};
 use flock_core::engine::{self, BlockRefused, Effect, Env, Host, Reply};
-use flock_core::snapshot;
 use flock_core::state::Mode;
-use flock_core::{LockState, Now, Snapshot, TokenIssuer, WaitQueue, Waiter};
+use flock_core::{LockState, Now, TokenIssuer, WaitQueue, Waiter};
 
 /// A replica: the keys as the applied `FLOCK.APPLY` effects left them, and its own token mark.
 pub(super) struct Replica {
@@ -52,33 +52,6 @@ impl Host for ReplicaHost {
     }
 }
 
-/// `FLOCK.APPLY key ...` as the module replicates `snapshot` (src/replication.rs).
-pub(super) fn apply_argv(key: &[u8], snapshot: Snapshot<'_>) -> Vec<Vec<u8>> {
-    let num = |v: i128| v.to_string().into_bytes();
-    let mut argv = vec![b"FLOCK.APPLY".to_vec(), key.to_vec()];
-    match snapshot {
-        Snapshot::Held(g) => argv.extend([
-            b"GRANT".to_vec(),
-            g.owner.to_vec(),
-            num(i128::from(g.token)),
-            num(i128::from(g.deadline.wall_ms)),
-        ]),
-        Snapshot::Delayed {
-            last_token,
-            until_wall_ms,
-        } => argv.extend([
-            b"DELAY".to_vec(),
-            num(i128::from(last_token)),
-            num(i128::from(until_wall_ms)),
-        ]),
-        Snapshot::Full(state) => {
-            argv.push(b"STATE".to_vec());
-            argv.extend(snapshot::state_fields(state));
-        }
-    }
-    argv
-}
-
 /// The host of one operation on key `k`.
 pub(super) struct KeyHost<'s> {
     pub(super) key: &'static [u8],
@@ -106,7 +79,8 @@ impl Host for KeyHost<'_> {
         match e {
             // The replica gets the effect over the wire: argv, parsed, applied (G7).
             Effect::Replicate(s) => {
-                let argv = apply_argv(self.key, s);
+                // Written by the encoder the module replicates with, read by its decoder.
+                let argv = apply::apply_argv(self.key, s);
                 let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
                 let image = args::parse_apply(&refs)
                     .unwrap_or_else(|e| panic!("a replicated effect parses: {e:?} {s:?}"));
