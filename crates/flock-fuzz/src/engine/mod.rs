@@ -20,7 +20,6 @@
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
 use flock_core::engine::{self, LoneGrant, Reply, ReplyError};
-use flock_core::snapshot::LockImage;
 use flock_core::state::Mode;
 use flock_core::{LockState, Now, TokenIssuer, WaitQueue};
 use flock_core::{MAX_OWNER_LEN, MAX_TOKEN};
@@ -55,10 +54,12 @@ fn owner_bytes(o: usize) -> Vec<u8> {
 mod check;
 mod model;
 mod server;
+mod travel;
 
 use check::{assert_same, short, show, Issued};
 use model::{MKey, Model, Settings};
 use server::{Replica, Server};
+use travel::travel;
 
 /// The kind an ACQUIRE asks for: each key has a usual LIMIT, and now and then another one
 /// (a limit mismatch, or a LIMIT above max-holders).
@@ -638,40 +639,4 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         }
     }
     steps
-}
-
-/// The keyspace leaves this server and comes back through RDB: each key's kind, grants
-/// (owner, token, absolute wall-clock deadline) and delayed slots; the monotonic deadlines
-/// are what is left of them by the local wall clock now. A replica resyncs from the same data.
-fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
-    if let Some(st) = &real.states[k] {
-        let image = LockImage::of(st).validate().expect("a saved lock loads");
-        let loaded = engine::load(image.clone(), now, &mut real.tokens);
-        let copy = engine::load(image, now, &mut real.replica.tokens);
-        real.replica.keys[k] = Some(copy);
-        real.states[k] = Some(loaded);
-    } else {
-        real.replica.keys[k] = None;
-    }
-    // A resync carries the master's token mark (RDB aux data); between resyncs the replica
-    // raises its own from the effects it applies.
-    let mark = real.tokens.high_water();
-    real.replica.tokens.observe(mark);
-
-    let left = |wall_ms: i64| -> u64 {
-        let ms = wall_ms.saturating_sub(now.wall_ms).max(0) as u64;
-        now.mono_us + ms * 1000
-    };
-    let mk = &mut model.keys[k];
-    if !mk.exists {
-        return;
-    }
-    for g in &mut mk.grants {
-        g.mono_us = left(g.wall_ms);
-        mk.last_token = mk.last_token.max(g.token);
-    }
-    for d in &mut mk.delays {
-        d.0 = left(d.1);
-    }
-    model.high_water = model.high_water.max(mk.last_token);
 }
