@@ -689,15 +689,13 @@ pub fn plan_revisit(
 ) -> RevisitPlan {
     match found {
         _ if !master => RevisitPlan::Skip,
-        Found::OtherType => {
-            RevisitPlan::FailWaiters("ERR the lock key now holds a value of another type")
-        }
+        Found::OtherType => RevisitPlan::FailWaiters(Fixed::WaitedKeyOtherType.as_str()),
         Found::Nothing if ghost.is_some() || waiting == 0 => RevisitPlan::Skip,
         // The key migrated away (or is migrating): granting it here would make a second copy
         // of the lock. Cluster clients retry TRYAGAIN and follow the redirect.
-        Found::Nothing if !serves_stably() => RevisitPlan::FailWaiters(
-            "TRYAGAIN the lock key moved to another node while you waited; retry",
-        ),
+        Found::Nothing if !serves_stably() => {
+            RevisitPlan::FailWaiters(Fixed::WaitedKeyMoved.as_str())
+        }
         _ => RevisitPlan::Revisit,
     }
 }

@@ -72,6 +72,12 @@ fixed_errors! {
     FencedCrossSlot => c"CROSSSLOT Keys in request don't hash to the same slot",
     /// ... any other errno.
     FencedCouldNotRun => c"ERR the command inside FLOCK.FENCED could not run",
+    /// A waiter's key now holds another type (`engine::revisit_plan`).
+    WaitedKeyOtherType => c"ERR the lock key now holds a value of another type",
+    /// A waiter's key moved to another cluster node (`engine::revisit_plan`).
+    WaitedKeyMoved => c"TRYAGAIN the lock key moved to another node while you waited; retry",
+    /// Every waiter when this master becomes a replica (`src/events.rs`).
+    UnblockedNowReplica => c"UNBLOCKED this server is now a replica",
 }
 
 impl Fixed {

@@ -208,6 +208,23 @@ fn messages_are_the_texts_sent_before() {
         let keyed = matches!(e, ReplyError::OwnerHolds(_) | ReplyError::LimitMismatch(_));
         assert_eq!(e.static_text().is_none(), keyed, "{e:?}");
     }
+    let waiters = [
+        (
+            Fixed::WaitedKeyOtherType,
+            "ERR the lock key now holds a value of another type",
+        ),
+        (
+            Fixed::WaitedKeyMoved,
+            "TRYAGAIN the lock key moved to another node while you waited; retry",
+        ),
+        (
+            Fixed::UnblockedNowReplica,
+            "UNBLOCKED this server is now a replica",
+        ),
+    ];
+    for (f, text) in waiters {
+        assert_eq!(f.as_str(), text);
+    }
     assert_eq!(
         Formatted::FencedStale {
             token: 12,
