@@ -2,8 +2,10 @@
 //!
 //! Every malformed call maps to one [`ArgError`], whose text is the error reply (G8).
 
+use crate::errors::{ErrorReply, Fixed, Formatted};
 use crate::snapshot::{mode_from_code, GrantImage, Invalid, LockImage};
 use crate::state::{Mode, MAX_OWNER_LEN};
+use std::ffi::CStr;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
@@ -25,25 +27,30 @@ pub enum ArgError {
 }
 
 impl ArgError {
-    pub fn message(&self) -> String {
-        match self {
-            ArgError::Arity => "ERR wrong number of arguments".to_string(),
-            ArgError::Syntax => "ERR syntax error".to_string(),
-            ArgError::Owner => {
-                format!("ERR invalid owner: must be 1 to {MAX_OWNER_LEN} bytes")
-            }
-            ArgError::Ttl { max } => {
-                format!("ERR invalid ttl: must be an integer from 1 to {max} (flock.max-ttl-ms)")
-            }
-            ArgError::Timeout => {
-                "ERR invalid timeout: must be an integer of milliseconds, 0 or more".to_string()
-            }
-            ArgError::Token => "ERR invalid token: must be a positive integer".to_string(),
-            ArgError::Limit { max } => {
-                format!("ERR invalid limit: must be an integer from 1 to {max} (flock.max-holders)")
-            }
-            ArgError::BoundNeedsClient => "ERR BOUND needs a client connection".to_string(),
+    /// The error reply, from the one table ([`crate::errors`]).
+    pub fn reply(&self) -> ErrorReply<'static> {
+        match *self {
+            ArgError::Arity => ErrorReply::Fixed(Fixed::Arity),
+            ArgError::Syntax => ErrorReply::Fixed(Fixed::Syntax),
+            ArgError::Owner => ErrorReply::Fixed(Fixed::Owner),
+            ArgError::Ttl { max } => ErrorReply::Formatted(Formatted::Ttl { max }),
+            ArgError::Timeout => ErrorReply::Fixed(Fixed::Timeout),
+            ArgError::Token => ErrorReply::Fixed(Fixed::Token),
+            ArgError::Limit { max } => ErrorReply::Formatted(Formatted::Limit { max }),
+            ArgError::BoundNeedsClient => ErrorReply::Fixed(Fixed::BoundNeedsClient),
         }
+    }
+
+    /// The fixed text of this error, if it has one: the glue replies with it without
+    /// allocating (`ffi::reply_error_static`), and with [`ArgError::message`] otherwise.
+    /// `Arity` has one too, but the glue sends Redis's own arity error for it.
+    pub fn static_text(&self) -> Option<&'static CStr> {
+        self.reply().static_text()
+    }
+
+    /// The error text.
+    pub fn message(&self) -> String {
+        self.reply().message()
     }
 }
 

@@ -14,10 +14,12 @@
 
 use crate::args::AcquireArgs;
 use crate::clock::{Deadline, Now};
+use crate::errors::{ErrorReply, Fixed, Formatted};
 use crate::queue::Waiter;
 use crate::snapshot::{LockImage, Snapshot};
 use crate::state::{Acquired, Binding, Grant, LockState, Mode};
 use crate::tokens::TokenIssuer;
+use std::ffi::CStr;
 
 /// What an operation needs besides the key's state.
 pub struct Env<'t> {
@@ -55,12 +57,19 @@ pub enum Event {
 impl Event {
     /// The keyspace notification's event name.
     pub fn name(self) -> &'static str {
+        // Every name is ASCII.
+        self.c_name().to_str().unwrap_or("flock")
+    }
+
+    /// The same name as a C string, for `RedisModule_NotifyKeyspaceEvent`. Replaces
+    /// `src/effects.rs` `event_name`.
+    pub fn c_name(self) -> &'static CStr {
         match self {
-            Event::Acquired { .. } => "flock.acquired",
-            Event::Released { .. } => "flock.released",
-            Event::Expired => "flock.expired",
-            Event::Revoked => "flock.revoked",
-            Event::Closed => "flock.closed",
+            Event::Acquired { .. } => c"flock.acquired",
+            Event::Released { .. } => c"flock.released",
+            Event::Expired => c"flock.expired",
+            Event::Revoked => c"flock.revoked",
+            Event::Closed => c"flock.closed",
         }
     }
 }
@@ -152,28 +161,31 @@ pub enum ReplyError {
 }
 
 impl ReplyError {
-    /// The error text; `key` is the lock key's name (some texts name it).
-    pub fn message(self, key: &[u8]) -> String {
-        let key = String::from_utf8_lossy(key);
+    /// The error reply, from the one table ([`crate::errors`]); `key` is the lock key's name
+    /// (some texts name it).
+    pub fn reply(self, key: &[u8]) -> ErrorReply<'_> {
         match self {
-            ReplyError::TokensExhausted => "ERR token space exhausted".into(),
-            ReplyError::TooManyWaiters => {
-                "ERR too many clients wait for this key (flock.max-waiters)".into()
-            }
-            ReplyError::CouldNotBlock => "ERR could not block the client".into(),
+            ReplyError::TokensExhausted => ErrorReply::Fixed(Fixed::TokensExhausted),
+            ReplyError::TooManyWaiters => ErrorReply::Fixed(Fixed::TooManyWaiters),
+            ReplyError::CouldNotBlock => ErrorReply::Fixed(Fixed::CouldNotBlock),
             ReplyError::OwnerHolds(mode) => {
-                format!(
-                    "ERR owner already holds {} grant of {key}",
-                    mode.grant_noun()
-                )
+                ErrorReply::Formatted(Formatted::OwnerHolds { mode, key })
             }
-            ReplyError::LimitMismatch(Mode::Permits(n)) => {
-                format!("ERR limit mismatch: {key} admits {n} shared holders")
-            }
-            ReplyError::LimitMismatch(_) => {
-                format!("ERR limit mismatch: {key} admits any number of shared holders")
+            ReplyError::LimitMismatch(mode) => {
+                ErrorReply::Formatted(Formatted::LimitMismatch { mode, key })
             }
         }
+    }
+
+    /// The fixed text of this error, `None` for the texts that name the key (then
+    /// [`ReplyError::message`]). Replaces `src/effects.rs` `static_error_text`.
+    pub fn static_text(self) -> Option<&'static CStr> {
+        self.reply(b"").static_text()
+    }
+
+    /// The error text; `key` is the lock key's name (some texts name it).
+    pub fn message(self, key: &[u8]) -> String {
+        self.reply(key).message()
     }
 }
 
@@ -677,15 +689,13 @@ pub fn plan_revisit(
 ) -> RevisitPlan {
     match found {
         _ if !master => RevisitPlan::Skip,
-        Found::OtherType => {
-            RevisitPlan::FailWaiters("ERR the lock key now holds a value of another type")
-        }
+        Found::OtherType => RevisitPlan::FailWaiters(Fixed::WaitedKeyOtherType.as_str()),
         Found::Nothing if ghost.is_some() || waiting == 0 => RevisitPlan::Skip,
         // The key migrated away (or is migrating): granting it here would make a second copy
         // of the lock. Cluster clients retry TRYAGAIN and follow the redirect.
-        Found::Nothing if !serves_stably() => RevisitPlan::FailWaiters(
-            "TRYAGAIN the lock key moved to another node while you waited; retry",
-        ),
+        Found::Nothing if !serves_stably() => {
+            RevisitPlan::FailWaiters(Fixed::WaitedKeyMoved.as_str())
+        }
         _ => RevisitPlan::Revisit,
     }
 }

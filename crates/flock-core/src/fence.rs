@@ -1,9 +1,7 @@
-//! FLOCK.FENCED's rules (G5): whether a token lets the inner command run, and how; and what
-//! the caller is told when the inner command cannot run.
+//! FLOCK.FENCED's rules (G5): whether a token lets the inner command run, and how.
 //!
 //! The glue asks Redis to run the inner command (`RedisModule_Call`) with the access decided
-//! here; the texts it replies with come from here too, so the contract is checked without a
-//! server.
+//! here; the texts it replies with are in [`crate::errors`].
 
 use crate::clock::Now;
 use crate::state::{LockState, Mode};
@@ -33,20 +31,6 @@ pub fn access(state: Option<&LockState>, token: u64, now: Now) -> Access {
     match state.mode {
         Mode::Shared => Access::ReadOnly,
         Mode::Exclusive | Mode::Permits(_) => Access::ReadWrite,
-    }
-}
-
-/// Why Redis could not run the inner command at all, from the `errno` that
-/// `RedisModule_Call` sets (Linux values), as the caller's error reply.
-pub fn call_failure_text(errno: i32) -> &'static str {
-    match errno {
-        2 => "ERR unknown command inside FLOCK.FENCED", // ENOENT
-        22 => "ERR wrong number of arguments for the command inside FLOCK.FENCED", // EINVAL
-        13 => "NOPERM this user has no permissions to run the command or touch its keys", // EACCES
-        28 => "OOM command not allowed when used memory > 'maxmemory'", // ENOSPC
-        30 => "READONLY You can't write against a read only replica", // EROFS
-        29 => "CROSSSLOT Keys in request don't hash to the same slot", // ESPIPE
-        _ => "ERR the command inside FLOCK.FENCED could not run",
     }
 }
 
@@ -94,20 +78,6 @@ mod tests {
         let state = held(Mode::Exclusive, 7, 10);
         let later = Now::new(now().wall_us + 10_000, now().mono_us + 10_000);
         assert_eq!(access(Some(&state), 7, later), Access::Refused);
-    }
-
-    #[test]
-    fn call_failures_name_their_cause() {
-        assert!(call_failure_text(2).starts_with("ERR unknown command"));
-        assert!(call_failure_text(13).starts_with("NOPERM"));
-        assert!(call_failure_text(28).starts_with("OOM"));
-        assert!(call_failure_text(30).starts_with("READONLY"));
-        assert!(call_failure_text(29).starts_with("CROSSSLOT"));
-        assert!(call_failure_text(22).contains("wrong number of arguments"));
-        assert_eq!(
-            call_failure_text(0),
-            "ERR the command inside FLOCK.FENCED could not run"
-        );
     }
 
     #[test]

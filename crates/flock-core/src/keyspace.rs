@@ -6,6 +6,7 @@
 //! decided here, in order; it decides none of them itself.
 
 use crate::clock::Deadline;
+use crate::errors::Fixed;
 use crate::state::LockState;
 
 /// How a lock value arrived under a key name.
@@ -123,7 +124,7 @@ pub enum Step {
     /// their values are still live.
     ForgetTimers(Option<i32>),
     /// Unblock every waiter with this error: no grant can come from this server.
-    FailAllWaiters(&'static str),
+    FailAllWaiters(Fixed),
     /// Look again at every key clients wait for.
     RevisitWaited,
     /// The bindings index follows SWAPDB.
@@ -132,9 +133,6 @@ pub enum Step {
     /// disconnection (its waits ended already).
     CloseBoundGrants(u64),
 }
-
-/// The error a waiter gets when its server becomes a replica.
-pub const NOW_A_REPLICA: &str = "UNBLOCKED this server is now a replica";
 
 /// The steps of a [`ServerChange`], in order.
 pub fn consequences(change: ServerChange) -> Vec<Step> {
@@ -146,7 +144,7 @@ pub fn consequences(change: ServerChange) -> Vec<Step> {
         // event first.
         ServerChange::RoleChanged { master: false } => vec![
             Step::SetMaster(false),
-            Step::FailAllWaiters(NOW_A_REPLICA),
+            Step::FailAllWaiters(Fixed::UnblockedNowReplica),
             Step::ForgetTimers(None),
         ],
         ServerChange::LoadingEnded => vec![Step::RefreshRole, Step::ArmAll, Step::RevisitWaited],
@@ -259,7 +257,7 @@ mod tests {
         promotion_arms_every_lock: ServerChange::RoleChanged { master: true }
             => [Step::SetMaster(true), Step::ArmAll];
         demotion_fails_waiters_and_forgets_timers: ServerChange::RoleChanged { master: false }
-            => [Step::SetMaster(false), Step::FailAllWaiters(NOW_A_REPLICA), Step::ForgetTimers(None)];
+            => [Step::SetMaster(false), Step::FailAllWaiters(Fixed::UnblockedNowReplica), Step::ForgetTimers(None)];
         loading_ended_arms_and_revisits: ServerChange::LoadingEnded
             => [Step::RefreshRole, Step::ArmAll, Step::RevisitWaited];
         flushdb_forgets_its_timers: ServerChange::FlushStarting { db: Some(3) }

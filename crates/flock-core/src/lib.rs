@@ -23,22 +23,37 @@
 //! - [`fence`]: FLOCK.FENCED's rules: what a token lets the inner command do.
 //! - [`keyspace`]: what becomes of locks when Redis moves keys or the server changes role,
 //!   loads, flushes or swaps databases.
+//! - [`apply`]: the `FLOCK.APPLY` effect command's encoder (its decoder is
+//!   [`args::parse_apply`]).
+//! - [`rdb`]: the RDB layout of a lock value (encoding versions 1 and 2), its digest, and the
+//!   token high-water mark saved as aux data.
+//! - [`errors`]: every error reply the module sends, in one table.
+//!
+//! No `unsafe` here: the module's glue (`src/`) holds every FFI call.
 
+#![forbid(unsafe_code)]
+
+pub mod apply;
 pub mod args;
 pub mod clock;
 pub mod commands;
 pub mod deadlines;
 pub mod engine;
+pub mod errors;
 pub mod fence;
 pub mod grants;
 pub mod keyspace;
 pub mod lock_stats;
 pub mod queue;
+pub mod rdb;
 pub mod settings;
 pub mod slots;
 pub mod snapshot;
 pub mod state;
 pub mod tokens;
+
+#[cfg(test)]
+mod test_states;
 
 pub use clock::{Deadline, Now};
 pub use queue::{WaitQueue, Waiter};

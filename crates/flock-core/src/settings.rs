@@ -146,9 +146,12 @@ mod tests {
         parse_load_args(&v).map(|pairs| pairs.into_iter().map(|(s, v)| (s.name, v)).collect())
     }
 
+    /// Load arguments and the (setting, value) pairs they set.
+    type LoadCase<'a> = (&'a [&'a str], &'a [(&'a str, i64)]);
+
     #[test]
     fn good_load_arguments() {
-        let table: &[(&[&str], &[(&str, i64)])] = &[
+        let table: &[LoadCase<'_>] = &[
             (&[], &[]),
             (&["max-ttl-ms", "60000"], &[("max-ttl-ms", 60000)]),
             (&["flock.max-ttl-ms", "60000"], &[("max-ttl-ms", 60000)]),

@@ -122,12 +122,15 @@ enum Out {
     Ms(u64),
 }
 
+/// A case: its name and its steps of (time ms, operation, outcome).
+type Case = (&'static str, Vec<(u64, Op, Out)>);
+
 /// Runs each case from a fresh state and checks every outcome.
 #[test]
 fn state_machine_table() {
     use Op::*;
     use Out::*;
-    let cases: Vec<(&str, Vec<(u64, Op, Out)>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "free key grants, other owner busy",
             vec![(0, Acquire("a", 100), New(0)), (10, Acquire("b", 100), Nil)],

@@ -1,0 +1,433 @@
+//! The reference model, written from the contract (SPEC.md), not from the engine: each key's
+//! existence, kind, grants, delayed slots and waiters, and the tokens issued.
+
+use super::check::Issued;
+use flock_core::args::AcquireArgs;
+use flock_core::engine::{Info, Reply, ReplyError};
+use flock_core::state::Mode;
+use flock_core::{Now, MAX_TOKEN};
+use std::collections::VecDeque;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct MGrant {
+    pub(super) owner: Vec<u8>,
+    pub(super) token: u64,
+    /// Deadline on the monotonic clock (decides on a running server: G9) and as an absolute
+    /// wall-clock time (what travels).
+    pub(super) mono_us: u64,
+    pub(super) wall_ms: i64,
+}
+
+impl MGrant {
+    pub(super) fn live(&self, now: Now) -> bool {
+        now.mono_us < self.mono_us
+    }
+
+    pub(super) fn remaining_ms(&self, now: Now) -> u64 {
+        self.mono_us.saturating_sub(now.mono_us).div_ceil(1000)
+    }
+}
+
+/// `ms` after `now` on both clocks (a lease's or a revoke's lock-delay end).
+pub(super) fn after(now: Now, ms: u64) -> (u64, i64) {
+    (now.mono_us + ms * 1000, now.wall_ms + ms as i64)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct MWaiter {
+    pub(super) id: u64,
+    pub(super) owner: Vec<u8>,
+    pub(super) ttl_ms: u64,
+    pub(super) mode: Mode,
+}
+
+/// One key of the model: whether it exists in the keyspace, and its lock.
+#[derive(Clone, Debug, Default)]
+pub(super) struct MKey {
+    pub(super) exists: bool,
+    /// The kind of the grants and delayed slots (all alike); meaningless when it has neither.
+    pub(super) mode: Mode,
+    /// In token order (a new grant has the largest token), run-out ones until a write clears
+    /// them.
+    pub(super) grants: Vec<MGrant>,
+    /// Ends of the delayed slots: (monotonic us, wall ms).
+    pub(super) delays: Vec<(u64, i64)>,
+    pub(super) last_token: u64,
+    /// Waiting requests, first come first served; vanished ones stay until they are reached.
+    pub(super) queue: VecDeque<MWaiter>,
+}
+
+impl MKey {
+    pub(super) fn live(&self, now: Now) -> impl Iterator<Item = &MGrant> + '_ {
+        self.grants.iter().filter(move |g| g.live(now))
+    }
+
+    pub(super) fn live_count(&self, now: Now) -> usize {
+        self.live(now).count()
+    }
+
+    pub(super) fn active_delays(&self, now: Now) -> usize {
+        self.delays.iter().filter(|(m, _)| now.mono_us < *m).count()
+    }
+
+    /// A live grant or a running delayed slot gives the key its mode.
+    pub(super) fn taken(&self, now: Now) -> bool {
+        self.live_count(now) > 0 || self.active_delays(now) > 0
+    }
+
+    /// The shared mode of the requests waiting, if any; the contract has them all alike.
+    pub(super) fn waiting_shared(&self) -> Option<Mode> {
+        let mut modes = self
+            .queue
+            .iter()
+            .map(|w| w.mode)
+            .filter(|m| *m != Mode::Exclusive);
+        let first = modes.next()?;
+        assert!(
+            modes.all(|m| m == first),
+            "waiting shared requests of two limits: {:?}",
+            self.queue
+        );
+        Some(first)
+    }
+
+    /// "A key's limit is that of its live shared grants and of the shared requests waiting
+    /// on it" (delayed slots keep the key's limit).
+    pub(super) fn key_limit(&self, now: Now) -> Option<Mode> {
+        if self.taken(now) && self.mode != Mode::Exclusive {
+            return Some(self.mode);
+        }
+        self.waiting_shared()
+    }
+
+    /// Whether a request of `mode` could be granted now, waiters aside: an exclusive one when
+    /// no grant is live and no slot delayed; a shared one or a permit when no exclusive grant
+    /// is live (or delayed: "an exclusive key is then granted in no mode") and the limit is
+    /// not reached (a delayed permit counts, a delayed shared slot holds off only exclusive
+    /// requests; unlimited shared keys stop at max-holders).
+    pub(super) fn fits(&self, mode: Mode, now: Now, max_holders: u32) -> bool {
+        if !self.taken(now) {
+            return true;
+        }
+        if mode == Mode::Exclusive || self.mode != mode {
+            return false;
+        }
+        match mode {
+            Mode::Shared => self.live_count(now) < max_holders as usize,
+            Mode::Permits(n) => self.live_count(now) + self.active_delays(now) < n as usize,
+            Mode::Exclusive => false,
+        }
+    }
+
+    pub(super) fn forget_lock(&mut self) {
+        self.exists = false;
+        self.mode = Mode::Exclusive;
+        self.grants.clear();
+        self.delays.clear();
+        self.last_token = 0;
+    }
+}
+
+/// The settings of the moment.
+#[derive(Clone, Copy)]
+pub(super) struct Settings {
+    pub(super) lock_delay_ms: u64,
+    pub(super) max_holders: u32,
+    pub(super) max_waiters: usize,
+}
+
+pub(super) struct Model {
+    pub(super) keys: Vec<MKey>,
+    pub(super) high_water: u64,
+    /// Waiters whose client went away without their queue hearing of it.
+    pub(super) vanished: Vec<u64>,
+    /// Every token granted, in order (G3).
+    pub(super) issued: Issued,
+    /// The (waiter id, token) hand-offs of the current step.
+    pub(super) handed: Vec<(u64, u64)>,
+    /// Recent hand-offs as (key, token): grants whose reply may yet fail to reach the client.
+    pub(super) recent_handoffs: VecDeque<(usize, u64)>,
+    pub(super) step: usize,
+    /// The largest max-holders of the run: a shared key keeps what it was granted under it.
+    pub(super) max_holders_seen: u32,
+}
+
+impl Model {
+    pub(super) fn issue(&mut self, now: Now) -> Option<u64> {
+        let t = (self.high_water + 1).max(now.wall_us);
+        if t > MAX_TOKEN {
+            return None;
+        }
+        self.high_water = t;
+        Some(t)
+    }
+
+    pub(super) fn grant(
+        &mut self,
+        k: usize,
+        mode: Mode,
+        owner: &[u8],
+        ttl_ms: u64,
+        token: u64,
+        now: Now,
+    ) {
+        let key = &mut self.keys[k];
+        let (mono_us, wall_ms) = after(now, ttl_ms);
+        key.mode = mode;
+        key.grants.push(MGrant {
+            owner: owner.to_vec(),
+            token,
+            mono_us,
+            wall_ms,
+        });
+        key.last_token = token;
+    }
+
+    /// Bring key `k` up to date: every run-out lease ends, leaving a delayed slot of the
+    /// lock-delay counted from its deadline; finished slots end; then waiters are granted
+    /// from the head while the head fits (a vanished one costs a token and is skipped).
+    /// Hand-offs go to `handed`.
+    pub(super) fn settle_state(&mut self, k: usize, now: Now, set: Settings) {
+        let d = set.lock_delay_ms;
+        let key = &mut self.keys[k];
+        let (kept, ended): (Vec<MGrant>, Vec<MGrant>) = std::mem::take(&mut key.grants)
+            .into_iter()
+            .partition(|g| g.live(now));
+        key.grants = kept;
+        if d > 0 {
+            key.delays.extend(
+                ended
+                    .iter()
+                    .map(|g| (g.mono_us + d * 1000, g.wall_ms + d as i64)),
+            );
+        }
+        key.delays.retain(|(m, _)| now.mono_us < *m);
+        loop {
+            let key = &self.keys[k];
+            let Some(head) = key.queue.front() else {
+                return;
+            };
+            if !key.fits(head.mode, now, set.max_holders) {
+                return;
+            }
+            let Some(token) = self.issue(now) else {
+                return;
+            };
+            let w = self.keys[k].queue.pop_front().expect("head");
+            self.grant(k, w.mode, &w.owner, w.ttl_ms, token, now);
+            if self.vanished.contains(&w.id) {
+                self.keys[k].grants.pop();
+                continue;
+            }
+            self.issued.note(token, now, self.step);
+            self.handed.push((w.id, token));
+            self.recent_handoffs.push_back((k, token));
+            if self.recent_handoffs.len() > 8 {
+                self.recent_handoffs.pop_front();
+            }
+        }
+    }
+
+    /// The key leaves the keyspace when nothing is left of it. True when it did.
+    pub(super) fn publish(&mut self, k: usize, now: Now) -> bool {
+        let key = &mut self.keys[k];
+        if key.grants.is_empty() && key.active_delays(now) == 0 && key.queue.is_empty() {
+            key.forget_lock();
+            return true;
+        }
+        false
+    }
+
+    /// What a write command on an existing key does first. True when the key went away.
+    pub(super) fn settle(&mut self, k: usize, now: Now, set: Settings) -> bool {
+        self.settle_state(k, now, set);
+        self.publish(k, now)
+    }
+
+    /// FLOCK.ACQUIRE (parsed), from the contract: the owner's own grant (mode, then limit),
+    /// then the key's limit, then room (nobody jumps the queue). `blocked`: the id of the
+    /// request when the engine queued it.
+    pub(super) fn acquire(
+        &mut self,
+        k: usize,
+        a: &AcquireArgs<'_>,
+        now: Now,
+        set: Settings,
+        blocked: Option<u64>,
+    ) -> Reply<'static> {
+        self.keys[k].exists = true;
+        self.settle_state(k, now, set);
+        let key = &mut self.keys[k];
+        let mode = key.mode;
+        if let Some(g) = key
+            .grants
+            .iter_mut()
+            .find(|g| g.live(now) && g.owner == a.owner)
+        {
+            if mode != a.mode {
+                return Reply::Error(ReplyError::OwnerHolds(mode));
+            }
+            (g.mono_us, g.wall_ms) = after(now, a.ttl_ms);
+            return Reply::Int(g.token as i64);
+        }
+        if a.mode != Mode::Exclusive {
+            if let Some(limit) = key.key_limit(now) {
+                if limit != a.mode {
+                    return Reply::Error(ReplyError::LimitMismatch(limit));
+                }
+            }
+        }
+        if key.queue.is_empty() && key.fits(a.mode, now, set.max_holders) {
+            let Some(token) = self.issue(now) else {
+                return Reply::Error(ReplyError::TokensExhausted);
+            };
+            self.grant(k, a.mode, a.owner, a.ttl_ms, token, now);
+            self.issued.note(token, now, self.step);
+            return Reply::Int(token as i64);
+        }
+        if a.block.is_none() {
+            return Reply::Null;
+        }
+        // An owner waits at most once: a BLOCK request of an owner that waits takes its
+        // earlier one's place in the queue (the earlier one gets nil).
+        let replaces = key.queue.iter().position(|w| w.owner == a.owner);
+        if key.queue.len() >= set.max_waiters && replaces.is_none() {
+            return Reply::Error(ReplyError::TooManyWaiters);
+        }
+        let waiter = MWaiter {
+            id: blocked.expect("the engine queued the request"),
+            owner: a.owner.to_vec(),
+            ttl_ms: a.ttl_ms,
+            mode: a.mode,
+        };
+        match replaces.and_then(|i| key.queue.get_mut(i)) {
+            Some(slot) => *slot = waiter,
+            None => key.queue.push_back(waiter),
+        }
+        // The request that left may have been the head that held everyone behind it.
+        self.settle_state(k, now, set);
+        Reply::Blocked
+    }
+
+    /// The live grant of `owner` (with `token`, when given).
+    pub(super) fn find(
+        &self,
+        k: usize,
+        owner: &[u8],
+        token: Option<u64>,
+        now: Now,
+    ) -> Option<usize> {
+        self.keys[k]
+            .grants
+            .iter()
+            .position(|g| g.live(now) && g.owner == owner && token.is_none_or(|t| t == g.token))
+    }
+
+    pub(super) fn release(
+        &mut self,
+        k: usize,
+        owner: &[u8],
+        token: Option<u64>,
+        now: Now,
+        set: Settings,
+    ) -> Reply<'static> {
+        if self.settle(k, now, set) {
+            return Reply::Int(0);
+        }
+        let Some(i) = self.find(k, owner, token, now) else {
+            return Reply::Int(0);
+        };
+        // A released slot frees at once: no lock-delay.
+        self.keys[k].grants.remove(i);
+        self.settle(k, now, set);
+        Reply::Int(1)
+    }
+
+    pub(super) fn renew(
+        &mut self,
+        k: usize,
+        owner: &[u8],
+        ttl_ms: u64,
+        token: Option<u64>,
+        now: Now,
+        set: Settings,
+    ) -> Reply<'static> {
+        if self.settle(k, now, set) {
+            return Reply::Null;
+        }
+        let Some(i) = self.find(k, owner, token, now) else {
+            return Reply::Null;
+        };
+        let g = &mut self.keys[k].grants[i];
+        (g.mono_us, g.wall_ms) = after(now, ttl_ms);
+        Reply::Int(g.token as i64)
+    }
+
+    pub(super) fn revoke(
+        &mut self,
+        k: usize,
+        owner: Option<&[u8]>,
+        now: Now,
+        set: Settings,
+    ) -> Reply<'static> {
+        if self.settle(k, now, set) {
+            return Reply::Int(0);
+        }
+        let key = &mut self.keys[k];
+        let hit = |g: &MGrant| g.live(now) && owner.is_none_or(|o| g.owner == o);
+        let n = key.grants.iter().filter(|g| hit(g)).count();
+        if n == 0 {
+            return Reply::Int(0);
+        }
+        key.grants.retain(|g| !hit(g));
+        // Each revoked grant's slot stays taken for the lock-delay, from now.
+        if set.lock_delay_ms > 0 {
+            key.delays
+                .extend((0..n).map(|_| after(now, set.lock_delay_ms)));
+        }
+        self.settle(k, now, set);
+        Reply::Int(n as i64)
+    }
+
+    /// FLOCK.INFO from the contract.
+    pub(super) fn info(&self, k: usize, now: Now) -> Reply<'_> {
+        let key = &self.keys[k];
+        let holders = key.live_count(now);
+        let delayed = key.active_delays(now);
+        if !key.exists || (holders == 0 && delayed == 0 && key.queue.is_empty()) {
+            return Reply::Null;
+        }
+        Reply::Info(Info {
+            owner: (key.mode == Mode::Exclusive)
+                .then(|| key.live(now).next().map(|g| &g.owner[..]))
+                .flatten(),
+            token: key
+                .live(now)
+                .map(|g| g.token)
+                .max()
+                .unwrap_or(key.last_token),
+            ttl_ms: key
+                .live(now)
+                .map(|g| g.remaining_ms(now))
+                .max()
+                .unwrap_or(0),
+            waiters: key.queue.len(),
+            mode: (holders > 0).then_some(key.mode),
+            holders,
+            limit: key.key_limit(now).map_or(0, Mode::limit),
+            delayed,
+        })
+    }
+}
+
+impl Model {
+    /// Whether `owner` waits for key `k` only through a vanished request (its client went
+    /// away; the server has not noticed yet).
+    pub(super) fn vanished_owner_waits(&self, k: usize, owner: &[u8]) -> bool {
+        self.keys[k]
+            .queue
+            .iter()
+            .filter(|w| w.owner == owner)
+            .all(|w| self.vanished.contains(&w.id))
+    }
+}
