@@ -1,16 +1,17 @@
 //! The lock engine: every operation on one lock key, in the order the contract needs.
 //!
-//! Each operation takes the key's [`LockState`], an [`Env`] (the clock reading, the settings,
-//! the role, the token issuer) and a [`Host`], and returns the [`Reply`]. What must happen
-//! around the state (keyspace notifications, replication, deleting the key, arming its timer,
-//! handing the key to a waiter) goes to the host as an [`Effect`] the moment the engine
-//! decides it, in the order it must be carried out. The Redis module is the host: it executes
-//! effects and answers the few questions only the server can (how many clients wait, was a
-//! waiter still there to take its grant, could the caller be blocked); it decides nothing.
-//! The fuzzer and the table tests below are hosts too, so they check this very code.
+//! Each operation takes the key as the store holds it ([`Stored`]: no lock, its one grant
+//! read in place, or its whole state), a [`Context`] (the role, the clocks, the settings, the
+//! token issuer) and the key's [`Waiters`], and returns an [`Outcome`]: the reply, the
+//! [`Effects`] to carry out in order (keyspace notifications, counters, replication, deleting
+//! the key, arming its timer, bindings) and what becomes of the stored lock ([`KeyFate`]).
+//! The Redis module's one executor carries the outcome out; it decides nothing. The fuzzer
+//! and the table tests run the same operations and check their outcomes.
 //!
-//! The host is a callback sink rather than a returned list so that the hot path (an
-//! uncontended ACQUIRE) allocates nothing: three effects go straight to the module's executor.
+//! The two operations most locks see are answered without building a [`LockState`] when the
+//! key is that simple (`lone.rs`: ACQUIRE of a free key, RELEASE of a one-grant key); every
+//! other case goes the general way. Effects are values in a buffer with room for eight
+//! inline, so the hot path allocates nothing.
 
 use crate::args::AcquireArgs;
 use crate::clock::{Deadline, Now};
@@ -83,13 +84,17 @@ pub enum Count {
     Contended,
 }
 
-/// What the host must carry out, in the order given.
+/// What the executor must carry out, in the order given (see [`Effects`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Effect<'a> {
+pub enum Effect {
     Notify(Event),
     Count(Count),
-    /// Send the key's new state to replicas and the AOF (`FLOCK.APPLY`).
-    Replicate(Snapshot<'a>),
+    /// Send the key's state, as the operation left it, to replicas and the AOF
+    /// (`FLOCK.APPLY`; [`Snapshot::of`] that state is `Some`).
+    Replicate,
+    /// Send the key's state as it was at this point of the operation: the `n`-th state kept
+    /// in the [`Effects`] ([`Effects::state_so_far`]).
+    ReplicateSoFar(u8),
     /// Send the key's deletion to replicas and the AOF (`DEL`).
     ReplicateDelete,
     /// Pass the command being run on to replicas and the AOF as it is (a replica applying
@@ -123,9 +128,11 @@ pub enum BlockRefused {
     Failed,
 }
 
-/// The server side of an operation: effects in, facts out.
-pub trait Host {
-    fn effect(&mut self, effect: Effect<'_>);
+/// The wait queue of the key an operation runs on, as the server keeps it: what the engine
+/// asks of it and does to it while it decides (who waits, who is next, hand the key to a
+/// waiter, make the caller wait). Everything else an operation causes is an [`Effect`] in
+/// its [`Outcome`].
+pub trait Waiters {
     /// How many requests wait for this key.
     fn waiting(&mut self) -> usize;
     /// The mode of the shared requests waiting for this key, if any wait (they all have the
@@ -146,6 +153,39 @@ pub trait Host {
         timeout_ms: u64,
         bind_to: Option<u64>,
     ) -> Result<(), BlockRefused>;
+}
+
+/// What an operation asks of the server it runs on: the role, the clocks and the token
+/// issuer. [`Context::env`] is asked only when the operation needs it: RELEASE of a lone
+/// grant needs only the role and the monotonic clock, which saves the server a wall-clock
+/// read and the token issuer's lock on the hottest path there is. An [`Env`] is a context
+/// too (tests, the fuzzer).
+pub trait Context {
+    /// Whether this server is a master (only a master ends leases, hands keys off, deletes
+    /// keys and arms timers on its own; a replica follows its master's effects, G7).
+    fn master(&self) -> bool;
+    /// The monotonic clock now, in microseconds (as [`Now::mono_us`]).
+    fn mono_us(&mut self) -> u64;
+    /// Everything else: both clocks, the settings, the token issuer.
+    fn env(&mut self) -> Env<'_>;
+}
+
+impl Context for Env<'_> {
+    fn master(&self) -> bool {
+        self.master
+    }
+    fn mono_us(&mut self) -> u64 {
+        self.now.mono_us
+    }
+    fn env(&mut self) -> Env<'_> {
+        Env {
+            now: self.now,
+            lock_delay_ms: self.lock_delay_ms,
+            max_holders: self.max_holders,
+            master: self.master,
+            tokens: self.tokens,
+        }
+    }
 }
 
 /// An error reply decided by the engine.
@@ -237,9 +277,9 @@ fn held_ms(grant: &Grant, now: Now) -> u64 {
 }
 
 /// A grant ended: its connection, if it was bound to one, no longer holds it.
-fn unbind(host: &mut impl Host, grant: &Grant) {
+fn unbind(fx: &mut Effects, grant: &Grant) {
     if let Some(client) = grant.bound_client() {
-        host.effect(Effect::Unbind {
+        fx.push(Effect::Unbind {
             client,
             token: grant.token,
         });
@@ -253,7 +293,12 @@ fn unbind(host: &mut impl Host, grant: &Grant) {
 /// goes together; a head that does not fit holds everyone behind it). Publishes nothing.
 /// Returns whether the state changed (and so must be replicated).
 #[inline]
-fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
+fn settle_state(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+) -> bool {
     let now = env.now;
     let mut changed = false;
     if !state.grants().is_empty()
@@ -263,8 +308,8 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
             } else {
                 Event::Expired
             };
-            host.effect(Effect::Notify(event));
-            unbind(host, g);
+            fx.push(Effect::Notify(event));
+            unbind(fx, g);
         }) > 0
     {
         changed = true;
@@ -273,7 +318,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
         changed |= state.end_delays(now);
     }
     let max_holders = env.max_holders;
-    if !state.could_admit(now, max_holders) || host.waiting() == 0 {
+    if !state.could_admit(now, max_holders) || w.waiting() == 0 {
         return changed;
     }
     loop {
@@ -283,7 +328,7 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
             return changed;
         }
         let fits = &mut |w: &Waiter| state.fits(w.mode, now, max_holders);
-        let Some(waiter) = host.next_waiter_if(fits) else {
+        let Some(waiter) = w.next_waiter_if(fits) else {
             return changed;
         };
         let Some(token) = env.tokens.issue(now) else {
@@ -298,12 +343,12 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
             waiter.bind_to,
         );
         changed = true;
-        if host.deliver(&waiter, token) {
-            host.effect(Effect::Notify(Event::Acquired {
+        if w.deliver(&waiter, token) {
+            fx.push(Effect::Notify(Event::Acquired {
                 ttl_ms: waiter.ttl_ms,
             }));
             if let Some(client) = waiter.bind_to {
-                host.effect(Effect::Bind { client, token });
+                fx.push(Effect::Bind { client, token });
             }
         } else {
             // The waiter vanished between its queueing and now: the next one may have it.
@@ -316,21 +361,45 @@ fn settle_state(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
 /// grant, no delayed slot, no waiter), else arm it for its next deadline. Returns true when
 /// the key is to be deleted.
 #[inline]
-fn publish(state: &LockState, env: &Env<'_>, host: &mut impl Host, changed: bool) -> bool {
-    if state.is_vacant(env.now) && host.waiting() == 0 {
+fn publish(
+    state: &LockState,
+    env: &Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    changed: bool,
+) -> bool {
+    publish_as(state, env, w, fx, changed, false)
+}
+
+/// [`publish`]; `so_far`: the operation goes on changing the state after this (the first
+/// step of RELEASE, RENEW and REVOKE), so the state is replicated as it is now
+/// ([`Effect::ReplicateSoFar`]): the tokens it carries must reach the replicas even when a
+/// later step ends their grants in the same operation (G3 after a failover).
+#[inline]
+fn publish_as(
+    state: &LockState,
+    env: &Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    changed: bool,
+    so_far: bool,
+) -> bool {
+    if state.is_vacant(env.now) && w.waiting() == 0 {
         if changed {
-            host.effect(Effect::ReplicateDelete);
+            fx.push(Effect::ReplicateDelete);
         }
-        host.effect(Effect::DeleteKey);
+        fx.push(Effect::DeleteKey);
         return true;
     }
-    if changed {
-        if let Some(s) = Snapshot::of(state) {
-            host.effect(Effect::Replicate(s));
+    if changed && Snapshot::of(state).is_some() {
+        if so_far {
+            fx.push_state_so_far(state);
+        } else {
+            fx.push(Effect::Replicate);
         }
     }
     if env.master {
-        host.effect(Effect::Arm(state.next_deadline()));
+        fx.push(Effect::Arm(state.next_deadline()));
     }
     false
 }
@@ -338,12 +407,18 @@ fn publish(state: &LockState, env: &Env<'_>, host: &mut impl Host, changed: bool
 /// [`settle_state`] then [`publish`], on a master. `changed`: the caller already changed the
 /// state. Returns true when the key is to be deleted.
 #[inline]
-fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, changed: bool) -> bool {
+fn settle(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    changed: bool,
+) -> bool {
     if !env.master {
         return false;
     }
-    let changed = settle_state(state, env, host) || changed;
-    publish(state, env, host, changed)
+    let changed = settle_state(state, env, w, fx) || changed;
+    publish(state, env, w, fx, changed)
 }
 
 /// The first step of an operation on a held key (RELEASE, RENEW, REVOKE): [`settle`], except
@@ -352,15 +427,20 @@ fn settle(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, change
 /// arms the key again through [`expire`], so only the deletion of a key nothing is left of
 /// needs checking here. Returns true when the key is to be deleted.
 #[inline]
-fn settle_first(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) -> bool {
+fn settle_first(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+) -> bool {
     if !env.master {
         return false;
     }
-    if settle_state(state, env, host) {
-        return publish(state, env, host, true);
+    if settle_state(state, env, w, fx) {
+        return publish_as(state, env, w, fx, true, true);
     }
-    if state.is_vacant(env.now) && host.waiting() == 0 {
-        host.effect(Effect::DeleteKey);
+    if state.is_vacant(env.now) && w.waiting() == 0 {
+        fx.push(Effect::DeleteKey);
         return true;
     }
     false
@@ -372,22 +452,23 @@ fn settle_first(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) 
 /// state (a fresh, empty one when the key did not exist). `can_block`: the caller's context
 /// allows blocking (not MULTI, not a script). `bind_to`: with BOUND, the caller's connection.
 #[inline]
-pub fn acquire(
+fn acquire_state(
     state: &mut LockState,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     args: &AcquireArgs<'_>,
     can_block: bool,
     bind_to: Option<u64>,
 ) -> Reply<'static> {
     // Settle first (expiry, hand-off to waiters), publish once with the outcome.
     let (settled, waiting) = if env.master {
-        let settled = settle_state(state, env, host);
+        let settled = settle_state(state, env, w, fx);
         // The queue matters to a request that could be granted now (a newcomer never
         // overtakes it) and to a shared one (its limit must be the waiters'); an exclusive
         // request on a key that admits nobody gets nil without asking.
         let ask = !args.mode.is_exclusive() || state.could_admit(env.now, env.max_holders);
-        (settled, if ask { host.waiting() } else { 0 })
+        (settled, if ask { w.waiting() } else { 0 })
     } else {
         (false, 0)
     };
@@ -404,7 +485,7 @@ pub fn acquire(
         waiting,
         || {
             if waiting > 0 {
-                host.waiting_mode()
+                w.waiting_mode()
             } else {
                 None
             }
@@ -415,40 +496,40 @@ pub fn acquire(
     );
     match outcome {
         Acquired::Granted(token) => {
-            publish(state, env, host, true);
-            host.effect(Effect::Notify(Event::Acquired {
+            publish(state, env, w, fx, true);
+            fx.push(Effect::Notify(Event::Acquired {
                 ttl_ms: args.ttl_ms,
             }));
             if let Some(client) = bind_to {
-                host.effect(Effect::Bind { client, token });
+                fx.push(Effect::Bind { client, token });
             }
             Reply::Int(token as i64)
         }
         Acquired::Refreshed(token) => {
-            publish(state, env, host, true);
+            publish(state, env, w, fx, true);
             if bound_before != bind_to {
                 if let Some(client) = bound_before {
-                    host.effect(Effect::Unbind { client, token });
+                    fx.push(Effect::Unbind { client, token });
                 }
                 if let Some(client) = bind_to {
-                    host.effect(Effect::Bind { client, token });
+                    fx.push(Effect::Bind { client, token });
                 }
             }
             Reply::Int(token as i64)
         }
         Acquired::Busy => {
-            host.effect(Effect::Count(Count::Contended));
+            fx.push(Effect::Count(Count::Contended));
             let blocked = match args.block {
-                Some(timeout_ms) if can_block => Some(host.block(args, timeout_ms, bind_to)),
+                Some(timeout_ms) if can_block => Some(w.block(args, timeout_ms, bind_to)),
                 _ => None,
             };
             // A retried wait takes the owner's earlier request out of the queue: when that
             // was the head that held the others behind it, the new head may fit now (G6).
             let settled = match blocked {
-                Some(Ok(())) if env.master => settle_state(state, env, host) || settled,
+                Some(Ok(())) if env.master => settle_state(state, env, w, fx) || settled,
                 _ => settled,
             };
-            publish(state, env, host, settled);
+            publish(state, env, w, fx, settled);
             match blocked {
                 None => Reply::Null,
                 Some(Ok(())) => Reply::Blocked,
@@ -457,15 +538,15 @@ pub fn acquire(
             }
         }
         Acquired::OwnerHolds(mode) => {
-            publish(state, env, host, settled);
+            publish(state, env, w, fx, settled);
             Reply::Error(ReplyError::OwnerHolds(mode))
         }
         Acquired::LimitMismatch(mode) => {
-            publish(state, env, host, settled);
+            publish(state, env, w, fx, settled);
             Reply::Error(ReplyError::LimitMismatch(mode))
         }
         Acquired::TokensExhausted => {
-            publish(state, env, host, settled);
+            publish(state, env, w, fx, settled);
             Reply::Error(ReplyError::TokensExhausted)
         }
     }
@@ -473,44 +554,46 @@ pub fn acquire(
 
 /// `FLOCK.RELEASE key owner [token]` on an existing lock key.
 #[inline]
-pub fn release(
+fn release_state(
     state: &mut LockState,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     owner: &[u8],
     token: Option<u64>,
 ) -> Reply<'static> {
-    if settle_first(state, env, host) {
+    if settle_first(state, env, w, fx) {
         return Reply::Int(0);
     }
     let Some(grant) = state.release(owner, token, env.now) else {
         return Reply::Int(0);
     };
-    host.effect(Effect::Notify(Event::Released {
+    fx.push(Effect::Notify(Event::Released {
         held_ms: held_ms(&grant, env.now),
     }));
-    unbind(host, &grant);
-    settle(state, env, host, true);
+    unbind(fx, &grant);
+    settle(state, env, w, fx, true);
     Reply::Int(1)
 }
 
 /// `FLOCK.RENEW key owner ttl [token]` on an existing lock key.
 #[inline]
-pub fn renew(
+fn renew_state(
     state: &mut LockState,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     owner: &[u8],
     ttl_ms: u64,
     token: Option<u64>,
 ) -> Reply<'static> {
-    if settle_first(state, env, host) {
+    if settle_first(state, env, w, fx) {
         return Reply::Null;
     }
     match state.renew(owner, ttl_ms, token, env.now) {
         Some(token) => {
-            host.effect(Effect::Count(Count::Renewed));
-            publish(state, env, host, true);
+            fx.push(Effect::Count(Count::Renewed));
+            publish(state, env, w, fx, true);
             Reply::Int(token as i64)
         }
         None => Reply::Null,
@@ -519,23 +602,24 @@ pub fn renew(
 
 /// `FLOCK.REVOKE key [owner]` on an existing lock key: the number of grants ended.
 #[inline]
-pub fn revoke(
+fn revoke_state(
     state: &mut LockState,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     owner: Option<&[u8]>,
 ) -> Reply<'static> {
-    if settle_first(state, env, host) {
+    if settle_first(state, env, w, fx) {
         return Reply::Int(0);
     }
     let n = state.revoke(owner, env.now, env.lock_delay_ms, |g| {
-        host.effect(Effect::Notify(Event::Revoked));
-        unbind(host, g);
+        fx.push(Effect::Notify(Event::Revoked));
+        unbind(fx, g);
     });
     if n == 0 {
         return Reply::Int(0);
     }
-    settle(state, env, host, true);
+    settle(state, env, w, fx, true);
     Reply::Int(n as i64)
 }
 
@@ -617,38 +701,50 @@ pub fn holders(state: Option<&LockState>, now: Now) -> Reply<'_> {
 
 /// The key's deadline came (its timer fired): end leases and delayed slots, hand the key on,
 /// delete it when nothing is left.
-pub fn expire(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host) {
-    settle(state, env, host, false);
+fn expire_state(state: &mut LockState, env: &mut Env<'_>, w: &mut impl Waiters, fx: &mut Effects) {
+    settle(state, env, w, fx, false);
 }
 
 /// A look at a waited key after something happened to it (deleted, flushed, renamed,
 /// overwritten, a waiter left), or after a waiter vanished before its grant's reply went out:
 /// `ghost` is that grant's token, which is released first if it is still a live grant.
-pub fn revisit(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, ghost: Option<u64>) {
+fn revisit_state(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    ghost: Option<u64>,
+) {
     if !env.master {
         return;
     }
     let mut changed = false;
     if let Some(token) = ghost {
         if let Some(grant) = state.take_token(token, env.now) {
-            host.effect(Effect::Notify(Event::Released {
+            fx.push(Effect::Notify(Event::Released {
                 held_ms: held_ms(&grant, env.now),
             }));
-            unbind(host, &grant);
+            unbind(fx, &grant);
             changed = true;
         }
     }
-    settle(state, env, host, changed);
+    settle(state, env, w, fx, changed);
 }
 
 /// Connection `client` closed (it left every wait queue already): its bound grants of this
 /// key end now, as on expiry (`flock.closed`, lock-delay, the next waiters are granted).
-pub fn close(state: &mut LockState, env: &mut Env<'_>, host: &mut impl Host, client: u64) {
+fn close_state(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    client: u64,
+) {
     if !env.master {
         return;
     }
     state.close(client);
-    settle(state, env, host, false);
+    settle(state, env, w, fx, false);
 }
 
 /// On a master, a key that arrived from outside (restart, RESTORE or MIGRATE, promotion,
@@ -709,19 +805,217 @@ pub fn load(image: LockImage, now: Now, tokens: &mut TokenIssuer) -> LockState {
 
 /// `FLOCK.APPLY`: a replica (or AOF loading) takes the master's state of the key as it is,
 /// and passes the effect on to its own AOF and sub-replicas.
-pub fn apply(
+fn apply_state(
     state: &mut LockState,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    fx: &mut Effects,
     image: LockImage,
 ) -> Reply<'static> {
     *state = load(image, env.now, env.tokens);
-    host.effect(Effect::ReplicateVerbatim);
+    fx.push(Effect::ReplicateVerbatim);
     Reply::Ok
 }
 
 mod lone;
-pub use lone::{acquire_free, release_lone, LoneGrant};
+pub use lone::LoneGrant;
 
 #[cfg(test)]
 mod tests;
+
+// ---- the operations, on the key as the store holds it ----
+
+mod outcome;
+pub use outcome::{Effects, KeyFate, Outcome, Stored};
+
+/// Run `op` on the whole state of the key: the full form's own (changed in place), or one
+/// made for the operation (decoded from the one grant, or empty for a free key), which
+/// becomes the key's state afterwards.
+#[inline]
+fn with_state<R>(stored: Stored<'_>, op: impl FnOnce(&mut LockState) -> R) -> (R, KeyFate) {
+    match stored {
+        Stored::Full(state) => (op(state), KeyFate::Keep),
+        Stored::Lone(lone) => {
+            let mut state = lone.state();
+            let r = op(&mut state);
+            (r, KeyFate::Store(state))
+        }
+        Stored::Free => {
+            let mut state = LockState::default();
+            let r = op(&mut state);
+            (r, KeyFate::Store(state))
+        }
+    }
+}
+
+/// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]`. `can_block`: the
+/// caller's context allows blocking (not MULTI, not a script). `bind_to`: with BOUND, the
+/// caller's connection.
+#[inline]
+pub fn acquire(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    args: &AcquireArgs<'_>,
+    can_block: bool,
+    bind_to: Option<u64>,
+) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    if matches!(stored, Stored::Free) {
+        if let Some((reply, grant, mode)) = lone::acquire_free(args, &mut env, w, &mut fx, bind_to)
+        {
+            return Outcome {
+                reply,
+                effects: fx,
+                fate: KeyFate::StoreLone { grant, mode },
+            };
+        }
+    }
+    let (reply, fate) = with_state(stored, |state| {
+        acquire_state(state, &mut env, w, &mut fx, args, can_block, bind_to)
+    });
+    Outcome {
+        reply,
+        effects: fx,
+        fate,
+    }
+}
+
+/// `FLOCK.RELEASE key owner [token]` on an existing lock key.
+#[inline]
+pub fn release(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    owner: &[u8],
+    token: Option<u64>,
+) -> Outcome {
+    let mut fx = Effects::default();
+    if let Stored::Lone(lone) = &stored {
+        let (mono_us, master) = (cx.mono_us(), cx.master());
+        if let Some(reply) = lone::release_lone(lone, mono_us, master, w, &mut fx, owner, token) {
+            return Outcome {
+                reply,
+                effects: fx,
+                fate: KeyFate::Keep,
+            };
+        }
+    }
+    let mut env = cx.env();
+    let (reply, fate) = with_state(stored, |state| {
+        release_state(state, &mut env, w, &mut fx, owner, token)
+    });
+    Outcome {
+        reply,
+        effects: fx,
+        fate,
+    }
+}
+
+/// `FLOCK.RENEW key owner ttl [token]` on an existing lock key.
+pub fn renew(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    owner: &[u8],
+    ttl_ms: u64,
+    token: Option<u64>,
+) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let (reply, fate) = with_state(stored, |state| {
+        renew_state(state, &mut env, w, &mut fx, owner, ttl_ms, token)
+    });
+    Outcome {
+        reply,
+        effects: fx,
+        fate,
+    }
+}
+
+/// `FLOCK.REVOKE key [owner]` on an existing lock key: the number of grants ended.
+pub fn revoke(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    owner: Option<&[u8]>,
+) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let (reply, fate) = with_state(stored, |state| {
+        revoke_state(state, &mut env, w, &mut fx, owner)
+    });
+    Outcome {
+        reply,
+        effects: fx,
+        fate,
+    }
+}
+
+/// The key's deadline came (its timer fired): end leases and delayed slots, hand the key on,
+/// delete it when nothing is left.
+pub fn expire(stored: Stored<'_>, cx: &mut impl Context, w: &mut impl Waiters) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let ((), fate) = with_state(stored, |state| expire_state(state, &mut env, w, &mut fx));
+    Outcome {
+        reply: Reply::Null,
+        effects: fx,
+        fate,
+    }
+}
+
+/// A look at a waited key after something happened to it (deleted, flushed, renamed,
+/// overwritten, a waiter left), or after a waiter vanished before its grant's reply went out:
+/// `ghost` is that grant's token, which is released first if it is still a live grant. A
+/// free key is looked at as an empty lock (its waiters may be granted it).
+pub fn revisit(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    ghost: Option<u64>,
+) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let ((), fate) = with_state(stored, |state| {
+        revisit_state(state, &mut env, w, &mut fx, ghost)
+    });
+    Outcome {
+        reply: Reply::Null,
+        effects: fx,
+        fate,
+    }
+}
+
+/// Connection `client` closed (it left every wait queue already): its bound grants of this
+/// key end now, as on expiry (`flock.closed`, lock-delay, the next waiters are granted).
+pub fn close(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    client: u64,
+) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let ((), fate) = with_state(stored, |state| {
+        close_state(state, &mut env, w, &mut fx, client)
+    });
+    Outcome {
+        reply: Reply::Null,
+        effects: fx,
+        fate,
+    }
+}
+
+/// `FLOCK.APPLY`: a replica (or AOF loading) takes the master's state of the key as it is,
+/// and passes the effect on to its own AOF and sub-replicas.
+pub fn apply(stored: Stored<'_>, cx: &mut impl Context, image: LockImage) -> Outcome {
+    let mut fx = Effects::default();
+    let mut env = cx.env();
+    let (reply, fate) = with_state(stored, |state| apply_state(state, &mut env, &mut fx, image));
+    Outcome {
+        reply,
+        effects: fx,
+        fate,
+    }
+}

@@ -9,10 +9,9 @@
 //! (same reply, same effects in the same order, the same state after), which the tests check
 //! against them, and leaves every other case to them (`None`).
 
-use super::{Effect, Env, Event, Host, Reply};
+use super::{Effect, Effects, Env, Event, Reply, Waiters};
 use crate::args::AcquireArgs;
 use crate::clock::Deadline;
-use crate::snapshot::Snapshot;
 use crate::state::{Grant, LockState, Mode};
 
 /// A key's one grant, as a host keeps it when that grant is all the key is (see
@@ -58,17 +57,19 @@ impl<'a> LoneGrant<'a> {
 /// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire`] on an empty state, for an
 /// exclusive or shared request (BOUND or not) on a master, when nobody waits for the key's
 /// name and a token is left. Returns the reply, the key's one grant and its mode, which the
-/// host stores as the new key. `None`: another case (a permit key), for [`super::acquire`].
+/// store keeps as the new key ([`super::KeyFate::StoreLone`]; its replication is that
+/// grant). `None`: another case (a permit key), for the general way, and nothing was done.
 #[inline]
-pub fn acquire_free(
+pub(super) fn acquire_free(
     args: &AcquireArgs<'_>,
     env: &mut Env<'_>,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     bind_to: Option<u64>,
 ) -> Option<(Reply<'static>, Grant, Mode)> {
     let now = env.now;
     let mode = args.mode;
-    if !env.master || matches!(mode, Mode::Permits(_)) || host.waiting() > 0 {
+    if !env.master || matches!(mode, Mode::Permits(_)) || w.waiting() > 0 {
         return None;
     }
     // No token left: nothing was issued, and `acquire` gives the error.
@@ -77,18 +78,13 @@ pub fn acquire_free(
     grant.bind(bind_to);
     // As `acquire` publishes a grant: the new state, its timer, then the event (and the
     // binding).
-    if mode.is_exclusive() {
-        host.effect(Effect::Replicate(Snapshot::Held(&grant)));
-    } else {
-        let state = LockState::with_grant(mode, grant.clone());
-        host.effect(Effect::Replicate(Snapshot::Full(&state)));
-    }
-    host.effect(Effect::Arm(Some(grant.deadline)));
-    host.effect(Effect::Notify(Event::Acquired {
+    fx.push(Effect::Replicate);
+    fx.push(Effect::Arm(Some(grant.deadline)));
+    fx.push(Effect::Notify(Event::Acquired {
         ttl_ms: args.ttl_ms,
     }));
     if let Some(client) = bind_to {
-        host.effect(Effect::Bind { client, token });
+        fx.push(Effect::Bind { client, token });
     }
     Some((Reply::Int(token as i64), grant, mode))
 }
@@ -104,27 +100,28 @@ pub fn acquire_free(
 /// runs and how long it was held are measured on it (G9), and nothing here needs the wall
 /// clock, which saves the host a clock read on the hottest path there is.
 #[inline]
-pub fn release_lone(
+pub(super) fn release_lone(
     lone: &LoneGrant<'_>,
     mono_us: u64,
     master: bool,
-    host: &mut impl Host,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
     owner: &[u8],
     token: Option<u64>,
 ) -> Option<Reply<'static>> {
     let ran_out = mono_us >= lone.deadline.mono_us; // as `Deadline::passed`
-    if !master || lone.tie_word != 0 || ran_out || host.waiting() > 0 {
+    if !master || lone.tie_word != 0 || ran_out || w.waiting() > 0 {
         return None;
     }
     if lone.owner != owner || token.is_some_and(|t| t != lone.token) {
         return Some(Reply::Int(0));
     }
-    host.effect(Effect::Notify(Event::Released {
+    fx.push(Effect::Notify(Event::Released {
         held_ms: mono_us.saturating_sub(lone.since_mono_us) / 1000,
     }));
     // Nothing is left of the key: its deletion travels, and the key goes.
-    host.effect(Effect::ReplicateDelete);
-    host.effect(Effect::DeleteKey);
+    fx.push(Effect::ReplicateDelete);
+    fx.push(Effect::DeleteKey);
     Some(Reply::Int(1))
 }
 

@@ -14,7 +14,9 @@ fn at(ms: u64) -> Now {
     Now::new(T0.wall_us + ms * 1000, T0.mono_us + ms * 1000)
 }
 
-/// A host that keeps the key's waiters and writes every effect down, in a short notation.
+/// A host that keeps the key's waiters and writes down, in a short notation, what happened to
+/// the queue as the engine asked (`replaced`, `vanished`) and then every effect, in order, as
+/// the executor carries them out after the operation.
 #[derive(Default)]
 struct Recorder {
     queue: WaitQueue,
@@ -27,33 +29,40 @@ struct Recorder {
     deleted: bool,
 }
 
-impl Host for Recorder {
-    fn effect(&mut self, e: Effect<'_>) {
+/// The short notation of what a replication effect sends.
+fn snapshot_text(s: Option<Snapshot<'_>>) -> String {
+    match s {
+        Some(Snapshot::Held(g)) if g.bound() => {
+            format!("repl bound grant {}", String::from_utf8_lossy(&g.owner))
+        }
+        Some(Snapshot::Held(g)) => format!("repl grant {}", String::from_utf8_lossy(&g.owner)),
+        Some(Snapshot::Delayed { .. }) => "repl delay".into(),
+        Some(Snapshot::Full(s)) => {
+            let owners: Vec<String> = s
+                .grants()
+                .by_token()
+                .into_iter()
+                .map(|g| String::from_utf8_lossy(&g.owner).into_owned())
+                .collect();
+            format!(
+                "repl {} [{}] delays {}",
+                s.mode.name(),
+                owners.join(" "),
+                s.delays.len()
+            )
+        }
+        None => "repl nothing".into(),
+    }
+}
+
+impl Recorder {
+    /// Write `e` down; `snapshot` is what a replication sends (the state the operation left).
+    fn log_effect(&mut self, e: Effect, snapshot: impl FnOnce() -> String) {
         let s = match e {
             Effect::Notify(ev) => ev.name().trim_start_matches("flock.").to_string(),
             Effect::Count(Count::Renewed) => "renewed".into(),
             Effect::Count(Count::Contended) => "contended".into(),
-            Effect::Replicate(Snapshot::Held(g)) if g.bound() => {
-                format!("repl bound grant {}", String::from_utf8_lossy(&g.owner))
-            }
-            Effect::Replicate(Snapshot::Held(g)) => {
-                format!("repl grant {}", String::from_utf8_lossy(&g.owner))
-            }
-            Effect::Replicate(Snapshot::Delayed { .. }) => "repl delay".into(),
-            Effect::Replicate(Snapshot::Full(s)) => {
-                let owners: Vec<String> = s
-                    .grants()
-                    .by_token()
-                    .into_iter()
-                    .map(|g| String::from_utf8_lossy(&g.owner).into_owned())
-                    .collect();
-                format!(
-                    "repl {} [{}] delays {}",
-                    s.mode.name(),
-                    owners.join(" "),
-                    s.delays.len()
-                )
-            }
+            Effect::Replicate | Effect::ReplicateSoFar(_) => snapshot(),
             Effect::ReplicateDelete => "repl del".into(),
             Effect::ReplicateVerbatim => "repl verbatim".into(),
             Effect::DeleteKey => {
@@ -67,6 +76,50 @@ impl Host for Recorder {
         };
         self.log.push(s);
     }
+}
+
+/// Run `op` as the module's executor does: on the key as its store holds it (its one grant
+/// read in place when that is all it is and nobody waits, as the compact form; else its whole
+/// state; `Free` when there is no key), then carry the outcome out: each effect written down
+/// in order (a replication as the state the operation left), the key's fate kept, the key
+/// deleted when told.
+fn execute(
+    slot: &mut Option<LockState>,
+    host: &mut Recorder,
+    op: impl FnOnce(Stored<'_>, &mut Recorder) -> Outcome,
+) -> Reply<'static> {
+    let lone = slot
+        .as_ref()
+        .filter(|_| host.queue.is_empty())
+        .and_then(LockState::lone_grant)
+        .map(|(mode, g)| (mode, g.clone()));
+    let outcome = match (&lone, slot.as_mut()) {
+        (Some((mode, g)), _) => op(Stored::Lone(LoneGrant::of(*mode, g)), host),
+        (None, Some(state)) => op(Stored::Full(state), host),
+        (None, None) => op(Stored::Free, host),
+    };
+    let Outcome {
+        reply,
+        effects,
+        fate,
+    } = outcome;
+    let mut scratch = None;
+    for &e in effects.as_slice() {
+        let kept = slot.as_ref();
+        host.log_effect(e, || snapshot_text(fate.snapshot_with(kept, &mut scratch)));
+    }
+    match fate {
+        KeyFate::Keep => {}
+        KeyFate::Store(state) => *slot = Some(state),
+        KeyFate::StoreLone { grant, mode } => *slot = Some(LockState::with_grant(mode, grant)),
+    }
+    if effects.deletes_key() {
+        *slot = None;
+    }
+    reply
+}
+
+impl Waiters for Recorder {
     fn waiting(&mut self) -> usize {
         self.queue.len()
     }
@@ -163,7 +216,12 @@ impl Key {
         if needs_lock && self.state.is_none() {
             return ("missing".into(), Vec::new());
         }
-        let state = self.state.get_or_insert_with(LockState::default);
+        let ex = |slot: &mut Option<LockState>,
+                  host: &mut Recorder,
+                  op: &mut dyn FnMut(Stored<'_>, &mut Recorder) -> Outcome| {
+            format!("{:?}", execute(slot, host, op))
+        };
+        let slot = &mut self.state;
         let reply = match op {
             Op::Acquire(o, ttl)
             | Op::AcquireBlock(o, ttl)
@@ -181,53 +239,56 @@ impl Key {
                     bound: bind_to.is_some(),
                     block: block.then_some(0),
                 };
-                format!("{:?}", acquire(state, &mut env, host, &args, true, bind_to))
+                ex(slot, host, &mut |st, h| {
+                    acquire(st, &mut env, h, &args, true, bind_to)
+                })
             }
             Op::Close(client) => {
-                close(state, &mut env, host, client);
+                ex(slot, host, &mut |st, h| close(st, &mut env, h, client));
                 "-".into()
             }
             Op::Orphan => {
                 // The key travels (RDB, RESTORE, a replica's copy) and arrives on a master.
+                let state = slot.get_or_insert_with(LockState::default);
                 let image = crate::snapshot::LockImage::of(state);
                 *state = load(image, now, env.tokens);
                 let lost = orphan_bound(state, true);
                 let live = state.live_count(now);
                 format!("{lost} live {live}")
             }
-            Op::RevokeOwner(o) => {
-                format!("{:?}", revoke(state, &mut env, host, Some(o.as_bytes())))
-            }
-            Op::Release(o) => format!("{:?}", release(state, &mut env, host, o.as_bytes(), None)),
-            Op::Renew(o, ttl) => {
-                format!(
-                    "{:?}",
-                    renew(state, &mut env, host, o.as_bytes(), ttl, None)
-                )
-            }
-            Op::Revoke => format!("{:?}", revoke(state, &mut env, host, None)),
+            Op::RevokeOwner(o) => ex(slot, host, &mut |st, h| {
+                revoke(st, &mut env, h, Some(o.as_bytes()))
+            }),
+            Op::Release(o) => ex(slot, host, &mut |st, h| {
+                release(st, &mut env, h, o.as_bytes(), None)
+            }),
+            Op::Renew(o, ttl) => ex(slot, host, &mut |st, h| {
+                renew(st, &mut env, h, o.as_bytes(), ttl, None)
+            }),
+            Op::Revoke => ex(slot, host, &mut |st, h| revoke(st, &mut env, h, None)),
             Op::Expire => {
-                expire(state, &mut env, host);
+                ex(slot, host, &mut |st, h| expire(st, &mut env, h));
                 "-".into()
             }
             Op::Vanish(id) => {
+                // (As before: the key, if absent, is there as an empty lock from now on.)
+                slot.get_or_insert_with(LockState::default);
                 host.vanished.push(id);
                 "-".into()
             }
             Op::Ghost(n) => {
                 let token = host.delivered[n].1;
-                revisit(state, &mut env, host, Some(token));
+                ex(slot, host, &mut |st, h| {
+                    revisit(st, &mut env, h, Some(token))
+                });
                 "-".into()
             }
             Op::Leave(id) => {
                 assert!(host.queue.cancel(id), "waiter {id} waits");
-                revisit(state, &mut env, host, None);
+                ex(slot, host, &mut |st, h| revisit(st, &mut env, h, None));
                 "-".into()
             }
         };
-        if self.host.deleted {
-            self.state = None;
-        }
         // Tokens differ per run: show replies without them.
         let reply = if reply.starts_with("Int(") && reply.len() > 10 {
             "Int(token)".to_string()
@@ -265,7 +326,7 @@ mod table;
 fn block_refused_by_max_waiters_and_context() {
     let mut tokens = TokenIssuer::new();
     let mut host = Recorder::default(); // max_waiters 0
-    let mut state = LockState::default();
+    let mut state = None;
     let mut env = Env {
         now: T0,
         lock_delay_ms: 0,
@@ -281,7 +342,9 @@ fn block_refused_by_max_waiters_and_context() {
         block: None,
     };
     assert!(matches!(
-        acquire(&mut state, &mut env, &mut host, &a, true, None),
+        execute(&mut state, &mut host, |st, h| acquire(
+            st, &mut env, h, &a, true, None
+        )),
         Reply::Int(_)
     ));
     let b = AcquireArgs {
@@ -292,12 +355,16 @@ fn block_refused_by_max_waiters_and_context() {
         block: Some(0),
     };
     assert_eq!(
-        acquire(&mut state, &mut env, &mut host, &b, true, None),
+        execute(&mut state, &mut host, |st, h| acquire(
+            st, &mut env, h, &b, true, None
+        )),
         Reply::Error(ReplyError::TooManyWaiters)
     );
     // Inside MULTI or a script the caller cannot wait: nil.
     assert_eq!(
-        acquire(&mut state, &mut env, &mut host, &b, false, None),
+        execute(&mut state, &mut host, |st, h| acquire(
+            st, &mut env, h, &b, false, None
+        )),
         Reply::Null
     );
 }
@@ -306,7 +373,7 @@ fn block_refused_by_max_waiters_and_context() {
 fn a_replica_settles_nothing_on_its_own() {
     let mut tokens = TokenIssuer::new();
     let mut host = Recorder::default();
-    let mut state = LockState::default();
+    let mut state = None;
     let mut env = Env {
         now: T0,
         lock_delay_ms: 0,
@@ -315,7 +382,10 @@ fn a_replica_settles_nothing_on_its_own() {
         tokens: &mut tokens,
     };
     let held = crate::snapshot::LockImage::from_rdb_v1(7, T0.wall_ms + 100, b"a").expect("valid");
-    assert_eq!(apply(&mut state, &mut env, &mut host, held), Reply::Ok);
+    assert_eq!(
+        execute(&mut state, &mut host, |st, _| apply(st, &mut env, held)),
+        Reply::Ok
+    );
     assert_eq!(host.log, ["repl verbatim"]);
     assert_eq!(
         env.tokens.high_water(),
@@ -324,9 +394,12 @@ fn a_replica_settles_nothing_on_its_own() {
     );
     host.log.clear();
     env.now = at(200);
-    expire(&mut state, &mut env, &mut host);
-    revisit(&mut state, &mut env, &mut host, Some(7));
+    execute(&mut state, &mut host, |st, h| expire(st, &mut env, h));
+    execute(&mut state, &mut host, |st, h| {
+        revisit(st, &mut env, h, Some(7))
+    });
     assert!(host.log.is_empty(), "{:?}", host.log);
+    let state = state.expect("the replica keeps the key");
     assert!(
         !state.grants().is_empty(),
         "the master's DEL ends it, not the replica's clock"

@@ -19,9 +19,9 @@
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
-use flock_core::engine::{self, LoneGrant, Reply, ReplyError};
+use flock_core::engine::{self, Reply, ReplyError};
 use flock_core::state::Mode;
-use flock_core::{LockState, Now, TokenIssuer, WaitQueue};
+use flock_core::{Now, TokenIssuer, WaitQueue};
 use flock_core::{MAX_OWNER_LEN, MAX_TOKEN};
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -220,17 +220,8 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     .and_then(|s| s.owner_grant(&owner, now).map(|g| (g.token, s.mode)));
                 // As the glue does: a key that does not exist is offered to the engine's
                 // free-key path first (which leaves the other cases to `acquire`).
-                let fresh = real.states[k].is_none();
                 let (got, out) = real
                     .run(k, now, set, true, |s, env, host| {
-                        if fresh {
-                            if let Some((reply, grant, mode)) =
-                                engine::acquire_free(&a, env, host, None)
-                            {
-                                *s = LockState::with_grant(mode, grant);
-                                return reply;
-                            }
-                        }
                         engine::acquire(s, env, host, &a, can_block, None)
                     })
                     .expect("ACQUIRE creates the key");
@@ -269,21 +260,6 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     // As the glue does: a key held by one grant alone (its compact form)
                     // is offered to the engine's one-grant path first.
                     6 | 7 => real.run(k, now, set, false, |s, env, host| {
-                        let lone = s.lone_grant().map(|(mode, g)| LoneGrant::of(mode, g));
-                        if let Some(lone) = lone {
-                            let master = env.master;
-                            let fast = engine::release_lone(
-                                &lone,
-                                env.now.mono_us,
-                                master,
-                                host,
-                                &owner,
-                                token,
-                            );
-                            if let Some(reply) = fast {
-                                return reply;
-                            }
-                        }
                         engine::release(s, env, host, &owner, token)
                     }),
                     8 => real.run(k, now, set, false, |s, env, host| {
@@ -381,8 +357,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             // The key's timer fires.
             14 => {
                 let ran = real.run(k, now, set, false, |s, env, host| {
-                    engine::expire(s, env, host);
-                    Reply::Null
+                    engine::expire(s, env, host)
                 });
                 if let Some((_, out)) = ran {
                     delivered = out.delivered;
@@ -414,8 +389,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     if plan == engine::RevisitPlan::Revisit {
                         let (_, out) = real
                             .run(k, now, set, true, |s, env, host| {
-                                engine::revisit(s, env, host, None);
-                                Reply::Null
+                                engine::revisit(s, env, host, None)
                             })
                             .expect("revisit runs");
                         delivered = out.delivered;
@@ -454,8 +428,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     if plan == engine::RevisitPlan::Revisit {
                         let (_, out) = real
                             .run(kk, now, set, false, |s, env, host| {
-                                engine::revisit(s, env, host, Some(t));
-                                Reply::Null
+                                engine::revisit(s, env, host, Some(t))
                             })
                             .expect("the key exists");
                         delivered = out.delivered;
@@ -484,8 +457,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 if plan == engine::RevisitPlan::Revisit {
                     let (_, out) = real
                         .run(k, now, set, true, |s, env, host| {
-                            engine::revisit(s, env, host, None);
-                            Reply::Null
+                            engine::revisit(s, env, host, None)
                         })
                         .expect("revisit creates the key");
                     delivered = out.delivered;

@@ -5,9 +5,11 @@ use super::model::Settings;
 use super::KEY_NAMES;
 use flock_core::apply;
 use flock_core::args::{self, AcquireArgs};
-use flock_core::engine::{self, BlockRefused, Effect, Env, Host, Reply};
+use flock_core::engine::{
+    self, BlockRefused, Effect, Env, KeyFate, LoneGrant, Outcome, Reply, Stored, Waiters,
+};
 use flock_core::state::Mode;
-use flock_core::{LockState, Now, TokenIssuer, WaitQueue, Waiter};
+use flock_core::{LockState, Now, Snapshot, TokenIssuer, WaitQueue, Waiter};
 
 /// A replica: the keys as the applied `FLOCK.APPLY` effects left them, and its own token mark.
 pub(super) struct Replica {
@@ -25,89 +27,18 @@ pub(super) struct Server {
     pub(super) next_waiter: u64,
 }
 
-/// The host of a replica applying its master's effect: it only passes the effect on.
-pub(super) struct ReplicaHost {
-    pub(super) verbatim: usize,
-}
-
-impl Host for ReplicaHost {
-    fn effect(&mut self, e: Effect<'_>) {
-        assert_eq!(e, Effect::ReplicateVerbatim, "a replica applying an effect");
-        self.verbatim += 1;
-    }
-    fn waiting(&mut self) -> usize {
-        0
-    }
-    fn waiting_mode(&mut self) -> Option<Mode> {
-        None
-    }
-    fn next_waiter_if(&mut self, _: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
-        None
-    }
-    fn deliver(&mut self, _: &Waiter, _: u64) -> bool {
-        panic!("a replica hands nothing off")
-    }
-    fn block(&mut self, _: &AcquireArgs<'_>, _: u64, _: Option<u64>) -> Result<(), BlockRefused> {
-        panic!("a replica blocks nobody")
-    }
-}
-
 /// The host of one operation on key `k`.
 pub(super) struct KeyHost<'s> {
-    pub(super) key: &'static [u8],
     pub(super) queue: &'s mut WaitQueue,
-    pub(super) replica: &'s mut Option<LockState>,
-    pub(super) replica_tokens: &'s mut TokenIssuer,
     pub(super) vanished: &'s [u64],
     pub(super) next_waiter: &'s mut u64,
-    pub(super) now: Now,
     pub(super) max_waiters: usize,
     /// (waiter id, token) handed over in this operation.
     pub(super) delivered: Vec<(u64, u64)>,
     pub(super) blocked: Option<u64>,
-    /// The last timer the operation armed (its monotonic time; `None` inside: disarmed).
-    pub(super) armed: Option<Option<u64>>,
-    pub(super) deleted: bool,
-    pub(super) deleted_then_touched: bool,
 }
 
-impl Host for KeyHost<'_> {
-    fn effect(&mut self, e: Effect<'_>) {
-        if self.deleted {
-            self.deleted_then_touched = true;
-        }
-        match e {
-            // The replica gets the effect over the wire: argv, parsed, applied (G7).
-            Effect::Replicate(s) => {
-                // Written by the encoder the module replicates with, read by its decoder.
-                let argv = apply::apply_argv(self.key, s);
-                let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
-                let image = args::parse_apply(&refs)
-                    .unwrap_or_else(|e| panic!("a replicated effect parses: {e:?} {s:?}"));
-                assert_eq!(image, s.image(), "FLOCK.APPLY carries the snapshot's image");
-                let state = self.replica.get_or_insert_with(LockState::default);
-                let mut env = Env {
-                    now: self.now,
-                    lock_delay_ms: 0,
-                    max_holders: 1,
-                    master: false,
-                    tokens: self.replica_tokens,
-                };
-                let mut host = ReplicaHost { verbatim: 0 };
-                assert_eq!(engine::apply(state, &mut env, &mut host, image), Reply::Ok);
-                assert_eq!(host.verbatim, 1, "the effect goes on to the replica's AOF");
-            }
-            Effect::ReplicateDelete => *self.replica = None,
-            Effect::DeleteKey => self.deleted = true,
-            Effect::Arm(d) => self.armed = Some(d.map(|d| d.mono_us)),
-            // No BOUND grants here: the bindings are the module's business.
-            Effect::Notify(_)
-            | Effect::Count(_)
-            | Effect::ReplicateVerbatim
-            | Effect::Bind { .. }
-            | Effect::Unbind { .. } => {}
-        }
-    }
+impl Waiters for KeyHost<'_> {
     fn waiting(&mut self) -> usize {
         self.queue.len()
     }
@@ -154,43 +85,80 @@ impl Host for KeyHost<'_> {
     }
 }
 
-/// What one operation did, besides its reply.
-pub(super) struct Outcome {
+/// What one operation did to the queue and the timer, besides its reply.
+pub(super) struct Ran {
     pub(super) delivered: Vec<(u64, u64)>,
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
 }
 
+/// Send `snapshot` of key `key` to the replica over the wire, as the module does: written by
+/// the encoder the module replicates with, read by its decoder, applied (G7).
+fn replicate(
+    key: &[u8],
+    snapshot: Snapshot<'_>,
+    replica: &mut Option<LockState>,
+    tokens: &mut TokenIssuer,
+    now: Now,
+) {
+    let argv = apply::apply_argv(key, snapshot);
+    let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
+    let image = args::parse_apply(&refs)
+        .unwrap_or_else(|e| panic!("a replicated effect parses: {e:?} {snapshot:?}"));
+    assert_eq!(
+        image,
+        snapshot.image(),
+        "FLOCK.APPLY carries the snapshot's image"
+    );
+    let mut env = Env {
+        now,
+        lock_delay_ms: 0,
+        max_holders: 1,
+        master: false,
+        tokens,
+    };
+    let stored = match replica.as_mut() {
+        Some(state) => Stored::Full(state),
+        None => Stored::Free,
+    };
+    let out = engine::apply(stored, &mut env, image);
+    assert_eq!(out.reply, Reply::Ok);
+    assert_eq!(
+        out.effects.as_slice(),
+        [Effect::ReplicateVerbatim],
+        "the effect goes on to the replica's AOF"
+    );
+    match out.fate {
+        KeyFate::Store(state) => *replica = Some(state),
+        KeyFate::Keep => {}
+        KeyFate::StoreLone { .. } => panic!("APPLY stores a whole state"),
+    }
+}
+
 impl Server {
-    /// Run `op` on key `k` the way the module's executor does: on the stored state (or a
-    /// fresh one when `create`), deleting the key when the engine says so. `None`: the key
-    /// does not exist and nothing ran.
+    /// Run `op` on key `k` the way the module's executor does: on the key as its store holds
+    /// it (its one grant read in place when that is all it is and nobody waits: the compact
+    /// form; else its whole state; `Free` when there is none, which only `create` runs on),
+    /// then carry out the outcome in order and keep the key's fate, deleting the key when the
+    /// engine says so. `None`: the key does not exist and nothing ran.
     pub(super) fn run(
         &mut self,
         k: usize,
         now: Now,
         set: Settings,
         create: bool,
-        op: impl FnOnce(&mut LockState, &mut Env<'_>, &mut KeyHost<'_>) -> Reply<'static>,
-    ) -> Option<(Reply<'static>, Outcome)> {
+        op: impl FnOnce(Stored<'_>, &mut Env<'_>, &mut KeyHost<'_>) -> Outcome,
+    ) -> Option<(Reply<'static>, Ran)> {
         if self.states[k].is_none() && !create {
             return None;
         }
-        let state = self.states[k].get_or_insert_with(LockState::default);
         let mut host = KeyHost {
-            key: KEY_NAMES[k],
             queue: &mut self.queues[k],
-            replica: &mut self.replica.keys[k],
-            replica_tokens: &mut self.replica.tokens,
             vanished: &self.vanished,
             next_waiter: &mut self.next_waiter,
-            now,
             max_waiters: set.max_waiters,
             delivered: Vec::new(),
             blocked: None,
-            armed: None,
-            deleted: false,
-            deleted_then_touched: false,
         };
         let mut env = Env {
             now,
@@ -199,16 +167,66 @@ impl Server {
             master: true,
             tokens: &mut self.tokens,
         };
-        let reply = op(state, &mut env, &mut host);
-        assert!(!host.deleted_then_touched, "an effect after DeleteKey");
-        let (deleted, outcome) = (
-            host.deleted,
-            Outcome {
-                delivered: host.delivered,
-                blocked: host.blocked,
-                armed: host.armed,
-            },
-        );
+        let lone = self.states[k]
+            .as_ref()
+            .filter(|_| host.queue.is_empty())
+            .and_then(LockState::lone_grant)
+            .map(|(mode, g)| (mode, g.clone()));
+        let out = match (&lone, self.states[k].as_mut()) {
+            (Some((mode, g)), _) => op(Stored::Lone(LoneGrant::of(*mode, g)), &mut env, &mut host),
+            (None, Some(state)) => op(Stored::Full(state), &mut env, &mut host),
+            (None, None) => op(Stored::Free, &mut env, &mut host),
+        };
+        let mut outcome = Ran {
+            delivered: host.delivered,
+            blocked: host.blocked,
+            armed: None,
+        };
+        // The effects, in order.
+        let mut deleted = false;
+        let mut scratch = None;
+        for &e in out.effects.as_slice() {
+            assert!(!deleted, "an effect after DeleteKey: {:?}", out.effects);
+            match e {
+                Effect::Replicate | Effect::ReplicateSoFar(_) => {
+                    let snapshot = match e {
+                        Effect::ReplicateSoFar(n) => {
+                            out.effects.state_so_far(n).and_then(Snapshot::of)
+                        }
+                        _ => out
+                            .fate
+                            .snapshot_with(self.states[k].as_ref(), &mut scratch),
+                    };
+                    let snapshot = snapshot.unwrap_or_else(|| {
+                        panic!("a replication with nothing to send: {:?}", out.effects)
+                    });
+                    replicate(
+                        KEY_NAMES[k],
+                        snapshot,
+                        &mut self.replica.keys[k],
+                        &mut self.replica.tokens,
+                        now,
+                    );
+                }
+                Effect::ReplicateDelete => self.replica.keys[k] = None,
+                Effect::DeleteKey => deleted = true,
+                Effect::Arm(d) => outcome.armed = Some(d.map(|d| d.mono_us)),
+                // No BOUND grants here: the bindings are the module's business.
+                Effect::Notify(_)
+                | Effect::Count(_)
+                | Effect::ReplicateVerbatim
+                | Effect::Bind { .. }
+                | Effect::Unbind { .. } => {}
+            }
+        }
+        let reply = out.reply.clone();
+        match out.fate {
+            KeyFate::Keep => {}
+            KeyFate::Store(ref state) => self.states[k] = Some(state.clone()),
+            KeyFate::StoreLone { ref grant, mode } => {
+                self.states[k] = Some(LockState::with_grant(mode, grant.clone()))
+            }
+        }
         if deleted {
             self.states[k] = None;
         }

@@ -138,7 +138,7 @@ fn a_waiter_that_vanished_the_grant_goes_to_the_next() {
                 4,
                 Release("a"),
                 "Int(1)",
-                &["released", "vanished 1", "acquired", "repl grant c", "arm"],
+                &["vanished 1", "released", "acquired", "repl grant c", "arm"],
             ),
         ],
     );
@@ -428,7 +428,7 @@ fn waiting_shared_requests_give_the_key_its_limit() {
                 3,
                 Kind("p1", P2, 100, true),
                 "Blocked",
-                &["contended", "replaced 1", "arm"],
+                &["replaced 1", "contended", "arm"],
             ),
         ],
     );
@@ -461,8 +461,8 @@ fn a_retried_block_that_takes_the_head_s_place_out_lets_the_new() {
                 Kind("w", P3, 100, true),
                 "Blocked",
                 &[
-                    "contended",
                     "replaced 1",
+                    "contended",
                     "acquired",
                     "acquired",
                     "repl permits [p1 w r] delays 0",

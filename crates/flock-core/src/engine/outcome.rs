@@ -1,0 +1,114 @@
+//! What an operation is given and what it gives back: the key as the store holds it, and the
+//! reply with the effects and the key's fate that the module's one executor carries out.
+
+use super::{Effect, LoneGrant, Reply};
+use crate::snapshot::Snapshot;
+use crate::state::{Grant, LockState, Mode};
+use smallvec::SmallVec;
+
+/// The lock under a key as the store holds it, for one operation.
+#[derive(Debug)]
+pub enum Stored<'s> {
+    /// No lock: the key does not exist.
+    Free,
+    /// The key's whole state is one grant, read in place (the store's compact form).
+    Lone(LoneGrant<'s>),
+    /// Any state, changed in place.
+    Full(&'s mut LockState),
+}
+
+/// What becomes of the stored lock (unless the effects delete the key).
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyFate {
+    /// It stays as the operation left it: a full state changed in place, or a lone grant
+    /// nothing changed.
+    Keep,
+    /// The key's lock is this state now (made for the operation: decoded from a lone grant,
+    /// or new); the store keeps it in the form that fits.
+    Store(LockState),
+    /// A free key is held by this grant alone now (stored in the compact form at once).
+    StoreLone { grant: Grant, mode: Mode },
+}
+
+/// The effects of one operation, in order. Eight fit inline (a grant of a free key has three
+/// or four, a release three); only a hand-off to many readers at once spills to the heap.
+/// Beside them, the states an [`Effect::ReplicateSoFar`] sends (rare: only an operation that
+/// found leases to end or waiters to grant before its own step keeps one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    list: SmallVec<[Effect; 8]>,
+    so_far: Vec<LockState>,
+}
+
+impl Effects {
+    #[inline]
+    pub fn push(&mut self, effect: Effect) {
+        self.list.push(effect);
+    }
+
+    /// Push [`Effect::ReplicateSoFar`] of `state` as it is now (a state past the 256th of
+    /// one operation, which no operation reaches, is sent as the final one).
+    pub fn push_state_so_far(&mut self, state: &LockState) {
+        match u8::try_from(self.so_far.len()) {
+            Ok(n) => {
+                self.so_far.push(state.clone());
+                self.list.push(Effect::ReplicateSoFar(n));
+            }
+            Err(_) => self.list.push(Effect::Replicate),
+        }
+    }
+
+    /// The state an [`Effect::ReplicateSoFar`] of `n` sends.
+    pub fn state_so_far(&self, n: u8) -> Option<&LockState> {
+        self.so_far.get(usize::from(n))
+    }
+
+    pub fn as_slice(&self) -> &[Effect] {
+        &self.list
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Whether the key is to be deleted once the operation is over.
+    pub fn deletes_key(&self) -> bool {
+        self.list.contains(&Effect::DeleteKey)
+    }
+}
+
+/// An operation's result.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub reply: Reply<'static>,
+    pub effects: Effects,
+    pub fate: KeyFate,
+}
+
+impl KeyFate {
+    /// What [`Effect::Replicate`] sends, given the stored state the operation left when the
+    /// fate is [`KeyFate::Keep`] (`kept`). A lone grant of a shared key is sent whole, as a
+    /// state of one grant (`STATE`). `None`: nothing to send (a state of no grant and no
+    /// delayed slot is never replicated: the key's deletion is).
+    pub fn snapshot_with<'a>(
+        &'a self,
+        kept: Option<&'a LockState>,
+        scratch: &'a mut Option<LockState>,
+    ) -> Option<Snapshot<'a>> {
+        match self {
+            KeyFate::Keep => kept.and_then(Snapshot::of),
+            KeyFate::Store(state) => Snapshot::of(state),
+            KeyFate::StoreLone { grant, mode } if mode.is_exclusive() => {
+                Some(Snapshot::Held(grant))
+            }
+            KeyFate::StoreLone { grant, mode } => {
+                let state = scratch.insert(LockState::with_grant(*mode, grant.clone()));
+                Snapshot::of(state)
+            }
+        }
+    }
+}
