@@ -18,4 +18,4 @@ mod engine;
 
 pub use args::{args_target, check_args, ref_int};
 pub use bytes::Bytes;
-pub use engine::{state_machine_run, state_machine_target};
+pub use engine::{state_machine_counted, state_machine_run, state_machine_target, BoundSeen};

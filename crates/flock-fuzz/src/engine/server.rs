@@ -1,11 +1,12 @@
 //! The engine's side: a host that plays the server (keyspace, wait queues, a replica fed by
 //! the replicated effects over the wire) and runs operations as the module's executor does.
 
+use super::bound::Bindings;
 use super::model::Settings;
 use super::KEY_NAMES;
 use flock_core::apply;
 use flock_core::args::{self, AcquireArgs};
-use flock_core::engine::{self, BlockRefused, Effect, Env, Host, Reply};
+use flock_core::engine::{self, BlockRefused, Effect, Env, Event, Host, Reply};
 use flock_core::state::Mode;
 use flock_core::{LockState, Now, TokenIssuer, WaitQueue, Waiter};
 
@@ -23,6 +24,8 @@ pub(super) struct Server {
     pub(super) replica: Replica,
     pub(super) vanished: Vec<u64>,
     pub(super) next_waiter: u64,
+    /// The module's bindings index (BOUND), fed by the engine's `Bind`/`Unbind` effects.
+    pub(super) bindings: Bindings,
 }
 
 /// The host of a replica applying its master's effect: it only passes the effect on.
@@ -69,6 +72,10 @@ pub(super) struct KeyHost<'s> {
     pub(super) armed: Option<Option<u64>>,
     pub(super) deleted: bool,
     pub(super) deleted_then_touched: bool,
+    /// The keyspace notifications of the operation.
+    pub(super) events: Vec<Event>,
+    /// The `Bind` (true) and `Unbind` effects, as (client, token, bind).
+    pub(super) binds: Vec<(u64, u64, bool)>,
 }
 
 impl Host for KeyHost<'_> {
@@ -100,12 +107,10 @@ impl Host for KeyHost<'_> {
             Effect::ReplicateDelete => *self.replica = None,
             Effect::DeleteKey => self.deleted = true,
             Effect::Arm(d) => self.armed = Some(d.map(|d| d.mono_us)),
-            // No BOUND grants here: the bindings are the module's business.
-            Effect::Notify(_)
-            | Effect::Count(_)
-            | Effect::ReplicateVerbatim
-            | Effect::Bind { .. }
-            | Effect::Unbind { .. } => {}
+            Effect::Notify(e) => self.events.push(e),
+            Effect::Bind { client, token } => self.binds.push((client, token, true)),
+            Effect::Unbind { client, token } => self.binds.push((client, token, false)),
+            Effect::Count(_) | Effect::ReplicateVerbatim => {}
         }
     }
     fn waiting(&mut self) -> usize {
@@ -159,6 +164,7 @@ pub(super) struct Outcome {
     pub(super) delivered: Vec<(u64, u64)>,
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
+    pub(super) events: Vec<Event>,
 }
 
 impl Server {
@@ -191,6 +197,8 @@ impl Server {
             armed: None,
             deleted: false,
             deleted_then_touched: false,
+            events: Vec::new(),
+            binds: Vec::new(),
         };
         let mut env = Env {
             now,
@@ -201,12 +209,19 @@ impl Server {
         };
         let reply = op(state, &mut env, &mut host);
         assert!(!host.deleted_then_touched, "an effect after DeleteKey");
+        for &(client, token, bind) in &host.binds {
+            match bind {
+                true => self.bindings.bind(client, k, token),
+                false => self.bindings.unbind(client, k, token),
+            }
+        }
         let (deleted, outcome) = (
             host.deleted,
             Outcome {
                 delivered: host.delivered,
                 blocked: host.blocked,
                 armed: host.armed,
+                events: host.events,
             },
         );
         if deleted {
