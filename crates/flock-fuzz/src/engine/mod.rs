@@ -3,15 +3,17 @@
 //! runs them, with a host that plays the server (keyspace, wait queues, a replica fed by the
 //! replicated effects over the wire). The operations: ACQUIRE in each mode, parsed from its
 //! argv (with and without BLOCK, inside MULTI, with the key's limit, another one or one out of
-//! range), RELEASE and RENEW with and without a token (the live one or a stale one), REVOKE of
+//! range, with and without BOUND from one of a few client connections), RELEASE and RENEW with and without a token (the live one or a stale one), REVOKE of
 //! all or of one owner, CHECK, FENCED's verdict, INFO, HOLDERS, timers, waiters leaving (then
-//! a revisit) or vanishing, grants whose client left before the reply, DEL, travel through
-//! RDB, restarts with and without the token mark, failovers to the replica, clock steps (to
+//! a revisit) or vanishing, grants whose client left before the reply, a client connection
+//! closing (its waits end, its bound grants end as on expiry), DEL, COPY (bound grants left
+//! out), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
 //! the microsecond of a deadline, too) and new settings (lock-delay, max-holders).
 //!
 //! The model is written from the contract (SPEC.md: "Lock kinds: exclusive, shared, counted",
-//! "Token-qualified calls", G1-G7), not from the engine. Checked after every step: the replies
-//! and states against the model, G1 (an exclusive grant is alone, no key has more grants than
+//! "Token-qualified calls", "Connection-bound grants (BOUND)", G1-G7, G11), not from the
+//! engine. Checked after every step: the replies, events, states and bindings against the
+//! model, the bindings index against the bound grants (G11), G1 (an exclusive grant is alone, no key has more grants than
 //! its limit), G2, G3 (tokens grow across kinds, restarts and failovers), G4, G5, G6
 //! (hand-offs are the model's, in FIFO order; after a write a head that fits never waits and
 //! the key is armed for its next deadline), G7 (the replica agrees with the master on
@@ -57,7 +59,7 @@ mod model;
 mod server;
 mod travel;
 
-use bound::{check_bindings, close_conn};
+use bound::{check_bindings, close_conn, copy_key};
 use check::{assert_same, events_view, short, show, Issued};
 pub use model::BoundSeen;
 use model::{MGrant, MKey, Model, Settings};
@@ -188,7 +190,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         // The timer the engine armed for the key in this step.
         let mut armed = None;
         let now = Now::new(wall_us, mono_us);
-        let op = r.u8() % 23;
+        let op = r.u8() % 24;
         let k = r.below(KEYS);
         let o = r.below(OWNERS);
         let owner = owner_bytes(o);
@@ -392,7 +394,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
             12 | 13 => {
                 // A key with a bound grant that lost its connection is due at once: its timer
                 // fires before time goes on.
-                for kk in 0..KEYS {
+                for (kk, timer) in timers.iter_mut().enumerate() {
                     if model.has_lost(kk) {
                         let (_, out) = real
                             .run(kk, now, set, false, |s, env, host| {
@@ -403,7 +405,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                         delivered.extend(out.delivered);
                         events.extend(out.events);
                         if out.armed.is_some() {
-                            timers[kk] = out.armed;
+                            *timer = out.armed;
                         }
                         model.settle(kk, now, set);
                     }
@@ -595,6 +597,28 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                 said = format!("client {c} closed");
                 full = true;
             }
+            // COPY of the key to another one, with or without REPLACE.
+            22 => {
+                let dst = (k + 1 + r.below(KEYS - 1)) % KEYS;
+                let replace = r.u8() & 1 == 0;
+                let done = copy_key(
+                    &mut real,
+                    &mut model,
+                    k,
+                    dst,
+                    replace,
+                    now,
+                    set,
+                    &mut timers,
+                );
+                if let Some((d, e, t)) = done {
+                    (delivered, events) = (d, e);
+                    touched = t.unwrap_or(dst);
+                    write = true;
+                    said = format!("COPY to {dst} replace {replace}");
+                }
+                full = true;
+            }
             // A restart or a failover: state travels, waiters are gone; the high-water mark
             // comes along (RDB aux data; a failover has the replica's) or not (an AOF
             // without preamble).
@@ -735,5 +759,6 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
             );
         }
     }
+    model.seen.twin_binds = real.bindings.twin_binds;
     (steps, model.seen)
 }

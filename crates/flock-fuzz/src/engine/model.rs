@@ -214,6 +214,11 @@ pub struct BoundSeen {
     /// COPY of a key with bound grants (left out of the copy).
     pub copies: usize,
     pub copies_without_bound: usize,
+    /// Vacant copies the engine deleted without replicating it (see
+    /// `bound::VACANT_COPY_DELETE_UNREPLICATED`).
+    pub vacant_copy_unreplicated: usize,
+    /// A connection bound to two grants of one token (a COPY's twin, on two keys).
+    pub twin_binds: usize,
 }
 
 impl BoundSeen {
@@ -224,7 +229,7 @@ impl BoundSeen {
         sum!(bound_granted bound_handed bound_queued rebound bound_to_unbound unbound_to_bound
             same_binding closes closes_with_grants closed_grants closed_after_lease
             bound_waiters_left orphaned orphaned_live bound_released bound_revoked bound_expired
-            copies copies_without_bound);
+            copies copies_without_bound vacant_copy_unreplicated twin_binds);
     }
 }
 
@@ -246,6 +251,7 @@ impl Model {
         Some(t)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn grant(
         &mut self,
         k: usize,
