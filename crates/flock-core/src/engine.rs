@@ -303,7 +303,10 @@ fn settle_state(
     let mut changed = false;
     if !state.grants().is_empty()
         && state.expire(now, env.lock_delay_ms, |g| {
-            let event = if g.binding() == Binding::Lost {
+            // A bound grant that lost its connection while its lease ran ends as closed; one
+            // whose lease had run out already ended by its lease (G11: never past it), even if
+            // its loss is what brought the key here.
+            let event = if g.binding() == Binding::Lost && !g.deadline.passed(now) {
                 Event::Closed
             } else {
                 Event::Expired
@@ -385,9 +388,11 @@ fn publish_as(
     so_far: bool,
 ) -> bool {
     if state.is_vacant(env.now) && w.waiting() == 0 {
-        if changed {
-            fx.push(Effect::ReplicateDelete);
-        }
+        // Replicated even when this operation changed nothing: the replicas may hold the
+        // key all the same (a COPY that left only bound grants out is vacant on both sides,
+        // and only the master looks at it again). A DEL of a key a replica never had is a
+        // no-op there.
+        fx.push(Effect::ReplicateDelete);
         fx.push(Effect::DeleteKey);
         return true;
     }

@@ -7,7 +7,8 @@
 //!   contract.
 //! - [`state_machine_target`]: random operation sequences on keys of every kind (exclusive,
 //!   shared, permits) through the engine against a reference model written from the
-//!   contract, with G1-G4, G6, G7 and G9 as assertions.
+//!   contract, with G1-G4, G6, G7, G9 and G11 (BOUND grants and the bindings index) as
+//!   assertions.
 //!
 //! A saved failing input replays without libFuzzer:
 //! `FLOCK_FUZZ_TRACE=1 cargo run --release -p flock-fuzz --example replay -- state_machine FILE`.
@@ -18,4 +19,4 @@ mod engine;
 
 pub use args::{args_target, check_args, ref_int};
 pub use bytes::Bytes;
-pub use engine::{state_machine_run, state_machine_target};
+pub use engine::{state_machine_counted, state_machine_run, state_machine_target, BoundSeen};

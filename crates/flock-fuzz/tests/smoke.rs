@@ -37,9 +37,29 @@ fn args_driver_on_random_inputs() {
 #[test]
 fn state_machine_driver_on_random_inputs() {
     let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
-    let steps: usize = (0..iterations())
-        .map(|_| flock_fuzz::state_machine_run(&rng.bytes(4000)))
-        .sum();
-    eprintln!("state machine: {steps} steps");
+    let mut seen = flock_fuzz::BoundSeen::default();
+    let mut steps = 0;
+    for _ in 0..iterations() {
+        let (n, s) = flock_fuzz::state_machine_counted(&rng.bytes(4000));
+        steps += n;
+        seen.add(&s);
+    }
+    eprintln!("state machine: {steps} steps; BOUND paths: {seen:#?}");
     assert!(steps > iterations() * 10, "the driver ran: {steps} steps");
+    // The BOUND paths are reached: granted at once and handed to a waiter, rebound, closed
+    // with grants, orphaned by travel while live.
+    if iterations() >= 300 {
+        for (what, n) in [
+            ("granted", seen.bound_granted),
+            ("handed", seen.bound_handed),
+            ("rebound", seen.rebound),
+            ("bound to unbound", seen.bound_to_unbound),
+            ("unbound to bound", seen.unbound_to_bound),
+            ("closed", seen.closed_grants),
+            ("waiters left", seen.bound_waiters_left),
+            ("orphaned live", seen.orphaned_live),
+        ] {
+            assert!(n > 0, "no BOUND path {what} in {steps} steps: {seen:?}");
+        }
+    }
 }

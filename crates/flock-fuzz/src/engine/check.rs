@@ -5,6 +5,8 @@
 use super::model::{MGrant, MWaiter, Model, Settings};
 use super::server::Server;
 use crate::bytes::Bytes;
+use flock_core::engine::Event;
+use flock_core::state::Binding;
 use flock_core::state::Mode;
 use flock_core::{Grant, LockState, Now, Snapshot, Waiter, MAX_TOKEN};
 
@@ -14,7 +16,27 @@ pub(super) fn grant_view(g: &Grant) -> MGrant {
         token: g.token,
         mono_us: g.deadline.mono_us,
         wall_ms: g.deadline.wall_ms,
+        bound: g.bound(),
+        client: g.bound_client(),
+        lost: g.binding() == Binding::Lost,
     }
+}
+
+/// A step's events, in an order of their own (the contract orders none within a step), and
+/// RELEASE's hold time left out (the model keeps no start times).
+pub(super) fn events_view(events: &[Event]) -> Vec<(u8, u64)> {
+    let mut v: Vec<(u8, u64)> = events
+        .iter()
+        .map(|e| match *e {
+            Event::Acquired { ttl_ms } => (0, ttl_ms),
+            Event::Released { .. } => (1, 0),
+            Event::Expired => (2, 0),
+            Event::Revoked => (3, 0),
+            Event::Closed => (4, 0),
+        })
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 pub(super) fn waiter_view(w: &Waiter) -> MWaiter {
@@ -23,6 +45,7 @@ pub(super) fn waiter_view(w: &Waiter) -> MWaiter {
         owner: w.owner.to_vec(),
         ttl_ms: w.ttl_ms,
         mode: w.mode,
+        bind_to: w.bind_to,
     }
 }
 
@@ -41,8 +64,14 @@ pub(super) fn show(st: &LockState) -> String {
         .by_token()
         .into_iter()
         .map(|g| {
+            let tie = match g.binding() {
+                Binding::Client(c) => format!("@{c}"),
+                Binding::Lost => "@lost".into(),
+                Binding::None if g.bound() => "@-".into(),
+                Binding::None => String::new(),
+            };
             format!(
-                "{}:{}:{}",
+                "{}:{}:{}{tie}",
                 short(&g.owner),
                 g.token % 100_000,
                 g.deadline.mono_us

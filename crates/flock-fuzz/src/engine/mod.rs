@@ -3,15 +3,17 @@
 //! runs them, with a host that plays the server (keyspace, wait queues, a replica fed by the
 //! replicated effects over the wire). The operations: ACQUIRE in each mode, parsed from its
 //! argv (with and without BLOCK, inside MULTI, with the key's limit, another one or one out of
-//! range), RELEASE and RENEW with and without a token (the live one or a stale one), REVOKE of
+//! range, with and without BOUND from one of a few client connections), RELEASE and RENEW with and without a token (the live one or a stale one), REVOKE of
 //! all or of one owner, CHECK, FENCED's verdict, INFO, HOLDERS, timers, waiters leaving (then
-//! a revisit) or vanishing, grants whose client left before the reply, DEL, travel through
-//! RDB, restarts with and without the token mark, failovers to the replica, clock steps (to
+//! a revisit) or vanishing, grants whose client left before the reply, a client connection
+//! closing (its waits end, its bound grants end as on expiry), DEL, COPY (bound grants left
+//! out), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
 //! the microsecond of a deadline, too) and new settings (lock-delay, max-holders).
 //!
 //! The model is written from the contract (SPEC.md: "Lock kinds: exclusive, shared, counted",
-//! "Token-qualified calls", G1-G7), not from the engine. Checked after every step: the replies
-//! and states against the model, G1 (an exclusive grant is alone, no key has more grants than
+//! "Token-qualified calls", "Connection-bound grants (BOUND)", G1-G7, G11), not from the
+//! engine. Checked after every step: the replies, events, states and bindings against the
+//! model, the bindings index against the bound grants (G11), G1 (an exclusive grant is alone, no key has more grants than
 //! its limit), G2, G3 (tokens grow across kinds, restarts and failovers), G4, G5, G6
 //! (hand-offs are the model's, in FIFO order; after a write a head that fits never waits and
 //! the key is armed for its next deadline), G7 (the replica agrees with the master on
@@ -19,7 +21,7 @@
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
-use flock_core::engine::{self, Reply, ReplyError};
+use flock_core::engine::{self, Event, Reply, ReplyError};
 use flock_core::state::Mode;
 use flock_core::{Now, TokenIssuer, WaitQueue};
 use flock_core::{MAX_OWNER_LEN, MAX_TOKEN};
@@ -51,13 +53,16 @@ fn owner_bytes(o: usize) -> Vec<u8> {
     }
 }
 
+mod bound;
 mod check;
 mod model;
 mod server;
 mod travel;
 
-use check::{assert_same, short, show, Issued};
-use model::{MKey, Model, Settings};
+use bound::{check_bindings, close_conn, copy_key};
+use check::{assert_same, events_view, short, show, Issued};
+pub use model::BoundSeen;
+use model::{MGrant, MKey, Model, Settings};
 use server::{Replica, Server};
 use travel::travel;
 
@@ -74,7 +79,14 @@ fn pick_mode(r: &mut Bytes<'_>, k: usize, max_holders: u32) -> Mode {
 }
 
 /// FLOCK.ACQUIRE's argument list.
-fn acquire_argv(k: usize, owner: &[u8], ttl_ms: u64, mode: Mode, block: bool) -> Vec<Vec<u8>> {
+fn acquire_argv(
+    k: usize,
+    owner: &[u8],
+    ttl_ms: u64,
+    mode: Mode,
+    bound: bool,
+    block: bool,
+) -> Vec<Vec<u8>> {
     let mut argv = vec![
         b"FLOCK.ACQUIRE".to_vec(),
         KEY_NAMES[k].to_vec(),
@@ -85,6 +97,9 @@ fn acquire_argv(k: usize, owner: &[u8], ttl_ms: u64, mode: Mode, block: bool) ->
         Mode::Exclusive => {}
         Mode::Shared => argv.push(b"SHARED".to_vec()),
         Mode::Permits(n) => argv.extend([b"LIMIT".to_vec(), n.to_string().into_bytes()]),
+    }
+    if bound {
+        argv.push(b"BOUND".to_vec());
     }
     if block {
         argv.extend([b"BLOCK".to_vec(), b"0".to_vec()]);
@@ -111,6 +126,15 @@ pub fn state_machine_target(data: &[u8]) {
 /// [`state_machine_target`], returning the number of steps it ran (what the smoke test
 /// reports, so a driver that stops early shows).
 pub fn state_machine_run(data: &[u8]) -> usize {
+    state_machine_counted(data).0
+}
+
+/// Client connections: a few at a time, each with an id the server never gives again once
+/// it closed.
+const CONNS: usize = 3;
+
+/// [`state_machine_run`], with how often each BOUND path ran.
+pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
     let mut r = Bytes::new(data);
     let mut wall_us: u64 = WALL0_US + u64::from(r.u32());
     let mut mono_us: u64 = 1_000_000 + u64::from(r.u16());
@@ -129,6 +153,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         },
         vanished: Vec::new(),
         next_waiter: 0,
+        bindings: bound::Bindings::default(),
     };
     let mut model = Model {
         keys: vec![MKey::default(); KEYS],
@@ -139,7 +164,13 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         recent_handoffs: VecDeque::new(),
         step: 0,
         max_holders_seen: set.max_holders,
+        events: Vec::new(),
+        waiter_conn: Default::default(),
+        seen: BoundSeen::default(),
     };
+    // The open connections' ids (Redis's client ids count up from 1).
+    let mut conns: [u64; CONNS] = [1, 2, 3];
+    let mut next_conn = CONNS as u64;
     let mut steps = 0usize;
     // Each key's timer as the glue's deadline index keeps it: the last deadline the engine
     // armed it for (`Some(None)`: disarmed), kept across steps that arm nothing (an operation
@@ -151,12 +182,15 @@ pub fn state_machine_run(data: &[u8]) -> usize {
         steps += 1;
         model.step = steps;
         model.handed.clear();
+        model.events.clear();
         // The engine's hand-offs in this step, to compare with the model's (FIFO, G6).
         let mut delivered: Vec<(u64, u64)> = Vec::new();
+        // The engine's keyspace notifications in this step.
+        let mut events: Vec<Event> = Vec::new();
         // The timer the engine armed for the key in this step.
         let mut armed = None;
         let now = Now::new(wall_us, mono_us);
-        let op = r.u8() % 21;
+        let op = r.u8() % 24;
         let k = r.below(KEYS);
         let o = r.below(OWNERS);
         let owner = owner_bytes(o);
@@ -194,7 +228,11 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 let mode = pick_mode(&mut r, k, set.max_holders);
                 // Inside MULTI/EXEC or a script BLOCK answers at once.
                 let can_block = !r.u8().is_multiple_of(8);
-                let argv = acquire_argv(k, &owner, ttl_ms, mode, op >= 3);
+                // From one of the open connections, with BOUND half of the time (inside
+                // MULTI/EXEC too: it binds to the client).
+                let c = r.u8();
+                let conn = conns[usize::from(c) % CONNS];
+                let argv = acquire_argv(k, &owner, ttl_ms, mode, c & 0x80 != 0, op >= 3);
                 let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
                 let a = match args::parse_acquire(&refs, MAX_TTL_MS, set.max_holders) {
                     Ok(a) => a,
@@ -212,9 +250,10 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     }
                 };
                 assert_eq!(
-                    (a.mode, a.ttl_ms, a.block.is_some()),
-                    (mode, ttl_ms, op >= 3)
+                    (a.mode, a.ttl_ms, a.block.is_some(), a.bound),
+                    (mode, ttl_ms, op >= 3, c & 0x80 != 0)
                 );
+                let bind_to = a.bound.then_some(conn);
                 let before = real.states[k]
                     .as_ref()
                     .and_then(|s| s.owner_grant(&owner, now).map(|g| (g.token, s.mode)));
@@ -222,20 +261,21 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 // free-key path first (which leaves the other cases to `acquire`).
                 let (got, out) = real
                     .run(k, now, set, true, |s, env, host| {
-                        engine::acquire(s, env, host, &a, can_block, None)
+                        engine::acquire(s, env, host, &a, can_block, bind_to)
                     })
                     .expect("ACQUIRE creates the key");
                 delivered = out.delivered;
+                events.extend(out.events);
                 armed = out.armed;
                 write = true;
                 let asked = AcquireArgs {
                     block: a.block.filter(|_| can_block),
                     ..a
                 };
-                let want = model.acquire(k, &asked, now, set, out.blocked);
+                let want = model.acquire(k, &asked, now, set, out.blocked, bind_to, conn);
                 model.publish(k, now);
                 assert_eq!(got, want, "step {steps}: ACQUIRE {argv:?}");
-                said = format!("{:?} {got:?}", a.mode);
+                said = format!("{:?} bind {bind_to:?} {got:?}", a.mode);
                 // G4 from the state before the call alone: the holder gets its own token in
                 // the mode it holds, an error in another.
                 if let Some((t, held)) = before {
@@ -274,6 +314,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                     continue;
                 };
                 delivered = out.delivered;
+                events.extend(out.events);
                 armed = out.armed;
                 write = true;
                 let want = match op {
@@ -327,6 +368,23 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             }
             // Time passes; now and then the wall clock steps (NTP, an operator, a VM resume).
             12 | 13 => {
+                // A key with a bound grant that lost its connection is due at once: its timer
+                // fires before time goes on.
+                for (kk, timer) in timers.iter_mut().enumerate() {
+                    if model.has_lost(kk) {
+                        let (_, out) = real
+                            .run(kk, now, set, false, |s, env, host| {
+                                engine::expire(s, env, host)
+                            })
+                            .expect("a key with grants exists");
+                        delivered.extend(out.delivered);
+                        events.extend(out.events);
+                        if out.armed.is_some() {
+                            *timer = out.armed;
+                        }
+                        model.settle(kk, now, set);
+                    }
+                }
                 let d_us = match r.u8() % 5 {
                     // To the key's next lease or slot end, to the microsecond: the edge
                     // where a lease stops being live.
@@ -361,6 +419,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 });
                 if let Some((_, out)) = ran {
                     delivered = out.delivered;
+                    events.extend(out.events);
                     armed = out.armed;
                     write = true;
                     model.settle(k, now, set);
@@ -374,6 +433,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 if !mk.queue.is_empty() {
                     let i = r.below(mk.queue.len());
                     let w = mk.queue.remove(i).expect("waiter");
+                    model.waiter_conn.remove(&w.id);
                     assert!(real.queues[k].cancel(w.id), "step {steps}: cancel");
                     assert!(
                         !real.queues[k].cancel(w.id),
@@ -393,6 +453,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                             })
                             .expect("revisit runs");
                         delivered = out.delivered;
+                        events.extend(out.events);
                         armed = out.armed;
                         write = true;
                         model.keys[k].exists = true;
@@ -432,11 +493,16 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                             })
                             .expect("the key exists");
                         delivered = out.delivered;
+                        events.extend(out.events);
                         armed = out.armed;
                         write = true;
                         let key = &mut model.keys[kk];
                         // Only a live grant is released (one that ran out expires instead).
+                        let before = key.grants.len();
                         key.grants.retain(|g| !(g.token == t && g.live(now)));
+                        if key.grants.len() < before {
+                            model.events.push(Event::Released { held_ms: 0 });
+                        }
                         model.settle(kk, now, set);
                     } else {
                         assert!(!model.keys[kk].exists, "step {steps}: ghost plan");
@@ -451,6 +517,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             18 => {
                 real.states[k] = None;
                 real.replica.keys[k] = None;
+                real.bindings.key_gone(k);
                 model.keys[k].forget_lock();
                 let found = engine::Found::Nothing;
                 let plan = engine::plan_revisit(true, found, None, real.queues[k].len(), || true);
@@ -461,6 +528,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                         })
                         .expect("revisit creates the key");
                     delivered = out.delivered;
+                    events.extend(out.events);
                     armed = out.armed;
                     write = true;
                     model.keys[k].exists = true;
@@ -483,6 +551,44 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                         .as_ref()
                         .map(|s| s.next_deadline().map(|d| d.mono_us));
                 }
+            }
+            // A client connection closes (exit, kill, CLIENT KILL, timeout).
+            21 => {
+                let slot = r.below(CONNS);
+                let c = conns[slot];
+                next_conn += 1;
+                conns[slot] = next_conn;
+                let (d, e, t) = close_conn(&mut real, &mut model, c, now, set, &mut timers);
+                delivered = d;
+                events = e;
+                if let Some(t) = t {
+                    touched = t;
+                    write = true;
+                }
+                said = format!("client {c} closed");
+                full = true;
+            }
+            // COPY of the key to another one, with or without REPLACE.
+            22 => {
+                let dst = (k + 1 + r.below(KEYS - 1)) % KEYS;
+                let replace = r.u8() & 1 == 0;
+                let done = copy_key(
+                    &mut real,
+                    &mut model,
+                    k,
+                    dst,
+                    replace,
+                    now,
+                    set,
+                    &mut timers,
+                );
+                if let Some((d, e, t)) = done {
+                    (delivered, events) = (d, e);
+                    touched = t.unwrap_or(dst);
+                    write = true;
+                    said = format!("COPY to {dst} replace {replace}");
+                }
+                full = true;
             }
             // A restart or a failover: state travels, waiters are gone; the high-water mark
             // comes along (RDB aux data; a failover has the replica's) or not (an AOF
@@ -521,6 +627,13 @@ pub fn state_machine_run(data: &[u8]) -> usize {
                 real.vanished.clear();
                 model.vanished.clear();
                 model.recent_handoffs.clear();
+                // A new process: no binding, every client connects anew.
+                real.bindings.clear();
+                model.waiter_conn.clear();
+                for c in &mut conns {
+                    next_conn += 1;
+                    *c = next_conn;
+                }
                 // Without the mark, G3 across the restart rests on the clock alone: the first
                 // token issued after it must be above the old mark when the clock is.
                 if how == 7 {
@@ -559,6 +672,13 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             delivered, model.handed,
             "step {steps}: hand-offs of key {touched} (FIFO)"
         );
+        assert_eq!(
+            events_view(&events),
+            events_view(&model.events),
+            "step {steps}: events (engine, model): {events:?} {:?}",
+            model.events
+        );
+        check_bindings(&real, &model, steps);
         // G6: a key that stays is armed no later than its next lease or slot end, so that
         // an expiry hands it on at once rather than at the next command. (Earlier is allowed:
         // a key with several grants keeps a lower bound of its next end, made exact when its
@@ -575,7 +695,7 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             let next = mk
                 .grants
                 .iter()
-                .map(|g| g.mono_us)
+                .map(MGrant::due_us)
                 .chain(mk.delays.iter().map(|d| d.0))
                 .min();
             let in_time = match (armed, next) {
@@ -610,5 +730,6 @@ pub fn state_machine_run(data: &[u8]) -> usize {
             );
         }
     }
-    steps
+    model.seen.twin_binds = real.bindings.twin_binds;
+    (steps, model.seen)
 }

@@ -3,10 +3,10 @@
 
 use super::check::Issued;
 use flock_core::args::AcquireArgs;
-use flock_core::engine::{Info, Reply, ReplyError};
+use flock_core::engine::{Event, Info, Reply, ReplyError};
 use flock_core::state::Mode;
 use flock_core::{Now, MAX_TOKEN};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct MGrant {
@@ -16,11 +16,28 @@ pub(super) struct MGrant {
     /// wall-clock time (what travels).
     pub(super) mono_us: u64,
     pub(super) wall_ms: i64,
+    /// Made with BOUND (the mark that travels).
+    pub(super) bound: bool,
+    /// The connection it lives with on this master (G11), while that connection is open.
+    pub(super) client: Option<u64>,
+    /// A bound grant whose connection closed, or that arrived on this master without one: not
+    /// live from that moment, ended by the next settle.
+    pub(super) lost: bool,
 }
 
 impl MGrant {
     pub(super) fn live(&self, now: Now) -> bool {
-        now.mono_us < self.mono_us
+        now.mono_us < self.mono_us && !self.lost
+    }
+
+    /// When the grant stops being live: its lease's end, or at once when it lost its
+    /// connection.
+    pub(super) fn due_us(&self) -> u64 {
+        if self.lost {
+            0
+        } else {
+            self.mono_us
+        }
     }
 
     pub(super) fn remaining_ms(&self, now: Now) -> u64 {
@@ -39,6 +56,8 @@ pub(super) struct MWaiter {
     pub(super) owner: Vec<u8>,
     pub(super) ttl_ms: u64,
     pub(super) mode: Mode,
+    /// BOUND: the connection the grant is to live with.
+    pub(super) bind_to: Option<u64>,
 }
 
 /// One key of the model: whether it exists in the keyspace, and its lock.
@@ -150,6 +169,65 @@ pub(super) struct Model {
     pub(super) step: usize,
     /// The largest max-holders of the run: a shared key keeps what it was granted under it.
     pub(super) max_holders_seen: u32,
+    /// The events of the current step (`flock.<name>` notifications), RELEASE's hold time
+    /// left out.
+    pub(super) events: Vec<Event>,
+    /// The connection each waiting request came from (waiter id -> client id).
+    pub(super) waiter_conn: BTreeMap<u64, u64>,
+    /// How often the reference saw each BOUND path (reported by the smoke test).
+    pub(super) seen: BoundSeen,
+}
+
+/// Counts of the BOUND paths a run went through.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BoundSeen {
+    /// ACQUIRE with BOUND granted at once.
+    pub bound_granted: usize,
+    /// A bound waiter handed the key.
+    pub bound_handed: usize,
+    /// A BOUND request queued.
+    pub bound_queued: usize,
+    /// The holder repeating ACQUIRE moved the binding: to another connection, from none to
+    /// one, from one to none.
+    pub rebound: usize,
+    pub bound_to_unbound: usize,
+    pub unbound_to_bound: usize,
+    /// The holder repeating ACQUIRE on the connection it is bound to.
+    pub same_binding: usize,
+    /// Connections closed, those that held bound grants, and the grants they ended.
+    pub closes: usize,
+    pub closes_with_grants: usize,
+    pub closed_grants: usize,
+    /// Of those, grants whose lease had run out before the close (they end by their lease:
+    /// `flock.expired`).
+    pub closed_after_lease: usize,
+    /// Bound waiters that left their queue with their connection.
+    pub bound_waiters_left: usize,
+    /// Bound grants that arrived without their connection (travel), and those of them still
+    /// live by their lease when they did.
+    pub orphaned: usize,
+    pub orphaned_live: usize,
+    /// Bound grants released, revoked, run out by their lease.
+    pub bound_released: usize,
+    pub bound_revoked: usize,
+    pub bound_expired: usize,
+    /// COPY of a key with bound grants (left out of the copy).
+    pub copies: usize,
+    pub copies_without_bound: usize,
+    /// A connection bound to two grants of one token (a COPY's twin, on two keys).
+    pub twin_binds: usize,
+}
+
+impl BoundSeen {
+    pub fn add(&mut self, o: &BoundSeen) {
+        macro_rules! sum {
+            ($($f:ident)*) => { $(self.$f += o.$f;)* };
+        }
+        sum!(bound_granted bound_handed bound_queued rebound bound_to_unbound unbound_to_bound
+            same_binding closes closes_with_grants closed_grants closed_after_lease
+            bound_waiters_left orphaned orphaned_live bound_released bound_revoked bound_expired
+            copies copies_without_bound twin_binds);
+    }
 }
 
 impl Model {
@@ -162,6 +240,7 @@ impl Model {
         Some(t)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn grant(
         &mut self,
         k: usize,
@@ -170,6 +249,7 @@ impl Model {
         ttl_ms: u64,
         token: u64,
         now: Now,
+        bind_to: Option<u64>,
     ) {
         let key = &mut self.keys[k];
         let (mono_us, wall_ms) = after(now, ttl_ms);
@@ -179,14 +259,19 @@ impl Model {
             token,
             mono_us,
             wall_ms,
+            bound: bind_to.is_some(),
+            client: bind_to,
+            lost: false,
         });
         key.last_token = token;
     }
 
     /// Bring key `k` up to date: every run-out lease ends, leaving a delayed slot of the
-    /// lock-delay counted from its deadline; finished slots end; then waiters are granted
-    /// from the head while the head fits (a vanished one costs a token and is skipped).
-    /// Hand-offs go to `handed`.
+    /// lock-delay counted from its deadline (`flock.expired`); a bound grant that lost its
+    /// connection while its lease ran ends as on expiry, its slot delayed from now
+    /// (`flock.closed`: no time passes between the loss and this settle, the key being due at
+    /// once); finished slots end; then waiters are granted from the head while the head fits
+    /// (a vanished one costs a token and is skipped). Hand-offs go to `handed`.
     pub(super) fn settle_state(&mut self, k: usize, now: Now, set: Settings) {
         let d = set.lock_delay_ms;
         let key = &mut self.keys[k];
@@ -194,14 +279,26 @@ impl Model {
             .into_iter()
             .partition(|g| g.live(now));
         key.grants = kept;
-        if d > 0 {
-            key.delays.extend(
-                ended
-                    .iter()
-                    .map(|g| (g.mono_us + d * 1000, g.wall_ms + d as i64)),
-            );
+        for g in &ended {
+            let closed = g.lost && now.mono_us < g.mono_us;
+            if g.bound && !g.lost {
+                self.seen.bound_expired += 1;
+            }
+            let event = if closed {
+                Event::Closed
+            } else {
+                Event::Expired
+            };
+            self.events.push(event);
+            if d > 0 {
+                self.keys[k].delays.push(if closed {
+                    after(now, d)
+                } else {
+                    (g.mono_us + d * 1000, g.wall_ms + d as i64)
+                });
+            }
         }
-        key.delays.retain(|(m, _)| now.mono_us < *m);
+        self.keys[k].delays.retain(|(m, _)| now.mono_us < *m);
         loop {
             let key = &self.keys[k];
             let Some(head) = key.queue.front() else {
@@ -214,10 +311,15 @@ impl Model {
                 return;
             };
             let w = self.keys[k].queue.pop_front().expect("head");
-            self.grant(k, w.mode, &w.owner, w.ttl_ms, token, now);
+            self.waiter_conn.remove(&w.id);
+            self.grant(k, w.mode, &w.owner, w.ttl_ms, token, now, w.bind_to);
             if self.vanished.contains(&w.id) {
                 self.keys[k].grants.pop();
                 continue;
+            }
+            self.events.push(Event::Acquired { ttl_ms: w.ttl_ms });
+            if w.bind_to.is_some() {
+                self.seen.bound_handed += 1;
             }
             self.issued.note(token, now, self.step);
             self.handed.push((w.id, token));
@@ -246,7 +348,9 @@ impl Model {
 
     /// FLOCK.ACQUIRE (parsed), from the contract: the owner's own grant (mode, then limit),
     /// then the key's limit, then room (nobody jumps the queue). `blocked`: the id of the
-    /// request when the engine queued it.
+    /// request when the engine queued it. `bind_to`: with BOUND, the caller's connection
+    /// (the repeating holder's binding is set anew: to it, or to none without BOUND).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn acquire(
         &mut self,
         k: usize,
@@ -254,6 +358,8 @@ impl Model {
         now: Now,
         set: Settings,
         blocked: Option<u64>,
+        bind_to: Option<u64>,
+        conn: u64,
     ) -> Reply<'static> {
         self.keys[k].exists = true;
         self.settle_state(k, now, set);
@@ -268,6 +374,16 @@ impl Model {
                 return Reply::Error(ReplyError::OwnerHolds(mode));
             }
             (g.mono_us, g.wall_ms) = after(now, a.ttl_ms);
+            let seen = &mut self.seen;
+            match (g.client, bind_to) {
+                (Some(x), Some(y)) if x == y => seen.same_binding += 1,
+                (Some(_), Some(_)) => seen.rebound += 1,
+                (Some(_), None) => seen.bound_to_unbound += 1,
+                (None, Some(_)) => seen.unbound_to_bound += 1,
+                (None, None) => {}
+            }
+            g.bound = bind_to.is_some();
+            g.client = bind_to;
             return Reply::Int(g.token as i64);
         }
         if a.mode != Mode::Exclusive {
@@ -281,8 +397,12 @@ impl Model {
             let Some(token) = self.issue(now) else {
                 return Reply::Error(ReplyError::TokensExhausted);
             };
-            self.grant(k, a.mode, a.owner, a.ttl_ms, token, now);
+            self.grant(k, a.mode, a.owner, a.ttl_ms, token, now, bind_to);
             self.issued.note(token, now, self.step);
+            self.events.push(Event::Acquired { ttl_ms: a.ttl_ms });
+            if bind_to.is_some() {
+                self.seen.bound_granted += 1;
+            }
             return Reply::Int(token as i64);
         }
         if a.block.is_none() {
@@ -299,10 +419,19 @@ impl Model {
             owner: a.owner.to_vec(),
             ttl_ms: a.ttl_ms,
             mode: a.mode,
+            bind_to,
         };
+        let id = waiter.id;
         match replaces.and_then(|i| key.queue.get_mut(i)) {
-            Some(slot) => *slot = waiter,
+            Some(slot) => {
+                let old = std::mem::replace(slot, waiter);
+                self.waiter_conn.remove(&old.id);
+            }
             None => key.queue.push_back(waiter),
+        }
+        self.waiter_conn.insert(id, conn);
+        if bind_to.is_some() {
+            self.seen.bound_queued += 1;
         }
         // The request that left may have been the head that held everyone behind it.
         self.settle_state(k, now, set);
@@ -338,7 +467,11 @@ impl Model {
             return Reply::Int(0);
         };
         // A released slot frees at once: no lock-delay.
-        self.keys[k].grants.remove(i);
+        let g = self.keys[k].grants.remove(i);
+        self.events.push(Event::Released { held_ms: 0 });
+        if g.client.is_some() {
+            self.seen.bound_released += 1;
+        }
         self.settle(k, now, set);
         Reply::Int(1)
     }
@@ -379,7 +512,14 @@ impl Model {
         if n == 0 {
             return Reply::Int(0);
         }
+        let bound = key
+            .grants
+            .iter()
+            .filter(|g| hit(g) && g.client.is_some())
+            .count();
         key.grants.retain(|g| !hit(g));
+        self.seen.bound_revoked += bound;
+        self.events.extend((0..n).map(|_| Event::Revoked));
         // Each revoked grant's slot stays taken for the lock-delay, from now.
         if set.lock_delay_ms > 0 {
             key.delays
@@ -429,5 +569,73 @@ impl Model {
             .iter()
             .filter(|w| w.owner == owner)
             .all(|w| self.vanished.contains(&w.id))
+    }
+}
+
+impl Model {
+    /// Connection `client` closed: its waiting requests left their queues already; its bound
+    /// grants are not live from now on, and end (as on expiry, `flock.closed`) when the keys
+    /// `settled` (those the module's bindings index lists for the client) are settled, each
+    /// that exists. Every key where the client held a bound grant must be among them.
+    pub(super) fn close(&mut self, client: u64, settled: &[usize], now: Now, set: Settings) {
+        self.seen.closes += 1;
+        let mut ended = 0;
+        for (k, key) in self.keys.iter_mut().enumerate() {
+            for g in key.grants.iter_mut().filter(|g| g.client == Some(client)) {
+                assert!(
+                    settled.contains(&k),
+                    "step {}: key {k} holds a grant bound to {client} the index does not list",
+                    self.step
+                );
+                g.client = None;
+                g.lost = true;
+                ended += 1;
+                if now.mono_us >= g.mono_us {
+                    self.seen.closed_after_lease += 1;
+                }
+            }
+        }
+        self.seen.closed_grants += ended;
+        self.seen.closes_with_grants += usize::from(ended > 0);
+        for &k in settled {
+            if self.keys[k].exists {
+                self.settle(k, now, set);
+            }
+        }
+    }
+
+    /// Key `k` arrived on a master from outside (RDB, promotion): its bound grants have no
+    /// connection here, so none is live from now on (the key is due at once).
+    pub(super) fn orphan_bound(&mut self, k: usize, now: Now) {
+        for g in self.keys[k].grants.iter_mut().filter(|g| g.bound) {
+            self.seen.orphaned += 1;
+            if g.live(now) {
+                self.seen.orphaned_live += 1;
+            }
+            g.client = None;
+            g.lost = true;
+        }
+    }
+
+    /// Whether key `k` holds a bound grant that lost its connection (and so is due at once).
+    pub(super) fn has_lost(&self, k: usize) -> bool {
+        self.keys[k].grants.iter().any(|g| g.lost)
+    }
+
+    /// The bindings the contract has now: (client, key, token) of every bound grant whose
+    /// connection is open, sorted.
+    pub(super) fn bindings(&self) -> Vec<(u64, usize, u64)> {
+        let mut v: Vec<(u64, usize, u64)> = self
+            .keys
+            .iter()
+            .enumerate()
+            .flat_map(|(k, key)| {
+                key.grants
+                    .iter()
+                    .filter_map(move |g| g.client.map(|c| (c, k, g.token)))
+            })
+            .collect();
+        v.sort_unstable();
+        v
     }
 }

@@ -1,12 +1,13 @@
 //! The engine's side: a host that plays the server (keyspace, wait queues, a replica fed by
 //! the replicated effects over the wire) and runs operations as the module's executor does.
 
+use super::bound::Bindings;
 use super::model::Settings;
 use super::KEY_NAMES;
 use flock_core::apply;
 use flock_core::args::{self, AcquireArgs};
 use flock_core::engine::{
-    self, BlockRefused, Effect, Env, KeyFate, LoneGrant, Outcome, Reply, Stored, Waiters,
+    self, BlockRefused, Effect, Env, Event, KeyFate, LoneGrant, Outcome, Reply, Stored, Waiters,
 };
 use flock_core::state::Mode;
 use flock_core::{LockState, Now, Snapshot, TokenIssuer, WaitQueue, Waiter};
@@ -25,6 +26,8 @@ pub(super) struct Server {
     pub(super) replica: Replica,
     pub(super) vanished: Vec<u64>,
     pub(super) next_waiter: u64,
+    /// The module's bindings index (BOUND), fed by the engine's `Bind`/`Unbind` effects.
+    pub(super) bindings: Bindings,
 }
 
 /// The host of one operation on key `k`.
@@ -90,6 +93,7 @@ pub(super) struct Ran {
     pub(super) delivered: Vec<(u64, u64)>,
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
+    pub(super) events: Vec<Event>,
 }
 
 /// Send `snapshot` of key `key` to the replica over the wire, as the module does: written by
@@ -181,6 +185,7 @@ impl Server {
             delivered: host.delivered,
             blocked: host.blocked,
             armed: None,
+            events: Vec::new(),
         };
         // The effects, in order.
         let mut deleted = false;
@@ -211,12 +216,11 @@ impl Server {
                 Effect::ReplicateDelete => self.replica.keys[k] = None,
                 Effect::DeleteKey => deleted = true,
                 Effect::Arm(d) => outcome.armed = Some(d.map(|d| d.mono_us)),
-                // No BOUND grants here: the bindings are the module's business.
-                Effect::Notify(_)
-                | Effect::Count(_)
-                | Effect::ReplicateVerbatim
-                | Effect::Bind { .. }
-                | Effect::Unbind { .. } => {}
+                Effect::Notify(e) => outcome.events.push(e),
+                // The module's bindings index, fed as the module feeds it.
+                Effect::Bind { client, token } => self.bindings.bind(client, k, token),
+                Effect::Unbind { client, token } => self.bindings.unbind(client, k, token),
+                Effect::Count(_) | Effect::ReplicateVerbatim => {}
             }
         }
         let reply = out.reply.clone();

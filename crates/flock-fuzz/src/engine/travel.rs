@@ -1,6 +1,8 @@
 //! A key travels: through RDB (the module's layout, `flock_core::rdb`) to a restarted
 //! server and to a resyncing replica, and the model's deadlines become what is left of them by
-//! the wall clock.
+//! the wall clock. A bound grant travels as its mark only: on the master that loads it, it has
+//! no connection, so it is not live from then on and ends at the next settle (G11); the
+//! replica keeps the mark as it is.
 
 use super::model::Model;
 use super::server::Server;
@@ -74,13 +76,23 @@ pub(super) fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
         let image = rdb::load_lock(rdb::ENCODING_VERSION, &mut tape).expect("a saved lock loads");
         assert_eq!(tape.at, tape.values.len(), "the whole value read back");
         assert_eq!(image, LockImage::of(st), "RDB carries the state's image");
-        let loaded = engine::load(image.clone(), now, &mut real.tokens);
+        let mut loaded = engine::load(image.clone(), now, &mut real.tokens);
+        // As the module does when loading ends (`expiry.rs` `arm_scanned`) and on promotion.
+        let orphaned = engine::orphan_bound(&mut loaded, true);
         let copy = engine::load(image, now, &mut real.replica.tokens);
         real.replica.keys[k] = Some(copy);
+        assert_eq!(
+            orphaned,
+            loaded.grants().iter().any(|g| g.bound()),
+            "every bound grant that arrives on a master loses its connection"
+        );
         real.states[k] = Some(loaded);
     } else {
         real.replica.keys[k] = None;
     }
+    // The module's index is not told (DEBUG RELOAD keeps it): its entries for the key are
+    // stale from now on.
+    real.bindings.key_gone(k);
     // A resync carries the master's token mark (RDB aux data); between resyncs the replica
     // raises its own from the effects it applies.
     let mark = real.tokens.high_water();
@@ -102,4 +114,5 @@ pub(super) fn travel(real: &mut Server, model: &mut Model, k: usize, now: Now) {
         d.0 = left(d.1);
     }
     model.high_water = model.high_water.max(mk.last_token);
+    model.orphan_bound(k, now);
 }
