@@ -5,8 +5,8 @@ state (token, local deadline, lost flag and reason, release), when the next rene
 fenced writes, redirect and retry handling, and the errors. It does no I/O itself.
 
 The hot operations are plain functions and methods, one command each: the core builds the
-command and interprets its reply, the driver sends it in between (``Acquire(...).args`` /
-``Acquire.on_reply()``, ``LeaseCore._renew_command()`` / ``_on_renew_reply()``,
+command and interprets its reply, the driver sends it in between (``acquire_command()`` /
+``on_acquire_reply()``, ``LeaseCore._renew_command()`` / ``_on_renew_reply()``,
 ``_release_command()`` / ``_end_release()``, ...). A driver sends such a command with one
 round trip of its own and, only when that fails with a redirect or a network error, hands
 the error to ``routed_call``, which goes on from there.
@@ -314,122 +314,112 @@ def release_quietly(key: Any, owner: str, token: Optional[int], addr: Addr,
 
 # --- acquiring --------------------------------------------------------------------------------
 
-class Acquire:
-    """One FLOCK.ACQUIRE: the checked arguments and the command; once granted, the grant that
-    the driver makes its Lease of (``key``, ``owner``, ``token``, ``ttl_ms``, ``sent``,
-    ``addr``, ``slot``).
+#: What a granted acquire gives the driver to make its Lease of: (key, owner, token, ttl_ms,
+#: sent, addr, slot). sent: monotonic time the granting command was sent (the local deadline
+#: counts from it); slot: BOUND: the slot whose connection the grant lives on, else None.
+Grant = Tuple[Any, str, int, int, float, Addr, Any]
 
-    A driver makes it right before it sends anything. When ``first_call`` (not BOUND), the
-    first try is one routed call of ``args`` on the shared pool with ``attempts=2`` (a retry
-    after a lost reply is safe: the same owner gets the same token, G4), and
-    ``on_reply(reply, addr)`` says True: granted, False: not granted (one try), None: go on
-    waiting. Then (or at once for BOUND) ``wait_plan()``, a plan whose result is True
-    (granted) or False (not within wait_ms)."""
+#: on_acquire_reply(): the first try was not granted and the acquire waits: the driver runs
+#: acquire_wait_plan() next
+WAIT: Any = object()
 
-    __slots__ = ("key", "owner", "ttl_ms", "args", "wait_s", "bound", "first_call",
-                 "own_owner", "start", "sent", "token", "addr", "slot")
 
-    def __init__(self, key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
-                 limit: Optional[int], bound: bool, owner: Optional[str]) -> None:
-        self.ttl_ms = ttl = check_ttl(ttl_ms)
-        self.wait_s = wait_s = wait_seconds(wait_ms)
-        extra = kind_args(shared, limit, bound)
-        self.key = key
-        self.own_owner = owner is None
-        self.owner = own = new_owner() if owner is None else owner
-        self.args: Tuple[Any, ...] = ("FLOCK.ACQUIRE", key, own, ttl, *extra)
-        self.bound = bound
-        #: the first try is one call on the shared pool (a free key: one round trip, waiting
-        #: or not); BOUND needs a connection of its own from the start
-        self.first_call = not bound
-        #: monotonic time the granting command was sent: the local deadline counts from it
-        #: (the first try is sent right after this; a retry counts from the first send; a
-        #: wait_plan() grant sets its own)
-        self.sent = monotonic()
-        #: a wait counts from here
-        self.start = self.sent
-        self.token = 0
-        self.addr: Addr = None
-        #: BOUND: the slot whose connection the grant lives on (None otherwise)
-        self.slot: Any = None
+def acquire_command(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
+                    limit: Optional[int], bound: bool, owner: Optional[str]
+                    ) -> Tuple[Tuple[Any, ...], Optional[float]]:
+    """Checks an acquire's arguments: (its FLOCK.ACQUIRE key owner ttl [kind] command, the
+    wait in seconds: None one try, math.inf no limit). The owner is ``command[2]``: the given
+    one or a new random one.
 
-    def on_reply(self, token: Any, addr: Addr) -> Optional[bool]:
-        """The first try's reply: True granted, False not granted, None: wait_plan() next."""
-        if token is not None:
-            self.token = int(token)
-            self.addr = addr
-            return True
-        return False if self.wait_s is None else None
+    A driver, right after this: unless BOUND (which needs a connection of its own from the
+    start), the first try is one routed call of the command on the shared pool with
+    ``attempts=2`` (a free key: one round trip, waiting or not; a retry after a lost reply is
+    safe: the same owner gets the same token, G4), its reply passed to on_acquire_reply().
+    When that answers WAIT, or at once for BOUND, it runs acquire_wait_plan()."""
+    ttl = check_ttl(ttl_ms)
+    wait_s = wait_seconds(wait_ms)
+    extra = kind_args(shared, limit, bound)
+    own = new_owner() if owner is None else owner
+    return ("FLOCK.ACQUIRE", key, own, ttl, *extra), wait_s
 
-    def wait_plan(self) -> Plan:
-        """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
-        lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK
-        (a slot moved while waiting) to the slot's new owner (rule 5). True: granted."""
-        key, owner, ttl, acquire, wait_s = self.key, self.owner, self.ttl_ms, self.args, \
-            self.wait_s
-        end = math.inf if wait_s is None or math.isinf(wait_s) else self.start + wait_s
-        addr: Addr = None
-        asking = False
-        redirects = 0
-        failures = 0
-        while True:
-            left = end - monotonic()
-            if wait_s is not None and left <= 0:
-                return False
-            slot = yield Checkout(key, addr)
-            keep = False
-            try:
-                if wait_s is None:
-                    sent = monotonic()
-                    token = yield Send(slot, acquire, None, asking)
-                    if token is None:
-                        return False
-                else:
-                    token = yield Send(slot, acquire + ("BLOCK", block_ms(left)),
-                                       left + BLOCK_REPLY_MARGIN_S, asking)
-                    if token is None:
-                        return False  # the server's BLOCK timeout
-                    # Rule 1: the wait may have outlasted the ttl. Renew at once,
-                    # token-qualified, and count from this RENEW.
-                    sent = monotonic()
-                    again = yield Send(slot, ("FLOCK.RENEW", key, owner, ttl, token),
-                                       ttl / 1000.0, asking)
-                    if again is None:
-                        continue  # expired before we could use it: wait again
-                keep = self.bound
-                self.token, self.sent, self.addr = int(token), sent, addr
-                self.slot = slot if keep else None
-                return True
-            except MovedError as e:
-                addr, asking = (e.host, int(e.port)), False
-            except AskError as e:
-                addr, asking = (e.host, int(e.port)), True
-            except REROUTE_ERRORS:
-                addr, asking = None, False
-                yield Sleep(reroute_pause_s(redirects))
-            except NETWORK_ERRORS:
-                # A retried ACQUIRE of the same owner is safe: it takes the earlier request's
-                # place, or gets the same token back if the lost reply was a grant.
-                failures += 1
-                if failures >= 2:
-                    if self.own_owner:
-                        yield Forget(key, owner, addr)
-                    raise
-                continue
-            except asyncio.CancelledError:
-                # (only the asyncio driver throws this in) a grant whose reply was cut off must
-                # not stay held until its ttl
-                if self.own_owner:
+
+def on_acquire_reply(command: Tuple[Any, ...], wait_s: Optional[float], token: Any, sent: float,
+                     addr: Addr) -> Any:
+    """The first try's reply (sent: when it was sent; a retry counts from the first send): a
+    Grant, None (not granted, one try), or WAIT."""
+    if token is not None:
+        return command[1], command[2], int(token), command[3], sent, addr, None
+    return None if wait_s is None else WAIT
+
+
+def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: float,
+                      bound: bool, own_owner: bool) -> Plan:
+    """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
+    lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK (a
+    slot moved while waiting) to the slot's new owner (rule 5). A Grant, or None when not
+    granted within wait_s (counted from start); own_owner: the owner is the client's own."""
+    key, owner, ttl = command[1], command[2], command[3]
+    end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
+    addr: Addr = None
+    asking = False
+    redirects = 0
+    failures = 0
+    while True:
+        left = end - monotonic()
+        if wait_s is not None and left <= 0:
+            return None
+        slot = yield Checkout(key, addr)
+        keep = False
+        try:
+            if wait_s is None:
+                sent = monotonic()
+                token = yield Send(slot, command, None, asking)
+                if token is None:
+                    return None
+            else:
+                token = yield Send(slot, command + ("BLOCK", block_ms(left)),
+                                   left + BLOCK_REPLY_MARGIN_S, asking)
+                if token is None:
+                    return None  # the server's BLOCK timeout
+                # Rule 1: the wait may have outlasted the ttl. Renew at once, token-qualified,
+                # and count from this RENEW.
+                sent = monotonic()
+                again = yield Send(slot, ("FLOCK.RENEW", key, owner, ttl, token), ttl / 1000.0,
+                                   asking)
+                if again is None:
+                    continue  # expired before we could use it: wait again
+            keep = bound
+            return key, owner, int(token), ttl, sent, addr, slot if bound else None
+        except MovedError as e:
+            addr, asking = (e.host, int(e.port)), False
+        except AskError as e:
+            addr, asking = (e.host, int(e.port)), True
+        except REROUTE_ERRORS:
+            addr, asking = None, False
+            yield Sleep(reroute_pause_s(redirects))
+        except NETWORK_ERRORS:
+            # A retried ACQUIRE of the same owner is safe: it takes the earlier request's
+            # place, or gets the same token back if the lost reply was a grant.
+            failures += 1
+            if failures >= 2:
+                if own_owner:
                     yield Forget(key, owner, addr)
                 raise
-            finally:
-                if not keep:
-                    yield GiveBack(slot)
-            redirects += 1
-            if redirects > MAX_REDIRECTS and wait_s is None:
-                raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
-            if redirects > 4:  # a cluster in flux: do not spin
-                yield Sleep(reroute_pause_s(redirects - 4))
+            continue
+        except asyncio.CancelledError:
+            # (only the asyncio driver throws this in) a grant whose reply was cut off must not
+            # stay held until its ttl
+            if own_owner:
+                yield Forget(key, owner, addr)
+            raise
+        finally:
+            if not keep:
+                yield GiveBack(slot)
+        redirects += 1
+        if redirects > MAX_REDIRECTS and wait_s is None:
+            raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
+        if redirects > 4:  # a cluster in flux: do not spin
+            yield Sleep(reroute_pause_s(redirects - 4))
 
 
 # --- the lease ---------------------------------------------------------------------------------
@@ -461,17 +451,15 @@ class LeaseCore:
 
     _state: Any = NO_LOCK
 
-    def __init__(self, grant: Acquire, renew: bool) -> None:
-        self.key = grant.key
-        self.owner = grant.owner
-        self.token: int = grant.token
-        self.ttl_ms = grant.ttl_ms
-        self.bound = grant.slot is not None
+    def __init__(self, grant: Grant, renew: bool) -> None:
+        self.key, self.owner, token, ttl_ms, sent, self._addr, slot = grant
+        self.token: int = token
+        self.ttl_ms = ttl_ms
+        self.bound = slot is not None
         #: why the lease was lost (None while it is not)
         self.lost_reason: Optional[str] = None
-        self._addr = grant.addr
-        self._slot = grant.slot  # BOUND: the connection the grant lives on, until release
-        self._deadline = grant.sent + grant.ttl_ms / 1000.0
+        self._slot = slot  # BOUND: the connection the grant lives on, until release
+        self._deadline = sent + ttl_ms / 1000.0
         self._lost = False
         self._released = False
         self._released_ok = False
@@ -479,7 +467,7 @@ class LeaseCore:
         self._watching = renew
         self._backoff = 0.0
         #: when the watchdog's next renewal is due (monotonic)
-        self._next_due = grant.sent + renew_interval(grant.ttl_ms)
+        self._next_due = sent + renew_interval(ttl_ms)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "released" if self._released else "live"

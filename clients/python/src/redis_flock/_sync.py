@@ -24,21 +24,25 @@ from ._core import (
     NETWORK_ERRORS,
     NO_LOCK,
     ROUTE_ERRORS,
-    Acquire,
+    WAIT,
     Addr,
     Checkout,
     Disconnect,
     Forget,
     GiveBack,
+    Grant,
     LeaseCore,
     Number,
     Plan,
     Send,
     Sleep,
+    acquire_command,
+    acquire_wait_plan,
     busy_error,
     check_ttl,
     log,
     monotonic,
+    on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
@@ -119,7 +123,10 @@ class _Transport:
         on a connection of the key's pool; only a redirect or a network error hands over to
         the plan. Returns (reply, address it came from)."""
         pool = self.client.connection_pool if not self.cluster else self._pool(key, addr)
-        conn = _get_connection(pool)
+        try:  # (as _get_connection, without its call: this is the hot path)
+            conn = pool.get_connection()
+        except TypeError:
+            conn = pool.get_connection("FLOCK")
         try:
             return _roundtrip(conn, args, timeout, False), addr
         except ROUTE_ERRORS as e:
@@ -305,7 +312,7 @@ class Lease(LeaseCore):
     """One grant of one lock. ``key``, ``owner`` and ``token`` name it; ``lost`` says whether it
     is gone; ``remaining_ms()`` how long it certainly still runs (rule 1)."""
 
-    def __init__(self, flock: "Flock", grant: Acquire, renew: bool) -> None:
+    def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
         self._state = threading.Lock()  # the core's state: watchdog threads share it
         super().__init__(grant, renew)
         self._t = flock._t
@@ -445,6 +452,9 @@ class Lease(LeaseCore):
         """Waits (bounded) for a renewal of this lease already under way: renewals hold _io
         from their check of _released to their reply, and _released is set, so none can start
         after this. (A BOUND lease's release takes _io for its connection anyway.)"""
+        if self._io.acquire(False):  # none under way (the usual case)
+            self._io.release()
+            return
         wait = renewal_wait_s(self._deadline, monotonic(), self._t.socket_timeout)
         if self._io.acquire(timeout=wait):
             self._io.release()
@@ -514,14 +524,15 @@ class Flock:
                 renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
         """A Lease, or None when not granted within wait_ms (None or 0: one try; math.inf:
         no limit)."""
-        acq = Acquire(key, ttl_ms, wait_ms, shared, limit, bound, owner)
-        granted = None
-        if acq.first_call:
-            reply, addr = self._t.call(key, acq.args, None, None, 2)
-            granted = acq.on_reply(reply, addr)
-        if granted is None:
-            granted = self._t.run(acq.wait_plan())
-        return Lease(self, acq, renew) if granted else None
+        command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        sent = monotonic()
+        grant = WAIT
+        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+            reply, addr = self._t.call(key, command, None, None, 2)
+            grant = on_acquire_reply(command, wait_s, reply, sent, addr)
+        if grant is WAIT:
+            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound, owner is None))
+        return None if grant is None else Lease(self, grant, renew)
 
     def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         """FLOCK.RELEASE key owner [token] from any process (a supervisor's takeover)."""

@@ -32,7 +32,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from ._core import (
     NETWORK_ERRORS,
     ROUTE_ERRORS,
-    Acquire,
+    WAIT,
     Addr,
     Checkout,
     Disconnect,
@@ -40,6 +40,7 @@ from ._core import (
     FlockError,
     Forget,
     GiveBack,
+    Grant,
     LeaseCore,
     LeaseTooShortError,
     LockBusyError,
@@ -48,10 +49,13 @@ from ._core import (
     Plan,
     Send,
     Sleep,
+    acquire_command,
+    acquire_wait_plan,
     busy_error,
     check_ttl,
     log,
     monotonic,
+    on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
@@ -170,7 +174,10 @@ class _Transport:
         over to the plan. Returns (reply, address it came from)."""
         if not self.cluster:
             pool = self.client.connection_pool
-            conn = await _get_connection(pool)
+            try:  # (as _get_connection, without its coroutine: this is the hot path)
+                conn = await pool.get_connection()
+            except TypeError:
+                conn = await pool.get_connection("FLOCK")
             try:
                 return await _roundtrip(conn, args, timeout, False), addr
             except ROUTE_ERRORS as e:
@@ -272,7 +279,7 @@ async def _watch(ref: "weakref.ref[Lease]") -> None:
 class Lease(LeaseCore):
     """One grant of one lock (asyncio). See the sync ``redis_flock.Lease``."""
 
-    def __init__(self, flock: "Flock", grant: Acquire, renew: bool) -> None:
+    def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
         self._state = threading.Lock()  # never contended: cheaper than NO_LOCK (see LeaseCore)
         super().__init__(grant, renew)
         self._t = flock._t
@@ -386,7 +393,7 @@ class Lease(LeaseCore):
             return self._released_ok
         self._stop_watchdog()
         self._finalizer.detach()
-        if self._slot is None:
+        if self._slot is None and self._io.locked():
             await self._wait_for_renewal()
         try:
             if self._slot is None:
@@ -485,14 +492,16 @@ class Flock:
     async def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                       shared: bool = False, limit: Optional[int] = None, bound: bool = False,
                       renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
-        acq = Acquire(key, ttl_ms, wait_ms, shared, limit, bound, owner)
-        granted = None
-        if acq.first_call:
-            reply, addr = await self._t.call(key, acq.args, None, None, 2)
-            granted = acq.on_reply(reply, addr)
-        if granted is None:
-            granted = await self._t.run(acq.wait_plan())
-        return Lease(self, acq, renew) if granted else None
+        command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        sent = monotonic()
+        grant = WAIT
+        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+            reply, addr = await self._t.call(key, command, None, None, 2)
+            grant = on_acquire_reply(command, wait_s, reply, sent, addr)
+        if grant is WAIT:
+            grant = await self._t.run(acquire_wait_plan(command, wait_s, sent, bound,
+                                                        owner is None))
+        return None if grant is None else Lease(self, grant, renew)
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         return bool(await self.client.execute_command(*release_args(key, owner, token)))
