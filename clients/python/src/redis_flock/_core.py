@@ -2,12 +2,21 @@
 
 Everything that decides anything lives here once: argument checks, reply parsing, the lease's
 state (token, local deadline, lost flag and reason, release), when the next renewal is due,
-fenced writes, redirect and retry handling, and the errors. It does no I/O itself. Each
-operation that talks to the server is a *plan*: a generator that yields the I/O it needs as
-small op objects (``Send``, ``Checkout``, ``Sleep``, ...) and is sent each op's result back
-(or has the op's exception thrown in). A driver runs a plan: ``_sync`` performs the ops with
-blocking calls, ``aio`` awaits them. So the two clients differ only in how an op is carried
-out, how the watchdog is scheduled, and what a lock or an event is.
+fenced writes, redirect and retry handling, and the errors. It does no I/O itself.
+
+The hot operations are plain functions and methods, one command each: the core builds the
+command and interprets its reply, the driver sends it in between (``acquire_command()`` /
+``on_acquire_reply()``, ``LeaseCore._renew_command()`` / ``_on_renew_reply()``,
+``_release_command()`` / ``_end_release()``, ...). A driver sends such a command with one
+round trip of its own and, only when that fails with a redirect or a network error, hands
+the error to ``routed_call``, which goes on from there.
+
+The multi-step flows (a wait, redirects and retries, a BOUND lease's release, a release in
+the background) are *plans*: generators that yield the I/O they need as small op objects
+(``Send``, ``Checkout``, ``Sleep``, ...) and are sent each op's result back (or have the op's
+exception thrown in). A driver runs a plan: ``_sync`` performs the ops with blocking calls,
+``aio`` awaits them. So the two clients differ only in how a command or an op is carried out,
+how the watchdog is scheduled, and what a lock or an event is.
 
 Plans always run to their end (a driver throws every failure of an op back into the plan,
 cancellation included), so their ``finally`` clauses can themselves yield ops, for instance
@@ -235,43 +244,51 @@ class Forget(NamedTuple):
     addr: Addr
 
 
-class GrantCall(NamedTuple):
-    """A command about a lease's grant. The driver hands it to the lease's ``_io_call``, which
-    runs ``LeaseCore._grant_call``: on the BOUND connection, or routed to the grant's node.
-    (One method every grant command passes through: a test can hold a renewal there.)"""
-    args: Tuple[Any, ...]
-    timeout: Optional[float]
-
-
 Plan = Generator[Any, Any, Any]
+
+#: What a routed command follows (redirects, TRYAGAIN / CLUSTERDOWN) or retries (network
+#: errors): a driver's own first try hands these to ``routed_call(..., failed=error)``.
+ROUTE_ERRORS = (AskError,) + REROUTE_ERRORS + NETWORK_ERRORS  # MovedError is an AskError
 
 
 def routed_call(key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None,
-                addr: Addr = None, attempts: int = 1) -> Plan:
+                addr: Addr = None, attempts: int = 1,
+                failed: Optional[BaseException] = None) -> Plan:
     """One command on a connection checked out for key, following MOVED / ASK / TRYAGAIN
     (rule 5); network errors are retried up to ``attempts`` times in all. Returns (reply,
-    address it came from)."""
+    address it came from).
+
+    ``failed``: a driver's fast path already made the first try itself (on addr, without
+    ASKING, its connection given back) and it failed with this error (one of ROUTE_ERRORS);
+    the plan goes on from there as if its own first try had failed so."""
     asking = False
     redirects = 0
     failures = 0
     while True:
-        slot = yield Checkout(key, addr)
+        if failed is None:
+            slot = yield Checkout(key, addr)
+            try:
+                return (yield Send(slot, args, timeout, asking)), addr
+            except ROUTE_ERRORS as e:
+                failed = e
+            finally:
+                yield GiveBack(slot)
+        err, failed = failed, None
         try:
-            return (yield Send(slot, args, timeout, asking)), addr
-        except MovedError as e:
-            addr, asking = (e.host, int(e.port)), False
-        except AskError as e:
-            addr, asking = (e.host, int(e.port)), True
-        except REROUTE_ERRORS:
-            addr, asking = None, False
-            yield Sleep(reroute_pause_s(redirects))
-        except NETWORK_ERRORS:
-            failures += 1
-            if failures >= attempts:
-                raise
-            continue
+            if isinstance(err, MovedError):
+                addr, asking = (err.host, int(err.port)), False
+            elif isinstance(err, AskError):
+                addr, asking = (err.host, int(err.port)), True
+            elif isinstance(err, REROUTE_ERRORS):
+                addr, asking = None, False
+                yield Sleep(reroute_pause_s(redirects))
+            else:  # NETWORK_ERRORS
+                failures += 1
+                if failures >= attempts:
+                    raise err
+                continue
         finally:
-            yield GiveBack(slot)
+            err = None  # (the error's traceback holds this frame)
         redirects += 1
         if redirects > MAX_REDIRECTS:
             raise ConnectionError(f"flock: too many redirects for {args[0]}")
@@ -297,53 +314,51 @@ def release_quietly(key: Any, owner: str, token: Optional[int], addr: Addr,
 
 # --- acquiring --------------------------------------------------------------------------------
 
-class Grant(NamedTuple):
-    """What a successful acquire plan returns; the driver wraps it in its Lease."""
-    key: Any
-    owner: str
-    token: int
-    ttl_ms: int
-    #: monotonic time the granting command was sent: the local deadline counts from it
-    sent: float
-    addr: Addr
-    #: BOUND: the slot whose connection the grant lives on (None otherwise)
-    slot: Any
+#: What a granted acquire gives the driver to make its Lease of: (key, owner, token, ttl_ms,
+#: sent, addr, slot). sent: monotonic time the granting command was sent (the local deadline
+#: counts from it); slot: BOUND: the slot whose connection the grant lives on, else None.
+Grant = Tuple[Any, str, int, int, float, Addr, Any]
+
+#: on_acquire_reply(): the first try was not granted and the acquire waits: the driver runs
+#: acquire_wait_plan() next
+WAIT: Any = object()
 
 
-def acquire_plan(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
-                 limit: Optional[int], bound: bool, owner: Optional[str]) -> Plan:
-    """FLOCK.ACQUIRE: a Grant, or None when not granted within wait_ms (None or 0: one try;
-    math.inf: no limit)."""
+def acquire_command(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
+                    limit: Optional[int], bound: bool, owner: Optional[str]
+                    ) -> Tuple[Tuple[Any, ...], Optional[float]]:
+    """Checks an acquire's arguments: (its FLOCK.ACQUIRE key owner ttl [kind] command, the
+    wait in seconds: None one try, math.inf no limit). The owner is ``command[2]``: the given
+    one or a new random one.
+
+    A driver, right after this: unless BOUND (which needs a connection of its own from the
+    start), the first try is one routed call of the command on the shared pool with
+    ``attempts=2`` (a free key: one round trip, waiting or not; a retry after a lost reply is
+    safe: the same owner gets the same token, G4), its reply passed to on_acquire_reply().
+    When that answers WAIT, or at once for BOUND, it runs acquire_wait_plan()."""
     ttl = check_ttl(ttl_ms)
     wait_s = wait_seconds(wait_ms)
     extra = kind_args(shared, limit, bound)
-    own = owner if owner is not None else new_owner()
-    acquire = ("FLOCK.ACQUIRE", key, own, ttl, *extra)
-    if bound or wait_s is not None:
-        start = monotonic()
-        if not bound:
-            # Free key: one round trip on the shared pool, as without wait.
-            sent = monotonic()
-            token, addr = yield from routed_call(key, acquire, attempts=2)
-            if token is not None:
-                return Grant(key, own, int(token), ttl, sent, addr, None)
-        return (yield from _acquire_dedicated(key, own, ttl, acquire, wait_s, start, bound,
-                                              owner is None))
-    sent = monotonic()
-    # A retry after a lost reply is safe: the same owner gets the same token (G4); the
-    # deadline counts from the first send.
-    token, addr = yield from routed_call(key, acquire, attempts=2)
-    if token is None:
-        return None
-    return Grant(key, own, int(token), ttl, sent, addr, None)
+    own = new_owner() if owner is None else owner
+    return ("FLOCK.ACQUIRE", key, own, ttl, *extra), wait_s
 
 
-def _acquire_dedicated(key: Any, owner: str, ttl: int, acquire: Tuple[Any, ...],
-                       wait_s: Optional[float], start: float, bound: bool,
-                       own_owner: bool) -> Plan:
+def on_acquire_reply(command: Tuple[Any, ...], wait_s: Optional[float], token: Any, sent: float,
+                     addr: Addr) -> Any:
+    """The first try's reply (sent: when it was sent; a retry counts from the first send): a
+    Grant, None (not granted, one try), or WAIT."""
+    if token is not None:
+        return command[1], command[2], int(token), command[3], sent, addr, None
+    return None if wait_s is None else WAIT
+
+
+def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: float,
+                      bound: bool, own_owner: bool) -> Plan:
     """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
-    lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK
-    (a slot moved while waiting) to the slot's new owner (rule 5)."""
+    lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK (a
+    slot moved while waiting) to the slot's new owner (rule 5). A Grant, or None when not
+    granted within wait_s (counted from start); own_owner: the owner is the client's own."""
+    key, owner, ttl = command[1], command[2], command[3]
     end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
     addr: Addr = None
     asking = False
@@ -358,11 +373,11 @@ def _acquire_dedicated(key: Any, owner: str, ttl: int, acquire: Tuple[Any, ...],
         try:
             if wait_s is None:
                 sent = monotonic()
-                token = yield Send(slot, acquire, None, asking)
+                token = yield Send(slot, command, None, asking)
                 if token is None:
                     return None
             else:
-                token = yield Send(slot, acquire + ("BLOCK", block_ms(left)),
+                token = yield Send(slot, command + ("BLOCK", block_ms(left)),
                                    left + BLOCK_REPLY_MARGIN_S, asking)
                 if token is None:
                     return None  # the server's BLOCK timeout
@@ -374,7 +389,7 @@ def _acquire_dedicated(key: Any, owner: str, ttl: int, acquire: Tuple[Any, ...],
                 if again is None:
                     continue  # expired before we could use it: wait again
             keep = bound
-            return Grant(key, owner, int(token), ttl, sent, addr, slot if bound else None)
+            return key, owner, int(token), ttl, sent, addr, slot if bound else None
         except MovedError as e:
             addr, asking = (e.host, int(e.port)), False
         except AskError as e:
@@ -424,26 +439,27 @@ NO_LOCK = NoLock()
 
 
 class LeaseCore:
-    """One grant of one lock: its names, its state and the plans of its commands. A driver's
-    ``Lease`` subclasses it and adds the I/O: running the plans, the watchdog, the waiting.
+    """One grant of one lock: its names, its state, and its commands (each built and its reply
+    interpreted here). A driver's ``Lease`` subclasses it and adds the I/O: sending the
+    commands (every command about the grant through its ``_io_call``), running the plans, the
+    watchdog, the waiting.
 
     ``_state`` guards the state below; the sync driver sets a threading.Lock (its watchdog
-    threads share the lease with the caller's thread), the asyncio driver none. Nothing is
-    ever awaited or sent while ``_state`` is held."""
+    threads share the lease with the caller's thread); the asyncio driver needs none, but sets
+    one too: a lock nobody else takes costs less than NO_LOCK's two Python calls. Nothing is
+    ever awaited or sent while ``_state`` is held (nor is it taken again while held)."""
 
     _state: Any = NO_LOCK
 
     def __init__(self, grant: Grant, renew: bool) -> None:
-        self.key = grant.key
-        self.owner = grant.owner
-        self.token: int = grant.token
-        self.ttl_ms = grant.ttl_ms
-        self.bound = grant.slot is not None
+        self.key, self.owner, token, ttl_ms, sent, self._addr, slot = grant
+        self.token: int = token
+        self.ttl_ms = ttl_ms
+        self.bound = slot is not None
         #: why the lease was lost (None while it is not)
         self.lost_reason: Optional[str] = None
-        self._addr = grant.addr
-        self._slot = grant.slot  # BOUND: the connection the grant lives on, until release
-        self._deadline = grant.sent + grant.ttl_ms / 1000.0
+        self._slot = slot  # BOUND: the connection the grant lives on, until release
+        self._deadline = sent + ttl_ms / 1000.0
         self._lost = False
         self._released = False
         self._released_ok = False
@@ -451,7 +467,7 @@ class LeaseCore:
         self._watching = renew
         self._backoff = 0.0
         #: when the watchdog's next renewal is due (monotonic)
-        self._next_due = grant.sent + renew_interval(grant.ttl_ms)
+        self._next_due = sent + renew_interval(ttl_ms)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "released" if self._released else "live"
@@ -516,11 +532,10 @@ class LeaseCore:
     def _lost_error(self) -> LockLostError:
         return LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
 
-    def _lost_on_leaving(self) -> Optional[LockLostError]:
-        """What leaving a ``with`` block without an error raises after the release."""
-        if self._lost:
-            return LockLostError(f"lease of {self.key!r} was lost while held: {self.lost_reason}")
-        return None
+    def _lost_while_held(self) -> LockLostError:
+        """What leaving a ``with`` block without an error raises after the release when the
+        lease is lost (``_lost``)."""
+        return LockLostError(f"lease of {self.key!r} was lost while held: {self.lost_reason}")
 
     @staticmethod
     def _wait_end(timeout_ms: Optional[Number]) -> float:
@@ -540,47 +555,46 @@ class LeaseCore:
         step = min(end, self._deadline) - now
         return None, None if math.isinf(step) else max(step, 0.0005)
 
-    # -- plans of the lease's commands ---------------------------------------------------------
-    def _grant_call(self, args: Tuple[Any, ...], timeout: Optional[float]) -> Plan:
-        """A command about this grant, on the bound connection or routed to the grant's node."""
-        if self._slot is not None:
-            try:
-                return (yield Send(self._slot, args, timeout, False))
-            except NETWORK_ERRORS:
-                self._set_lost("the connection of the BOUND lease failed")
-                raise
-        reply, addr = yield from routed_call(self.key, args, timeout=timeout, addr=self._addr)
-        if addr is not None:
-            self._addr = addr
-        return reply
+    # -- the lease's commands --------------------------------------------------------------
+    def _bound_failed(self) -> None:
+        """A command on the BOUND connection failed with a network error (which the driver
+        raises on): the binding ends with the connection."""
+        self._set_lost("the connection of the BOUND lease failed")
 
-    def _check_plan(self) -> Plan:
-        left = yield GrantCall(("FLOCK.CHECK", self.key, self.token), None)
+    def _check_command(self) -> Tuple[Any, ...]:
+        return ("FLOCK.CHECK", self.key, self.token)
+
+    def _on_check_reply(self, left: Any) -> int:
         if not left:
             self._set_lost("FLOCK.CHECK answered 0: the grant is gone")
             return 0
         return int(left)
 
-    def _renew_plan(self, ttl: int, raise_lost: bool) -> Plan:
-        """RENEW once (the driver holds the lease's I/O lock). True: renewed; False: lost (or
-        released). Network errors pass."""
+    def _renew_command(self, ttl: int, raise_lost: bool
+                       ) -> Optional[Tuple[Tuple[Any, ...], float, float]]:
+        """The first half of one RENEW (the driver holds the lease's I/O lock): (command,
+        timeout, sent), or None when there is nothing to renew (lost or released; raised
+        instead when raise_lost). The driver sends the command at once with that timeout (the
+        reply can only matter before the local deadline) and passes the reply and sent to
+        _on_renew_reply; network errors pass."""
         now = monotonic()
         with self._state:
             if self._released:
                 if raise_lost:
                     raise LockLostError(f"lease of {self.key!r} was released")
-                return False
+                return None
             if not self._lost and now >= self._deadline:
                 self._set_lost_locked("the local deadline passed before a renewal (rule 2)")
             if self._lost:
                 if raise_lost:
                     raise self._lost_error()
-                return False
+                return None
             deadline = self._deadline
         sent = monotonic()
-        # The reply can only matter before the local deadline: wait no longer than that.
-        reply = yield GrantCall(("FLOCK.RENEW", self.key, self.owner, ttl, self.token),
-                                deadline - sent)
+        return ("FLOCK.RENEW", self.key, self.owner, ttl, self.token), deadline - sent, sent
+
+    def _on_renew_reply(self, reply: Any, sent: float, ttl: int, raise_lost: bool) -> bool:
+        """The second half of one RENEW. True: renewed; False: lost (or released)."""
         with self._state:
             if self._released:
                 return False  # release() began meanwhile: a late nil is no loss
@@ -594,39 +608,37 @@ class LeaseCore:
             raise self._lost_error()
         return not lost
 
-    def _watchdog_plan(self) -> Plan:
-        """The watchdog's renewal (the driver holds the lease's I/O lock). Returns True when
-        the watchdog goes on, its next renewal due at _next_due."""
-        if not self._watching:
-            return False
-        sent = monotonic()
-        try:
-            ok = yield from self._renew_plan(self.ttl_ms, raise_lost=False)
-        except Exception as e:  # network, redirect, LOADING...: retry until the deadline
-            if self._slot is not None:
-                self._set_lost(f"the connection of the BOUND lease failed: {e}")
-                return False
-            # Retry soon, but never past the local deadline (checked before each send).
-            self._backoff = min(max(self._backoff * 2, 0.01), 0.25, self.ttl_ms / 12000.0)
-            self._next_due = min(monotonic() + self._backoff, self._deadline)
-            log.debug("flock: renewal of %r failed (%s); retrying", self.key, e)
-            return self._watching
+    def _on_watchdog_renewed(self, ok: bool, sent: float) -> bool:
+        """The watchdog's renewal (begun at sent) ended: ok as _on_renew_reply answered. True
+        when the watchdog goes on, its next renewal due at _next_due."""
         self._backoff = 0.0
         if ok and self._watching:
             self._next_due = sent + renew_interval(self.ttl_ms)
             return True
         return False
 
-    def _fenced_plan(self, command: Tuple[Any, ...]) -> Plan:
-        """FLOCK.FENCED key token command...: a refusal (stale token) marks the lease lost and
-        raises FencedError."""
-        try:
-            return (yield GrantCall(("FLOCK.FENCED", self.key, self.token, *command), None))
-        except ResponseError as e:
-            if is_fenced_refusal(e):
-                self._set_lost(f"a fenced write was refused: {e}")
-                raise FencedError(str(e)) from e
-            raise
+    def _on_watchdog_error(self, e: Exception) -> bool:
+        """The watchdog's renewal failed (network, redirect, LOADING...): retry until the
+        deadline. True when the watchdog goes on, its next try due at _next_due."""
+        if self._slot is not None:
+            self._set_lost(f"the connection of the BOUND lease failed: {e}")
+            return False
+        # Retry soon, but never past the local deadline (checked before each send).
+        self._backoff = min(max(self._backoff * 2, 0.01), 0.25, self.ttl_ms / 12000.0)
+        self._next_due = min(monotonic() + self._backoff, self._deadline)
+        log.debug("flock: renewal of %r failed (%s); retrying", self.key, e)
+        return self._watching
+
+    def _fenced_command(self, command: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        return ("FLOCK.FENCED", self.key, self.token, *command)
+
+    def _on_fenced_error(self, e: ResponseError) -> None:
+        """A FLOCK.FENCED answered with an error (the driver calls this in its ``except
+        ResponseError`` and re-raises the error when this returns): a refusal (stale token)
+        marks the lease lost and raises FencedError."""
+        if is_fenced_refusal(e):
+            self._set_lost(f"a fenced write was refused: {e}")
+            raise FencedError(str(e)) from e
 
     def _begin_release(self) -> Tuple[bool, bool]:
         """The first half of release(), before any I/O: (first, was_watching). first is False
@@ -641,29 +653,31 @@ class LeaseCore:
             watched, self._watching = self._watching, False
         return True, watched
 
-    def _release_plan(self) -> Plan:
-        """FLOCK.RELEASE key owner token (rule 4): on the BOUND connection, which then goes
-        back to its pool, or routed with one retry after a connection error (a retry answered 0
-        counts as released: the first one may have landed). Returns the reply (1 or 0)."""
-        args = release_args(self.key, self.owner, self.token)
-        if self._slot is not None:
-            slot, self._slot = self._slot, None
-            try:
-                n = yield Send(slot, args, None, False)
-            except NETWORK_ERRORS:
-                # the binding died with the connection: the server ends the grant by itself
-                yield Disconnect(slot)
-                yield GiveBack(slot)
-                self._set_lost("the connection of the BOUND lease failed")
-                return 0
-            yield GiveBack(slot)
-            return int(n)
+    def _release_command(self) -> Tuple[Any, ...]:
+        """FLOCK.RELEASE key owner token (rule 4). A lease without a connection of its own
+        sends it routed (from _addr); after a network error it runs _release_retry_plan()."""
+        return ("FLOCK.RELEASE", self.key, self.owner, self.token)
+
+    def _release_retry_plan(self) -> Plan:
+        """The one retry of a routed RELEASE after a network error: answered 0 it counts as
+        released (the first one may have landed). Returns the reply (1 or 0)."""
+        n, _ = yield from routed_call(self.key, self._release_command(), addr=self._addr)
+        return 1 if n == 0 else n
+
+    def _release_bound_plan(self) -> Plan:
+        """A BOUND lease's RELEASE, on its connection, which then goes back to its pool.
+        Returns the reply (1 or 0)."""
+        slot, self._slot = self._slot, None
         try:
-            n, _ = yield from routed_call(self.key, args, addr=self._addr)
+            n = yield Send(slot, self._release_command(), None, False)
         except NETWORK_ERRORS:
-            n, _ = yield from routed_call(self.key, args, addr=self._addr)
-            n = 1 if n == 0 else n
-        return n
+            # the binding died with the connection: the server ends the grant by itself
+            yield Disconnect(slot)
+            yield GiveBack(slot)
+            self._bound_failed()
+            return 0
+        yield GiveBack(slot)
+        return int(n)
 
     def _end_release(self, n: int) -> bool:
         """The second half of release(): True when the grant was live and is now released;

@@ -1,8 +1,9 @@
 """The synchronous client: ``Flock`` over redis-py ``Redis`` or ``RedisCluster``.
 
-A driver of the lease core (``_core``): it carries out the core's ops with blocking calls on
-connections of redis-py's pools, renews leases on a few watchdog threads, and guards each
-lease's state with a lock (those threads share it with the caller's).
+A driver of the lease core (``_core``): it sends the core's commands and carries out the ops of
+its plans with blocking calls on connections of redis-py's pools, renews leases on a few
+watchdog threads, and guards each lease's state with a lock (those threads share it with the
+caller's).
 """
 from __future__ import annotations
 
@@ -17,27 +18,31 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from ._core import (
+    NETWORK_ERRORS,
     NO_LOCK,
+    ROUTE_ERRORS,
+    WAIT,
     Addr,
     Checkout,
     Disconnect,
     Forget,
     GiveBack,
     Grant,
-    GrantCall,
     LeaseCore,
     Number,
     Plan,
     Send,
     Sleep,
-    acquire_plan,
+    acquire_command,
+    acquire_wait_plan,
     busy_error,
     check_ttl,
     log,
     monotonic,
+    on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
@@ -64,6 +69,13 @@ def _roundtrip(conn: Any, args: Tuple[Any, ...], timeout: Optional[float], askin
         _read(conn, timeout)
     conn.send_command(*args)
     return _read(conn, timeout)
+
+
+def _get_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py 5.0-5.2 wants a command name
+        return pool.get_connection("FLOCK")
 
 
 class _Slot:
@@ -103,11 +115,25 @@ class _Transport:
 
     def checkout(self, key: Any, addr: Addr) -> _Slot:
         pool = self._pool(key, addr)
-        try:
+        return _Slot(_get_connection(pool), pool)
+
+    def call(self, key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None,
+             addr: Addr = None, attempts: int = 1) -> Tuple[Any, Addr]:
+        """``_core.routed_call`` with its first try made here, without a plan: one round trip
+        on a connection of the key's pool; only a redirect or a network error hands over to
+        the plan. Returns (reply, address it came from)."""
+        pool = self.client.connection_pool if not self.cluster else self._pool(key, addr)
+        try:  # (as _get_connection, without its call: this is the hot path)
             conn = pool.get_connection()
-        except TypeError:  # redis-py 5.0-5.2 wants a command name
+        except TypeError:
             conn = pool.get_connection("FLOCK")
-        return _Slot(conn, pool)
+        try:
+            return _roundtrip(conn, args, timeout, False), addr
+        except ROUTE_ERRORS as e:
+            plan = routed_call(key, args, timeout, addr, attempts, e)
+        finally:
+            pool.release(conn)
+        return self.run(plan)
 
     def perform(self, op: Any) -> Any:
         """One op of a plan, as a blocking call."""
@@ -124,17 +150,17 @@ class _Transport:
             time.sleep(op.seconds)
         elif kind is Forget:
             try:  # at once: a sync caller waits for the error anyway
-                self.run(routed_call(op.key, release_args(op.key, op.owner, None), addr=op.addr))
+                self.call(op.key, release_args(op.key, op.owner, None), addr=op.addr)
             except Exception:
                 pass
         else:
             raise TypeError(f"flock: no sync meaning for {op!r}")
         return None
 
-    def run(self, plan: Plan, perform: Optional[Callable[[Any], Any]] = None) -> Any:
+    def run(self, plan: Plan) -> Any:
         """Runs a plan to its end: each op's result is sent back into it, each op's exception
         (any BaseException: the plan's finally clauses give connections back) thrown in."""
-        perform = perform or self.perform
+        perform = self.perform
         reply: Any = None
         error: Optional[BaseException] = None
         try:
@@ -291,7 +317,8 @@ class Lease(LeaseCore):
         super().__init__(grant, renew)
         self._t = flock._t
         self._io = threading.Lock()  # one RENEW at a time (and the bound connection)
-        self._lost_evt = threading.Event()
+        #: made by the first wait_lost() (most leases never have one): set once lost or released
+        self._lost_evt: Optional[threading.Event] = None
         self._finalizer = weakref.finalize(self, _release_in_background, self._t, self.key,
                                            self.owner, self.token, self._addr, self._slot)
         self._finalizer.atexit = False
@@ -299,19 +326,23 @@ class Lease(LeaseCore):
             _watchdog.at(self._next_due, weakref.ref(self))
 
     def _on_lost(self) -> None:
-        self._lost_evt.set()
-
-    def _run(self, plan: Plan) -> Any:
-        return self._t.run(plan, self._perform)
-
-    def _perform(self, op: Any) -> Any:
-        if type(op) is GrantCall:
-            return self._io_call(*op.args, timeout=op.timeout)
-        return self._t.perform(op)
+        if self._lost_evt is not None:
+            self._lost_evt.set()
 
     def _io_call(self, *args: Any, timeout: Optional[float] = None) -> Any:
-        """A command about this grant, on the bound connection or routed to the grant's node."""
-        return self._run(self._grant_call(args, timeout))
+        """A command about this grant, on the bound connection or routed to the grant's node
+        (timeout as in ``_core.Send``). Every command about the grant passes here."""
+        slot = self._slot
+        if slot is not None:
+            try:
+                return _roundtrip(slot.conn, args, timeout, False)
+            except NETWORK_ERRORS:
+                self._bound_failed()
+                raise
+        reply, addr = self._t.call(self.key, args, timeout, self._addr)
+        if addr is not None:  # redirected: the grant's commands go there from now on
+            self._addr = addr
+        return reply
 
     def _bound_io(self) -> Any:
         """The lock a command takes: a BOUND lease's connection carries one command at a time."""
@@ -321,38 +352,67 @@ class Lease(LeaseCore):
         """Blocks until the lease is lost (True) or timeout_ms passed (False); None: no limit.
         Returns False at once for a released lease."""
         end = self._wait_end(timeout_ms)
+        evt = self._lost_evt
+        if evt is None:
+            with self._state:  # _on_lost() sets it under _state once it is there
+                evt = self._lost_evt
+                if evt is None:
+                    evt = self._lost_evt = threading.Event()
+                    if self._lost or self._released:
+                        evt.set()
         while True:
             done, step = self._wait_lost_step(end)
             if done is not None:
                 return done
-            self._lost_evt.wait(step)
+            evt.wait(step)
 
     def check(self) -> int:
         """The server's FLOCK.CHECK: remaining ms of this grant, 0 (and the lease lost) when it
         is not live."""
         with self._bound_io():
-            return self._run(self._check_plan())
+            return self._on_check_reply(self._io_call(*self._check_command()))
 
     def renew(self, ttl_ms: Optional[int] = None) -> None:
         """Renews now with a token-qualified RENEW (and the watchdog goes on with the new ttl).
         Raises LockLostError when the grant is gone or the local deadline has passed."""
         ttl = self.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         with self._io:
-            self._run(self._renew_plan(ttl, raise_lost=True))
+            self._renew_once(ttl, True)
+
+    def _renew_once(self, ttl: int, raise_lost: bool) -> bool:
+        """One RENEW (the caller holds _io): True renewed, False lost (or released)."""
+        command = self._renew_command(ttl, raise_lost)
+        if command is None:
+            return False
+        args, timeout, sent = command
+        return self._on_renew_reply(self._io_call(*args, timeout=timeout), sent, ttl, raise_lost)
 
     def _tick(self) -> None:
         """The watchdog's renewal (on a worker thread)."""
         if not self._watching:
             return
         with self._io:
-            if self._run(self._watchdog_plan()):
+            if not self._watching:
+                return
+            sent = monotonic()
+            try:
+                ok = self._renew_once(self.ttl_ms, False)
+            except Exception as e:
+                go_on = self._on_watchdog_error(e)
+            else:
+                go_on = self._on_watchdog_renewed(ok, sent)
+            if go_on:
                 _watchdog.at(self._next_due, weakref.ref(self))
 
     def fenced(self, *command: Any) -> Any:
         """FLOCK.FENCED key token command...: runs command only while this grant is live.
         A refusal (stale token) marks the lease lost and raises FencedError."""
         with self._bound_io():
-            return self._run(self._fenced_plan(command))
+            try:
+                return self._io_call(*self._fenced_command(command))
+            except ResponseError as e:
+                self._on_fenced_error(e)
+                raise
 
     def release(self) -> bool:
         """Ends the grant: FLOCK.RELEASE key owner token (rule 4), retried once after a
@@ -374,16 +434,27 @@ class Lease(LeaseCore):
         if self._slot is None:
             self._wait_for_renewal()
         try:
-            with self._bound_io():
-                n = self._run(self._release_plan())
+            if self._slot is None:
+                try:
+                    n, _ = self._t.call(self.key, self._release_command(), None, self._addr)
+                except NETWORK_ERRORS:
+                    n = self._t.run(self._release_retry_plan())
+            else:
+                with self._io:
+                    n = self._t.run(self._release_bound_plan())
         finally:
-            self._lost_evt.set()  # wakes wait_lost() callers: it answers False now
+            evt = self._lost_evt  # (one made after _begin_release() is set when made)
+            if evt is not None:
+                evt.set()  # wakes wait_lost() callers: it answers False now
         return self._end_release(n)
 
     def _wait_for_renewal(self) -> None:
         """Waits (bounded) for a renewal of this lease already under way: renewals hold _io
         from their check of _released to their reply, and _released is set, so none can start
         after this. (A BOUND lease's release takes _io for its connection anyway.)"""
+        if self._io.acquire(False):  # none under way (the usual case)
+            self._io.release()
+            return
         wait = renewal_wait_s(self._deadline, monotonic(), self._t.socket_timeout)
         if self._io.acquire(timeout=wait):
             self._io.release()
@@ -398,9 +469,8 @@ class Lease(LeaseCore):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.release()
-            lost = self._lost_on_leaving()
-            if lost is not None:
-                raise lost
+            if self._lost:
+                raise self._lost_while_held()
             return
         try:
             self.release()
@@ -454,7 +524,14 @@ class Flock:
                 renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
         """A Lease, or None when not granted within wait_ms (None or 0: one try; math.inf:
         no limit)."""
-        grant = self._t.run(acquire_plan(key, ttl_ms, wait_ms, shared, limit, bound, owner))
+        command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        sent = monotonic()
+        grant = WAIT
+        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+            reply, addr = self._t.call(key, command, None, None, 2)
+            grant = on_acquire_reply(command, wait_s, reply, sent, addr)
+        if grant is WAIT:
+            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound, owner is None))
         return None if grant is None else Lease(self, grant, renew)
 
     def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:

@@ -12,22 +12,27 @@ Same rules and names as the sync client; every call that talks to the server is 
 ``release``, ``wait_lost``); ``lost``, ``remaining_ms()`` and ``ensure()`` are local and
 synchronous. The watchdog of a lease is an asyncio task that only holds the lease weakly.
 
-A driver of the lease core (``_core``), as the sync client is: it awaits the core's ops. All
-of a lease's state is touched on its loop's thread only, so the state needs no lock.
+A driver of the lease core (``_core``), as the sync client is: it awaits the core's commands
+and the ops of its plans. All of a lease's state is touched on its loop's thread only, so the
+state needs no lock.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import math
+import threading
 import weakref
-from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
+from typing import Any, Dict, Optional, Set, Tuple, Union
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from ._core import (
+    NETWORK_ERRORS,
+    ROUTE_ERRORS,
+    WAIT,
     Addr,
     Checkout,
     Disconnect,
@@ -36,7 +41,6 @@ from ._core import (
     Forget,
     GiveBack,
     Grant,
-    GrantCall,
     LeaseCore,
     LeaseTooShortError,
     LockBusyError,
@@ -45,15 +49,18 @@ from ._core import (
     Plan,
     Send,
     Sleep,
-    acquire_plan,
+    acquire_command,
+    acquire_wait_plan,
     busy_error,
     check_ttl,
     log,
     monotonic,
+    on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
     revoke_args,
+    routed_call,
     socket_timeout_of,
 )
 
@@ -103,6 +110,13 @@ async def _roundtrip(conn: Any, args: Tuple[Any, ...], timeout: Optional[float],
     return await _read(conn, timeout)
 
 
+async def _get_connection(pool: Any) -> Any:
+    try:
+        return await pool.get_connection()
+    except TypeError:  # redis-py 5.0-5.2 wants a command name
+        return await pool.get_connection("FLOCK")
+
+
 class _Slot:
     """A connection checked out for one call (or one BOUND lease), and how to give it back."""
     __slots__ = ("conn", "_pool", "_node")
@@ -139,11 +153,7 @@ class _Transport:
     async def checkout(self, key: Any, addr: Addr) -> _Slot:
         if not self.cluster:
             pool = self.client.connection_pool
-            try:
-                conn = await pool.get_connection()
-            except TypeError:  # redis-py 5.0-5.2 wants a command name
-                conn = await pool.get_connection("FLOCK")
-            return _Slot(conn, pool=pool)
+            return _Slot(await _get_connection(pool), pool=pool)
         c = self.client
         await c.initialize()
         if addr is None:
@@ -156,6 +166,35 @@ class _Transport:
                 if node is None:
                     raise ConnectionError(f"flock: redirected to unknown node {addr[0]}:{addr[1]}")
         return _Slot(node.acquire_connection(), node=node)
+
+    async def call(self, key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None,
+                   addr: Addr = None, attempts: int = 1) -> Tuple[Any, Addr]:
+        """``_core.routed_call`` with its first try made here, without a plan: one round trip
+        on a connection of the key's pool (or node); only a redirect or a network error hands
+        over to the plan. Returns (reply, address it came from)."""
+        if not self.cluster:
+            pool = self.client.connection_pool
+            try:  # (as _get_connection, without its coroutine: this is the hot path)
+                conn = await pool.get_connection()
+            except TypeError:
+                conn = await pool.get_connection("FLOCK")
+            try:
+                return await _roundtrip(conn, args, timeout, False), addr
+            except ROUTE_ERRORS as e:
+                plan = routed_call(key, args, timeout, addr, attempts, e)
+            finally:
+                released = pool.release(conn)
+                if released is not None:  # a coroutine in the redis-py versions that lock the pool
+                    await released
+        else:
+            slot = await self.checkout(key, addr)
+            try:
+                return await _roundtrip(slot.conn, args, timeout, False), addr
+            except ROUTE_ERRORS as e:
+                plan = routed_call(key, args, timeout, addr, attempts, e)
+            finally:
+                await slot.give_back()
+        return await self.run(plan)
 
     async def perform(self, op: Any) -> Any:
         """One op of a plan, awaited."""
@@ -177,10 +216,10 @@ class _Transport:
             raise TypeError(f"flock: no asyncio meaning for {op!r}")
         return None
 
-    async def run(self, plan: Plan, perform: Optional[Callable[[Any], Any]] = None) -> Any:
+    async def run(self, plan: Plan) -> Any:
         """Runs a plan to its end: each op's result is sent back into it, each op's exception
         (cancellation too: the plan's finally clauses give connections back) thrown in."""
-        perform = perform or self.perform
+        perform = self.perform
         reply: Any = None
         error: Optional[BaseException] = None
         try:
@@ -241,6 +280,7 @@ class Lease(LeaseCore):
     """One grant of one lock (asyncio). See the sync ``redis_flock.Lease``."""
 
     def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
+        self._state = threading.Lock()  # never contended: cheaper than NO_LOCK (see LeaseCore)
         super().__init__(grant, renew)
         self._t = flock._t
         self._io = asyncio.Lock()  # one RENEW at a time (and the bound connection)
@@ -265,17 +305,20 @@ class Lease(LeaseCore):
         if task is not None and not self._renewing and task is not asyncio.current_task():
             task.cancel()  # it only sleeps: nothing in flight
 
-    async def _run(self, plan: Plan) -> Any:
-        return await self._t.run(plan, self._perform)
-
-    async def _perform(self, op: Any) -> Any:
-        if type(op) is GrantCall:
-            return await self._io_call(*op.args, timeout=op.timeout)
-        return await self._t.perform(op)
-
     async def _io_call(self, *args: Any, timeout: Optional[float] = None) -> Any:
-        """A command about this grant, on the bound connection or routed to the grant's node."""
-        return await self._run(self._grant_call(args, timeout))
+        """A command about this grant, on the bound connection or routed to the grant's node
+        (timeout as in ``_core.Send``). Every command about the grant passes here."""
+        slot = self._slot
+        if slot is not None:
+            try:
+                return await _roundtrip(slot.conn, args, timeout, False)
+            except NETWORK_ERRORS:
+                self._bound_failed()
+                raise
+        reply, addr = await self._t.call(self.key, args, timeout, self._addr)
+        if addr is not None:  # redirected: the grant's commands go there from now on
+            self._addr = addr
+        return reply
 
     def _bound_io(self) -> Any:
         """The lock a command takes: a BOUND lease's connection carries one command at a time."""
@@ -299,12 +342,21 @@ class Lease(LeaseCore):
 
     async def check(self) -> int:
         async with self._bound_io():
-            return await self._run(self._check_plan())
+            return self._on_check_reply(await self._io_call(*self._check_command()))
 
     async def renew(self, ttl_ms: Optional[int] = None) -> None:
         ttl = self.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         async with self._io:
-            await self._run(self._renew_plan(ttl, raise_lost=True))
+            await self._renew_once(ttl, True)
+
+    async def _renew_once(self, ttl: int, raise_lost: bool) -> bool:
+        """One RENEW (the caller holds _io): True renewed, False lost (or released)."""
+        command = self._renew_command(ttl, raise_lost)
+        if command is None:
+            return False
+        args, timeout, sent = command
+        return self._on_renew_reply(await self._io_call(*args, timeout=timeout), sent, ttl,
+                                    raise_lost)
 
     async def _tick(self) -> None:
         """The watchdog task's renewal; the task reads _next_due and _watching afterwards."""
@@ -313,13 +365,23 @@ class Lease(LeaseCore):
                 return
             self._renewing = True  # the task is busy: losing the lease must not cancel it
             try:
-                await self._run(self._watchdog_plan())
+                sent = monotonic()
+                try:
+                    ok = await self._renew_once(self.ttl_ms, False)
+                except Exception as e:
+                    self._on_watchdog_error(e)
+                else:
+                    self._on_watchdog_renewed(ok, sent)
             finally:
                 self._renewing = False
 
     async def fenced(self, *command: Any) -> Any:
         async with self._bound_io():
-            return await self._run(self._fenced_plan(command))
+            try:
+                return await self._io_call(*self._fenced_command(command))
+            except ResponseError as e:
+                self._on_fenced_error(e)
+                raise
 
     async def release(self) -> bool:
         """Ends the grant (see the sync ``Lease.release``): no renewal starts once release()
@@ -331,11 +393,18 @@ class Lease(LeaseCore):
             return self._released_ok
         self._stop_watchdog()
         self._finalizer.detach()
-        if self._slot is None:
+        if self._slot is None and self._io.locked():
             await self._wait_for_renewal()
         try:
-            async with self._bound_io():
-                n = await self._run(self._release_plan())
+            if self._slot is None:
+                try:
+                    n, _ = await self._t.call(self.key, self._release_command(), None,
+                                              self._addr)
+                except NETWORK_ERRORS:
+                    n = await self._t.run(self._release_retry_plan())
+            else:
+                async with self._io:
+                    n = await self._t.run(self._release_bound_plan())
         finally:
             if self._lost_evt is not None:
                 self._lost_evt.set()
@@ -362,9 +431,8 @@ class Lease(LeaseCore):
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             await self.release()
-            lost = self._lost_on_leaving()
-            if lost is not None:
-                raise lost
+            if self._lost:
+                raise self._lost_while_held()
             return
         try:
             await self.release()
@@ -424,7 +492,15 @@ class Flock:
     async def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                       shared: bool = False, limit: Optional[int] = None, bound: bool = False,
                       renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
-        grant = await self._t.run(acquire_plan(key, ttl_ms, wait_ms, shared, limit, bound, owner))
+        command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        sent = monotonic()
+        grant = WAIT
+        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+            reply, addr = await self._t.call(key, command, None, None, 2)
+            grant = on_acquire_reply(command, wait_s, reply, sent, addr)
+        if grant is WAIT:
+            grant = await self._t.run(acquire_wait_plan(command, wait_s, sent, bound,
+                                                        owner is None))
         return None if grant is None else Lease(self, grant, renew)
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
