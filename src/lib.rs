@@ -16,23 +16,43 @@
 //! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`),
 //!   with `command_info` (what each command is: arity, key specs, COMMAND DOCS).
 
+#[path = "store/bindings.rs"]
 mod bindings;
+#[path = "peers/cluster.rs"]
 mod cluster;
+#[path = "registration/command_info.rs"]
 mod command_info;
+#[path = "commands/handlers.rs"]
 mod commands;
+#[path = "server/config.rs"]
 mod config;
+#[path = "commands/effects.rs"]
 mod effects;
+#[path = "registration/events.rs"]
 mod events;
+#[path = "store/expiry.rs"]
 mod expiry;
+#[path = "commands/fenced.rs"]
 mod fenced;
+#[path = "ffi/mod.rs"]
 mod ffi;
+#[path = "waiting/jobs.rs"]
 mod jobs;
+#[path = "store/key_name.rs"]
 mod key_name;
+#[path = "registration/lock_type.rs"]
 mod lock_type;
+#[path = "registration/module.rs"]
 mod module;
+#[path = "ffi/block.rs"]
 mod record;
+#[path = "peers/replication.rs"]
 mod replication;
+#[path = "server/mod.rs"]
 mod server;
+#[path = "server/stats.rs"]
 mod stats;
+#[path = "commands/stats.rs"]
 mod stats_command;
+#[path = "waiting/waiters.rs"]
 mod waiters;
