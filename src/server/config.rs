@@ -1,17 +1,10 @@
 //! Module configuration: `loadmodule` arguments, redis.conf `flock.*` lines and CONFIG SET,
-//! all validated by flock-core's `settings`; this file holds the live values and registers
-//! them.
-//!
-//! The configs are registered from `init` with the load arguments as their defaults, then
-//! `RM_LoadConfigs` applies redis.conf's `flock.*` lines on top (Redis's own order for module
-//! configs; CONFIG REWRITE writes those lines, so the last value an operator set survives a
-//! restart). Where such a line overrides a load argument the module says so in the log.
+//! all validated by flock-core's `settings`; this file holds the live values (registered by
+//! `registration/config.rs`).
 
 use flock_core::settings::{self, Setting};
-use redis_module::configuration::{
-    register_i64_configuration, ConfigurationContext, ConfigurationFlags,
-};
-use redis_module::{raw, ConfigurationValue, Context, RedisError, RedisString};
+use redis_module::configuration::ConfigurationContext;
+use redis_module::{ConfigurationValue, RedisError};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// One setting's value in effect. Every write goes through [`Setting::check`], so what
@@ -29,8 +22,13 @@ impl Value {
         }
     }
 
-    fn get(&self) -> i64 {
+    pub fn get(&self) -> i64 {
         self.value.load(Ordering::Relaxed)
+    }
+
+    /// Set the value in effect before the config is registered (its default).
+    pub fn set_default(&self, v: i64) {
+        self.value.store(v, Ordering::Relaxed);
     }
 }
 
@@ -55,11 +53,11 @@ pub static STATS_MAX_CLASSES: Value = Value::new(&settings::STATS_MAX_CLASSES);
 /// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
 /// crate that takes a reference to a `const` may get its own copy, so two references to the
 /// same setting need not be equal pointers.
-fn same(a: &Setting, b: &Setting) -> bool {
+pub fn same(a: &Setting, b: &Setting) -> bool {
     a.name == b.name
 }
 
-fn value_of(setting: &Setting) -> Option<&'static Value> {
+pub fn value_of(setting: &Setting) -> Option<&'static Value> {
     [
         &MAX_TTL_MS,
         &MAX_WAITERS,
@@ -94,52 +92,4 @@ pub fn max_holders() -> u32 {
 /// `flock.stats-max-classes`: most lock classes FLOCK.STATS keeps.
 pub fn stats_max_classes() -> usize {
     STATS_MAX_CLASSES.get() as usize
-}
-
-/// Validate the load arguments, register every config with them as defaults and load
-/// redis.conf's `flock.*` lines. An error (the text names the argument and the allowed range)
-/// means the module must refuse to load.
-pub fn init(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
-    let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    let given = settings::parse_load_args(&bytes)?;
-    for setting in settings::ALL {
-        let Some(value) = value_of(setting) else {
-            return Err(format!("flock.{} has no storage", setting.name));
-        };
-        let default = given
-            .iter()
-            .find(|(s, _)| same(s, setting))
-            .map_or(setting.default, |(_, v)| *v);
-        value.value.store(default, Ordering::Relaxed);
-        register_i64_configuration(
-            ctx,
-            setting.name,
-            value,
-            default,
-            setting.min,
-            setting.max,
-            ConfigurationFlags::DEFAULT,
-            None,
-        );
-    }
-    // SAFETY: the function pointer comes from the server (None on servers without module
-    // configs, which flock's minimum version always has); ctx is the OnLoad context.
-    if let Some(load_configs) = unsafe { raw::RedisModule_LoadConfigs } {
-        if unsafe { load_configs(ctx.ctx) } != raw::REDISMODULE_OK as i32 {
-            return Err("a flock.* line in the configuration file was refused".to_string());
-        }
-    }
-    for (setting, arg) in given {
-        if let Some(value) = value_of(setting) {
-            let in_effect = value.get();
-            if in_effect != arg {
-                ctx.log_warning(&format!(
-                    "the configuration file sets flock.{} {in_effect}, which takes \
-                     precedence over the loadmodule argument {} {arg}",
-                    setting.name, setting.name
-                ));
-            }
-        }
-    }
-    Ok(())
 }

@@ -1,21 +1,21 @@
-//! Server-wide state of the module: the token issuer, the role, the clocks, the type handle.
+//! Server-wide state of the module: the token issuer, the role, the clocks, the replication
+//! consumers; with the configs' live values (`config.rs`) and the counters (`stats.rs`).
 //!
 //! Redis runs module commands, callbacks and timers on its main thread; the only other thread
 //! that can reach module code is a lazy-free thread calling the type's `free` (FLUSHALL ASYNC),
 //! which touches none of this but [`on_main_thread`].
 
-use crate::api;
+pub mod config;
+pub mod stats;
+
 use crate::ffi::{self, Ctx};
 use flock_core::{Now, TokenIssuer};
-use redis_module::raw;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 static TOKENS: Mutex<TokenIssuer> = Mutex::new(TokenIssuer::new());
 static IS_MASTER: AtomicBool = AtomicBool::new(true);
-static LOCK_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
-static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The server-wide token issuer (G3).
 pub fn tokens() -> MutexGuard<'static, TokenIssuer> {
@@ -25,25 +25,10 @@ pub fn tokens() -> MutexGuard<'static, TokenIssuer> {
 }
 
 /// Called once from the module's init, on the main thread.
-pub fn init(ctx: Ctx, lock_type: *mut raw::RedisModuleType) {
+pub fn init(ctx: Ctx<'_>) {
     ON_MAIN_THREAD.with(|m| m.set(true));
-    LOCK_TYPE.store(lock_type, Ordering::Relaxed);
-    // SAFETY: `ctx` is the context of the module's init; the detached context lives as long
-    // as the module.
-    let detached =
-        unsafe { api!(RedisModule_GetDetachedThreadSafeContext, std::ptr::null_mut(); ctx) };
-    MODULE_CTX.store(detached, Ordering::Relaxed);
+    ffi::init_module_ctx(ctx);
     refresh_role(ctx);
-}
-
-/// Our data type's handle, as Redis registered it.
-pub fn lock_type() -> *mut raw::RedisModuleType {
-    LOCK_TYPE.load(Ordering::Relaxed)
-}
-
-/// A context bound to this module, for API calls made outside a command (type callbacks).
-pub fn module_ctx() -> Ctx {
-    MODULE_CTX.load(Ordering::Relaxed)
 }
 
 thread_local! {
@@ -61,37 +46,15 @@ pub fn is_master() -> bool {
     IS_MASTER.load(Ordering::Relaxed)
 }
 
-pub fn refresh_role(ctx: Ctx) {
-    let flags = ffi::context_flags(ctx);
-    IS_MASTER.store(
-        flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0,
-        Ordering::Relaxed,
-    );
+pub fn refresh_role(ctx: Ctx<'_>) {
+    IS_MASTER.store(ctx.flags().is_master(), Ordering::Relaxed);
 }
 
-/// Both clocks, read once per command: the wall clock in microseconds (Redis 7.0 has no
-/// module API for it; this is the same clock_gettime(CLOCK_REALTIME) Redis reads) and Redis's
-/// monotonic clock.
+/// Both clocks, read once per command (the wall clock as Redis reads it, and Redis's
+/// monotonic clock).
+#[inline]
 pub fn now() -> Now {
-    Now::new(wall_us(), ffi::monotonic_us())
-}
-
-/// The wall clock in microseconds since the Unix epoch (0 before it), read with one
-/// `clock_gettime`: `SystemTime::now().duration_since(UNIX_EPOCH)` reads the same clock but
-/// then goes through a `Result` and 128-bit arithmetic, on every command.
-fn wall_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_REALTIME always exists on Linux.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
-        return 0;
-    }
-    let (Ok(secs), Ok(nanos)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec)) else {
-        return 0;
-    };
-    secs.saturating_mul(1_000_000).saturating_add(nanos / 1000)
+    ffi::now()
 }
 
 pub fn set_master(master: bool) {
@@ -114,27 +77,11 @@ pub fn assume_replication_consumed() {
     REPLICATION_CONSUMED.store(true, Ordering::Relaxed);
 }
 
-fn info_field(ctx: Ctx, section: &std::ffi::CStr, field: &std::ffi::CStr) -> Option<i64> {
-    // SAFETY: a live context (the cron's); `section` is NUL-terminated.
-    let info =
-        unsafe { api!(RedisModule_GetServerInfo, std::ptr::null_mut(); ctx, section.as_ptr()) };
-    if info.is_null() {
-        return None;
-    }
-    let mut err: std::os::raw::c_int = 0;
-    // SAFETY: `info` is the live INFO data fetched above, freed once right after.
-    let v =
-        unsafe { api!(RedisModule_ServerInfoGetFieldSigned, 0; info, field.as_ptr(), &mut err) };
-    // SAFETY: as above.
-    unsafe { api!(RedisModule_FreeServerInfo, (); ctx, info) };
-    (err == 0).then_some(v)
-}
-
 /// Look at INFO: with no AOF, no replica and no replication backlog, stop building effects.
-pub fn recheck_replication(ctx: Ctx) {
-    let quiet = info_field(ctx, c"persistence", c"aof_enabled") == Some(0)
-        && info_field(ctx, c"replication", c"repl_backlog_active") == Some(0)
-        && info_field(ctx, c"replication", c"connected_slaves") == Some(0);
+pub fn recheck_replication(ctx: Ctx<'_>) {
+    let quiet = ffi::server_info_field(ctx, c"persistence", c"aof_enabled") == Some(0)
+        && ffi::server_info_field(ctx, c"replication", c"repl_backlog_active") == Some(0)
+        && ffi::server_info_field(ctx, c"replication", c"connected_slaves") == Some(0);
     REPLICATION_CONSUMED.store(!quiet, Ordering::Relaxed);
 }
 
@@ -142,6 +89,5 @@ pub fn recheck_replication(ctx: Ctx) {
 /// replica's offset to match): timers and deferred jobs then wait, since effects they would
 /// replicate keep the offsets from ever matching. Commands still check leases lazily.
 pub fn avoid_replica_traffic() -> bool {
-    // SAFETY: takes no arguments.
-    unsafe { api!(RedisModule_AvoidReplicaTraffic, 0;) != 0 }
+    ffi::avoid_replica_traffic()
 }
