@@ -14,8 +14,8 @@ use crate::ffi::{self, CallReply, Ctx, Key, KeyFlags, KeysRequest, RStr, Status}
 use crate::server::{self, stats};
 use flock_core::state::Mode;
 use flock_core::{args, engine};
+use std::ffi::c_int;
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 /// FLOCK.FENCED, a getkeys-api command.
 pub struct Fenced;

@@ -14,8 +14,8 @@ use crate::waiting::jobs;
 use flock_core::snapshot::{mode_code, mode_from_code, GrantImage, LockImage};
 use flock_core::state::MAX_LIMIT;
 use flock_core::{engine, LockState, MAX_TOKEN};
+use std::ffi::c_int;
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 /// Current RDB encoding version; `rdb_load` accepts this and every older one.
 /// 1: exclusive keys only (token, deadline, owner). 2: every kind (see `rdb_save`).

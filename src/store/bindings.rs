@@ -14,8 +14,8 @@ use crate::ffi::block::KeyId;
 use crate::ffi::{self, Ctx};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_int;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Client ids and tokens are numbers the server hands out, never chosen by a client, so a

@@ -21,7 +21,7 @@ use crate::ffi::{self, Ctx, Key, RStr, RString};
 use crate::server;
 use flock_core::deadlines::{DeadlineIndex, NOWHERE};
 use flock_core::Deadline;
-use std::os::raw::c_int;
+use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard};
 
 /// What an armed lock costs besides its block: its index entry.

@@ -18,7 +18,7 @@ use flock_core::engine::BlockRefused;
 use flock_core::state::Mode;
 use flock_core::{WaitQueue, Waiter};
 use std::collections::HashMap;
-use std::os::raw::c_int;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
