@@ -1,5 +1,6 @@
-//! Counters shown in `INFO flock` (the INFO section itself is built in `registration/module.rs`), and the
-//! per-class lock statistics of FLOCK.STATS (flock-core's `lock_stats`).
+//! Counters shown in `INFO flock` (the INFO section itself is built in
+//! `registration/module.rs`), and the per-class lock statistics of FLOCK.STATS (flock-core's
+//! `lock_stats`).
 
 use flock_core::lock_stats::{ClassRef, Event, Stats};
 use std::cell::RefCell;
