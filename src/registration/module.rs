@@ -11,7 +11,7 @@ use crate::server::{self, stats};
 use crate::store::{bindings, expiry};
 use crate::waiting::{jobs, waiters};
 use redis_module::{Context, RedisString};
-use std::ffi::CStr;
+use std::ffi::{c_int, CStr};
 
 /// The module's init (OnLoad): `Err` refuses to load (the reason is in the log).
 pub fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
@@ -64,14 +64,15 @@ handler!(Apply, handlers::apply);
 handler!(StatsGet, stats_command::get);
 handler!(StatsReset, stats_command::reset);
 
+/// `ffi::create_command` for one handler type.
+type Register = fn(Ctx<'_>, &CStr, &CStr, (c_int, c_int, c_int)) -> bool;
+/// `ffi::create_subcommand` for one handler type.
+type RegisterSub = fn(ffi::Container<'_>, &CStr, &CStr) -> bool;
+
 /// Register every command. Flags and key positions matter to cluster clients and ACLs.
 fn register_commands(ctx: Ctx<'_>) -> Result<(), String> {
     let first_key = (1, 1, 1);
-    let table: [(
-        &CStr,
-        fn(Ctx<'_>, &CStr, &CStr, (i32, i32, i32)) -> bool,
-        &CStr,
-    ); 9] = [
+    let table: [(&CStr, Register, &CStr); 9] = [
         (
             c"flock.acquire",
             ffi::create_command::<Acquire>,
@@ -119,7 +120,7 @@ fn register_commands(ctx: Ctx<'_>) -> Result<(), String> {
     let Some(parent) = ffi::create_container(ctx, c"flock.stats") else {
         return Err("could not register flock.stats".to_string());
     };
-    let subs: [(&CStr, fn(ffi::Container<'_>, &CStr, &CStr) -> bool, &CStr); 2] = [
+    let subs: [(&CStr, RegisterSub, &CStr); 2] = [
         (c"get", ffi::create_subcommand::<StatsGet>, c"readonly fast"),
         (c"reset", ffi::create_subcommand::<StatsReset>, c"fast"),
     ];
