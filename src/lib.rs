@@ -1,38 +1,68 @@
 //! flock: native fenced distributed locks for Redis (the loadable module).
 //!
 //! What a lock does is decided by the `flock-core` crate (its engine); this crate is the
-//! glue that runs it inside Redis. Its files, from the leaves up (each imports only from
-//! the layers before it):
-//! - leaves: `ffi` (the module API, unsafe at each call), `config`, `stats`, `server`
-//!   (tokens, role, clocks, the type handle).
-//! - the record: `record` (the value under a lock key, reached through its open key).
-//! - mechanisms, which never call upward: `expiry` (the deadline index and its timer),
-//!   `waiters` (blocked clients and their queues), `jobs` (deferred work), `replication`
-//!   (the effect commands), `cluster` (the high-water mark broadcast, slot checks),
-//!   `bindings` (which connection holds which BOUND grant).
-//! - the effects executor: `effects` (runs an engine operation, carries out its effects).
-//! - entry points: `commands`, `fenced`, `stats_command` (FLOCK.STATS), `lock_type` (the
-//!   type's callbacks), `events`.
-//! - registration: `module` (commands, configs, INFO, events, handlers; `redis_module!`),
-//!   with `command_info` (what each command is: arity, key specs, COMMAND DOCS).
+//! glue that runs it inside Redis. Its folders, from the leaves up (each imports only from
+//! the ones before it):
+//! - `ffi/`: the module API, and the only unsafe code of the crate (denied everywhere else,
+//!   below). Safe handles with lifetimes (`Ctx`, `RStr`, `Key`), safe decodings (context
+//!   flags, server events, key flags), the lock's memory block (`ffi/block.rs`, its layout
+//!   private there), and a thin trampoline for every callback Redis calls, handing safe
+//!   arguments to a handler given to it as a type parameter.
+//! - `server/`: the shared server state: the token issuer, the role, the clocks, the
+//!   replication consumers (`mod.rs`), the configs' live values (`config.rs`), the INFO
+//!   counters and FLOCK.STATS's table (`stats.rs`).
+//! - `store/`: what is kept per lock key beside its block: the deadline index and its timer
+//!   (`expiry.rs`), which connection holds which BOUND grant (`bindings.rs`), key names kept
+//!   inline (`key_name.rs`).
+//! - `waiting/`: blocked clients and their queues (`waiters.rs`), deferred work on keys
+//!   (`jobs.rs`).
+//! - `peers/`: what other servers are told: the replication effects (`replication.rs`), the
+//!   cluster bus and slot checks (`cluster.rs`).
+//! - `commands/`: the effects executor (`effects.rs`: runs an engine operation, carries out
+//!   its effects), the command handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`),
+//!   FLOCK.STATS (`stats.rs`).
+//! - `registration/`: the module's init and everything it registers (`module.rs`), what each
+//!   command is (`command_info.rs`), the configs (`config.rs`), the data type's callbacks
+//!   (`lock_type.rs`), keyspace and server events, due deadlines and deferred jobs
+//!   (`events.rs`).
+//!
+//! The mechanisms never call upward: what a due deadline or a deferred job does is handed to
+//! them by the registration (`expiry::set_due_handler`, `jobs::set_runner`).
 
-mod bindings;
-mod cluster;
-mod command_info;
-mod commands;
-mod config;
-mod effects;
-mod events;
-mod expiry;
-mod fenced;
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
 mod ffi;
-mod jobs;
-mod key_name;
-mod lock_type;
-mod module;
-mod record;
-mod replication;
+
 mod server;
-mod stats;
-mod stats_command;
-mod waiters;
+
+mod store {
+    pub mod bindings;
+    pub mod expiry;
+    pub mod key_name;
+}
+
+mod waiting {
+    pub mod jobs;
+    pub mod waiters;
+}
+
+mod peers {
+    pub mod cluster;
+    pub mod replication;
+}
+
+mod commands {
+    pub mod effects;
+    pub mod fenced;
+    pub mod handlers;
+    pub mod stats;
+}
+
+mod registration {
+    pub mod command_info;
+    pub mod config;
+    pub mod events;
+    pub mod lock_type;
+    pub mod module;
+}

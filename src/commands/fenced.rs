@@ -8,100 +8,74 @@
 //! protocol (`0`) and errors passed through as they are (`E`), and replicated as the write it
 //! made (`!`): FENCED itself, whose outcome depends on the clock, is never replicated.
 
-use crate::effects::WRONGTYPE;
-use crate::ffi::{self, Ctx, Key, RStr};
-use crate::record::{self, Found};
-use crate::{api, server, stats};
+use super::effects::WRONGTYPE;
+use crate::ffi::block::{self, Found};
+use crate::ffi::{self, CallReply, Ctx, Key, KeyFlags, KeysRequest, RStr, Status};
+use crate::server::{self, stats};
 use flock_core::state::Mode;
 use flock_core::{args, engine};
-use redis_module::raw;
-use std::os::raw::{c_char, c_int};
-use std::ptr;
+use std::ffi::c_int;
+use std::ffi::CStr;
+
+/// FLOCK.FENCED, a getkeys-api command.
+pub struct Fenced;
+
+impl ffi::Command for Fenced {
+    const GETKEYS: bool = true;
+
+    fn run(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
+        command(ctx, args)
+    }
+
+    fn keys(req: KeysRequest<'_>, args: &[RStr<'_>]) {
+        report_keys(req, args);
+    }
+}
 
 /// Report key positions (getkeys-api) with what the command does to each key, so that ACL
 /// asks for no more than it must: the lock key is only read (`%R~` suffices for it); the inner
 /// command's keys carry the flags the inner command declares.
 /// Only positions inside argv are reported: servers index argv with them (Valkey 9 crashes on
 /// a position past the end).
-fn report_keys(ctx: Ctx, argv: *mut RStr, argc: c_int) {
+fn report_keys(req: KeysRequest<'_>, args: &[RStr<'_>]) {
+    let argc = args.len() as c_int;
     if argc < 2 {
         return;
     }
-    let read_only = (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int;
-    // SAFETY: the live context of a keys-position request; position 1 is inside argv.
-    unsafe { api!(RedisModule_KeyAtPosWithFlags, (); ctx, 1, read_only) };
-    if argc < 4 {
+    // Position 1 is inside argv.
+    req.key_at(1, KeyFlags::RO.and(KeyFlags::ACCESS));
+    // The inner command's arguments (argc >= 4: argv + 3 is inside the argument vector).
+    let Some(inner) = args.get(3..).filter(|_| argc >= 4) else {
         return;
-    }
-    // SAFETY: argc >= 4, so argv + 3 is inside the argument vector.
-    let inner = unsafe { argv.add(3) };
-    let mut n: c_int = 0;
-    let mut flags: *mut c_int = ptr::null_mut();
-    // SAFETY: `inner` points to the `argc - 3` arguments of the inner command; Redis fills
-    // `n`, and `flags` with an array it allocates (freed below).
-    let positions = unsafe {
-        api!(RedisModule_GetCommandKeysWithFlags, ptr::null_mut();
-            ctx, inner, argc - 3, &mut n, &mut flags)
     };
-    if positions.is_null() {
+    let Some(keys) = ffi::command_keys_with_flags(req.ctx(), inner) else {
         return;
-    }
-    for i in 0..n.max(0) as usize {
-        // SAFETY: Redis returned arrays of `n` positions and flags (freed below).
-        let pos = unsafe { *positions.add(i) };
-        let key_flags = if flags.is_null() {
-            (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int
-        } else {
-            // SAFETY: as above.
-            unsafe { *flags.add(i) }
-        };
+    };
+    for (pos, flags) in keys.iter() {
+        let key_flags = flags.unwrap_or(KeyFlags::RW.and(KeyFlags::ACCESS));
         if pos >= 0 && pos + 3 < argc {
-            // SAFETY: a position inside argv (checked just above).
-            unsafe { api!(RedisModule_KeyAtPosWithFlags, (); ctx, pos + 3, key_flags) };
-        }
-    }
-    // SAFETY: the arrays Redis allocated for us, each freed once.
-    unsafe {
-        api!(RedisModule_Free, (); positions.cast());
-        if !flags.is_null() {
-            api!(RedisModule_Free, (); flags.cast());
+            // A position inside argv (checked just above).
+            req.key_at(pos + 3, key_flags);
         }
     }
 }
 
 /// Whether the inner command (argv from the command name on) names `lock_key` as a key: a
 /// fenced write to the lock itself would overwrite or delete the lock it is fenced by.
-fn touches_lock_key(ctx: Ctx, inner: &mut [RStr], lock_key: &[u8]) -> bool {
-    let mut n: c_int = 0;
-    // SAFETY: a live command context; `inner` holds the inner command's argument handles.
-    let positions = unsafe {
-        api!(RedisModule_GetCommandKeys, ptr::null_mut();
-            ctx, inner.as_mut_ptr(), inner.len() as c_int, &mut n)
-    };
-    if positions.is_null() {
+fn touches_lock_key(ctx: Ctx<'_>, inner: &[RStr<'_>], lock_key: &[u8]) -> bool {
+    let Some(keys) = ffi::command_keys(ctx, inner) else {
         return false;
-    }
+    };
     let mut touches = false;
-    for i in 0..n.max(0) as usize {
-        // SAFETY: Redis returned an array of `n` positions (freed below).
-        let pos = unsafe { *positions.add(i) };
+    for (pos, _) in keys.iter() {
         if let Some(arg) = usize::try_from(pos).ok().and_then(|p| inner.get(p)) {
             touches |= ffi::bytes(arg) == lock_key;
         }
     }
-    // SAFETY: the array Redis allocated for us, freed once.
-    unsafe { api!(RedisModule_Free, (); positions.cast()) };
     touches
 }
 
-pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
-    // SAFETY: the live context of this command.
-    if unsafe { api!(RedisModule_IsKeysPositionRequest, 0; ctx) } != 0 {
-        report_keys(ctx, argv, argc);
-        return raw::REDISMODULE_OK as c_int;
-    }
-    // SAFETY: Redis passes `argc` argument strings that live while the command runs.
-    let args = unsafe { ffi::argv_slice(argv, argc) };
+fn command(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let [_, key_name, token_arg, cmd, rest @ ..] = args else {
         return ffi::wrong_arity(ctx);
     };
@@ -119,13 +93,13 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
             ),
         );
     }
-    let mut inner_argv: Vec<RStr> = std::iter::once(*cmd).chain(rest.iter().copied()).collect();
-    if touches_lock_key(ctx, &mut inner_argv, ffi::bytes(key_name)) {
+    let inner_argv: Vec<RStr<'_>> = std::iter::once(*cmd).chain(rest.iter().copied()).collect();
+    if touches_lock_key(ctx, &inner_argv, ffi::bytes(key_name)) {
         return ffi::reply_error_static(ctx, c"ERR FLOCK.FENCED cannot touch its own lock key");
     }
     let grant_mode = {
         let key = Key::open(ctx, *key_name, false);
-        match record::lock_of(&key) {
+        match block::lock_of(&key) {
             Found::OtherType => return ffi::reply_error_static(ctx, WRONGTYPE),
             Found::Nothing => None,
             Found::Lock(rec) => engine::fence(Some(&*rec), token, server::now()),
@@ -151,20 +125,12 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
         .filter(|&b| b != 0)
         .collect();
     name.push(0);
-    let mut inner: Vec<RStr> = rest.to_vec();
-    // SAFETY: a live command context; `name` is NUL-terminated; "v" takes the vector of
-    // `inner.len()` string handles (the caller's arguments, alive during the call).
+    // "v": the vector of the caller's argument handles (alive during the call).
     let flags = if read_only { c"CSMEW0!v" } else { c"CSME0!v" };
-    let reply = unsafe {
-        api!(RedisModule_Call, ptr::null_mut();
-            ctx,
-            name.as_ptr().cast::<c_char>(),
-            flags.as_ptr(),
-            inner.as_mut_ptr(),
-            inner.len()
-        )
-    };
-    if reply.is_null() {
+    let reply = CStr::from_bytes_with_nul(&name)
+        .ok()
+        .and_then(|name| ffi::call_argv(ctx, name, flags, rest));
+    let Some(reply) = reply else {
         stats::FENCED_REJECTED.incr();
         let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         let msg = match err {
@@ -181,14 +147,11 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
             _ => "ERR the command inside FLOCK.FENCED could not run",
         };
         return ffi::reply_error_string(ctx, msg);
-    }
-    // SAFETY: the live reply made above (freed below).
-    let is_error = unsafe { api!(RedisModule_CallReplyType, 0; reply) }
-        == raw::REDISMODULE_REPLY_ERROR as c_int;
-    if is_error && read_only && refused_as_write(reply) {
+    };
+    let is_error = reply.is_error();
+    if is_error && read_only && refused_as_write(&reply) {
         stats::FENCED_REJECTED.incr();
-        // SAFETY: the live reply made above, freed once.
-        unsafe { api!(RedisModule_FreeCallReply, (); reply) };
+        drop(reply);
         return ffi::reply_error_static(
             ctx,
             c"ERR FLOCK.FENCED with a shared grant runs read-only commands only",
@@ -199,25 +162,17 @@ pub unsafe extern "C" fn command(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_in
     } else {
         stats::FENCED_ACCEPTED.incr();
     }
-    // SAFETY: the live reply, passed on to the caller, then freed once.
-    unsafe {
-        api!(RedisModule_ReplyWithCallReply, 0; ctx, reply);
-        api!(RedisModule_FreeCallReply, (); reply);
-    }
-    raw::REDISMODULE_OK as c_int
+    // Passed on to the caller, then freed.
+    let _ = reply.reply_to(ctx);
+    Status::OK
 }
 
 /// Whether an error reply of RM_Call is its refusal of a write command under `W` (Redis and
 /// Valkey word it "Write command '...' was called while write is not allowed.").
-fn refused_as_write(reply: *mut raw::RedisModuleCallReply) -> bool {
-    let mut len = 0usize;
-    // SAFETY: a live error reply; the pointer is valid while the reply lives (not kept).
-    let p = unsafe { api!(RedisModule_CallReplyStringPtr, ptr::null(); reply, &mut len) };
-    if p.is_null() {
+fn refused_as_write(reply: &CallReply) -> bool {
+    let Some(text) = reply.text() else {
         return false;
-    }
-    // SAFETY: `len` bytes at `p`, owned by the live reply.
-    let text = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    };
     text.windows(b"write is not allowed".len())
         .any(|w| w == b"write is not allowed")
 }

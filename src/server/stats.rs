@@ -1,5 +1,6 @@
-//! Counters shown in `INFO flock` (the INFO section itself is built in `module.rs`), and the
-//! per-class lock statistics of FLOCK.STATS (flock-core's `lock_stats`).
+//! Counters shown in `INFO flock` (the INFO section itself is built in
+//! `registration/module.rs`), and the per-class lock statistics of FLOCK.STATS (flock-core's
+//! `lock_stats`).
 
 use flock_core::lock_stats::{ClassRef, Event, Stats};
 use std::cell::RefCell;
@@ -56,6 +57,6 @@ pub fn with_classes<R>(f: impl FnOnce(&mut Stats) -> R) -> R {
 /// the first event, then used instead of the name: see `ClassRef`).
 #[inline]
 pub fn record(class: &mut ClassRef, key: &[u8], event: Event) {
-    let max = crate::config::stats_max_classes();
+    let max = super::config::stats_max_classes();
     with_classes(|t| t.record_for(class, key, event, max));
 }

@@ -1,17 +1,19 @@
 //! The FLOCK.* command handlers: parse the arguments, open the key, run the engine's
 //! operation through the effects executor, reply. (FLOCK.FENCED is in `fenced.rs`;
-//! registration in `module.rs`.)
+//! registration in `registration/module.rs`.)
 
-use crate::effects::{self, WRONGTYPE};
-use crate::ffi::{self, Ctx, Key, RStr};
-use crate::record::{self, Found};
-use crate::{bindings, config, replication, server, waiters};
+use super::effects::{self, WRONGTYPE};
+use crate::ffi::block::{self, Found};
+use crate::ffi::{self, Ctx, Key, RStr, Status};
+use crate::peers::replication;
+use crate::server::{self, config};
+use crate::store::bindings;
+use crate::waiting::waiters;
 use flock_core::args::{self, ArgError};
 use flock_core::engine::{self, Reply};
-use std::os::raw::c_int;
 
 /// Run `f` over the arguments as byte slices, without allocating for the usual arities.
-fn with_bytes<R>(args: &[RStr], f: impl FnOnce(&[&[u8]]) -> R) -> R {
+fn with_bytes<R>(args: &[RStr<'_>], f: impl FnOnce(&[&[u8]]) -> R) -> R {
     const N: usize = 8;
     if args.len() <= N {
         let mut buf: [&[u8]; N] = [&[]; N];
@@ -25,23 +27,24 @@ fn with_bytes<R>(args: &[RStr], f: impl FnOnce(&[&[u8]]) -> R) -> R {
     }
 }
 
-fn reply_arg_error(ctx: Ctx, e: ArgError) -> c_int {
+fn reply_arg_error(ctx: Ctx<'_>, e: ArgError) -> Status {
     match e {
         ArgError::Arity => ffi::wrong_arity(ctx),
         other => ffi::reply_error_string(ctx, &other.message()),
     }
 }
 
-/// The key name argument (callers have checked the arity).
-fn key_arg(args: &[RStr]) -> RStr {
-    args.get(1).copied().unwrap_or(std::ptr::null_mut())
+/// The key name argument (callers have checked the arity: `None` is not reached, and
+/// answered as a wrong arity).
+fn key_arg<'a>(args: &[RStr<'a>]) -> Option<RStr<'a>> {
+    args.get(1).copied()
 }
 
 /// Run a write operation on the key of `args` and reply; `missing` answers when there is no
 /// lock (and `create` is false).
 fn write_op(
-    ctx: Ctx,
-    args: &[RStr],
+    ctx: Ctx<'_>,
+    args: &[RStr<'_>],
     create: bool,
     missing: Reply<'static>,
     op: impl FnOnce(
@@ -49,16 +52,18 @@ fn write_op(
         &mut engine::Env<'_>,
         &mut effects::KeyHost<'_>,
     ) -> Reply<'static>,
-) -> c_int {
-    let key_name = key_arg(args);
+) -> Status {
+    let Some(key_name) = key_arg(args) else {
+        return ffi::wrong_arity(ctx);
+    };
     let mut key = Key::open(ctx, key_name, true);
     write_op_on(ctx, key_name, &mut key, create, missing, op)
 }
 
 /// [`write_op`] on a key already open for writing.
 fn write_op_on(
-    ctx: Ctx,
-    key_name: RStr,
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
     missing: Reply<'static>,
@@ -67,7 +72,7 @@ fn write_op_on(
         &mut engine::Env<'_>,
         &mut effects::KeyHost<'_>,
     ) -> Reply<'static>,
-) -> c_int {
+) -> Status {
     match effects::with_lock(ctx, key_name, key, create, op) {
         Ok(reply) => effects::send(ctx, key_name, reply),
         Err(why) => effects::send_no_lock(ctx, key_name, why, missing),
@@ -75,7 +80,7 @@ fn write_op_on(
 }
 
 /// `FLOCK.ACQUIRE key owner ttl [BLOCK timeout]`
-pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn acquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     with_bytes(args, |argv| {
         let a = match args::parse_acquire(argv, config::max_ttl_ms(), config::max_holders()) {
             Ok(a) => a,
@@ -91,7 +96,9 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
         };
         // Only a BLOCK call asks whether it may block (not inside MULTI or a script).
         let can_block = a.block.is_some() && waiters::can_block(ctx);
-        let key_name = key_arg(args);
+        let Some(key_name) = key_arg(args) else {
+            return ffi::wrong_arity(ctx);
+        };
         let mut key = Key::open(ctx, key_name, true);
         if let Some(done) = effects::acquire_free(ctx, key_name, &mut key, &a, bind_to) {
             return match done {
@@ -111,13 +118,15 @@ pub fn acquire(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.RELEASE key owner [token]`
-pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn release(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     with_bytes(args, |argv| {
         let (owner, token) = match args::parse_release(argv) {
             Ok(o) => o,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        let key_name = key_arg(args);
+        let Some(key_name) = key_arg(args) else {
+            return ffi::wrong_arity(ctx);
+        };
         let mut key = Key::open(ctx, key_name, true);
         if let Some(reply) = effects::release_lone(ctx, key_name, &mut key, owner, token) {
             return effects::send(ctx, key_name, reply);
@@ -134,7 +143,7 @@ pub fn release(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.REVOKE key [owner]`
-pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn revoke(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     with_bytes(args, |argv| {
         let owner = match args::parse_revoke(argv) {
             Ok(o) => o,
@@ -147,7 +156,7 @@ pub fn revoke(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.RENEW key owner ttl [token]`
-pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn renew(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     with_bytes(args, |argv| {
         let (owner, ttl_ms, token) = match args::parse_renew(argv, config::max_ttl_ms()) {
             Ok(v) => v,
@@ -160,14 +169,16 @@ pub fn renew(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.CHECK key token`
-pub fn check(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn check(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let token = match with_bytes(args, args::parse_check) {
         Ok(t) => t,
         Err(e) => return reply_arg_error(ctx, e),
     };
-    let key_name = key_arg(args);
+    let Some(key_name) = key_arg(args) else {
+        return ffi::wrong_arity(ctx);
+    };
     let key = Key::open(ctx, key_name, false);
-    match record::lock_of(&key) {
+    match block::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
         Found::Nothing => effects::send(ctx, key_name, engine::check(None, token, server::now())),
         Found::Lock(rec) => effects::send(
@@ -179,11 +190,13 @@ pub fn check(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.INFO key`
-pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn info(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     if let Err(e) = with_bytes(args, args::parse_info) {
         return reply_arg_error(ctx, e);
     }
-    let key_name = key_arg(args);
+    let Some(key_name) = key_arg(args) else {
+        return ffi::wrong_arity(ctx);
+    };
     let waiting = waiters::count(ctx, key_name);
     let waiting_mode = if waiting > 0 {
         waiters::shared_mode(ctx, key_name)
@@ -192,7 +205,7 @@ pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
     };
     let key = Key::open(ctx, key_name, false);
     let now = server::now();
-    match record::lock_of(&key) {
+    match block::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
         Found::Nothing => effects::send(
             ctx,
@@ -208,14 +221,16 @@ pub fn info(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// `FLOCK.HOLDERS key`
-pub fn holders(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn holders(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     if let Err(e) = with_bytes(args, args::parse_holders) {
         return reply_arg_error(ctx, e);
     }
-    let key_name = key_arg(args);
+    let Some(key_name) = key_arg(args) else {
+        return ffi::wrong_arity(ctx);
+    };
     let key = Key::open(ctx, key_name, false);
     let now = server::now();
-    match record::lock_of(&key) {
+    match block::lock_of(&key) {
         Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
         Found::Nothing => effects::send(ctx, key_name, engine::holders(None, now)),
         Found::Lock(rec) => effects::send(ctx, key_name, engine::holders(Some(&*rec), now)),
@@ -225,7 +240,7 @@ pub fn holders(ctx: Ctx, args: &[RStr]) -> c_int {
 /// `FLOCK.APPLY key GRANT|DELAY|STATE ...`: the replication effects (see
 /// `flock_core::args::parse_apply`). Accepted only from the master's replication stream and from AOF
 /// loading.
-pub fn apply(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn apply(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     if !replication::caller_may_apply(ctx) {
         return ffi::reply_error_static(
             ctx,

@@ -17,9 +17,28 @@
 //! (the compact form decoded, the full one borrowed) and stores it back in the best form that
 //! fits when the [`LockMut`] goes. Reached only through an open [`Key`], whose borrow bounds
 //! every access to the block.
+//!
+//! The layout is private to this file, and so is every unsafe method on a block. The safe
+//! API ([`RecordPtr`]'s public methods, [`lock_of`], [`lock_mut`], [`lone_of`], [`create`],
+//! [`create_lone`], [`rename_in`]) rests on one invariant, argued here once: **a
+//! [`RecordPtr`] names a live block.** It holds because
+//! - a `RecordPtr` is made only in this folder, from a live block of ours: the value of an
+//!   open key of our type (`block_of`), a block just allocated, or a value Redis hands to a
+//!   callback of our type;
+//! - safe code keeps one only while its block lives: for the length of a command or callback
+//!   that holds the key open (Redis runs module code on its main thread, one callback at a
+//!   time, and only the key's deletion or overwrite frees the block), and in the deadline
+//!   index (`store/expiry.rs`), which lets go of a block before it is freed: the type's free
+//!   takes it out on the main thread (`free_effort` makes every per-key free synchronous), a
+//!   flush takes its databases' entries out before freeing their values (possibly on a
+//!   lazy-free thread), and a server that becomes a replica empties the index. An entry that
+//!   comes due leaves the index and is only compared with the key's value ([`Key::holds`]),
+//!   never read through;
+//! - a block is freed only by the type's free callback (`lock_type.rs`) and by this file
+//!   (a block Redis refused, the old block of a renamed lock), never by safe code.
 
-use crate::ffi::{Key, KeyKind};
-use crate::server;
+use super::key::{Key, KeyKind};
+use super::server;
 use flock_core::deadlines::NOWHERE;
 use flock_core::engine::LoneGrant;
 use flock_core::lock_stats::ClassRef;
@@ -98,8 +117,8 @@ pub struct Head {
 
 const _: () = assert!(std::mem::size_of::<Head>() == 48);
 
-/// A record as Redis stores it (the value pointer of a key of our type). Raw: every read and
-/// write of the block goes through the unsafe methods below, whose callers hold the key open.
+/// A record as Redis stores it (the value pointer of a key of our type): a live block (the
+/// invariant in the module docs), read and written through the safe methods below.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordPtr(NonNull<Head>);
 
@@ -179,26 +198,30 @@ impl RecordPtr {
     }
 
     /// The pointer Redis stores.
-    pub fn as_value(self) -> *mut c_void {
+    pub(in crate::ffi) fn as_value(self) -> *mut c_void {
         self.head().cast()
     }
 
     /// # Safety
     /// `value` must be a live block of this module (a value of our type).
-    pub unsafe fn from_value(value: *mut c_void) -> Option<RecordPtr> {
+    pub(in crate::ffi) unsafe fn from_value(value: *mut c_void) -> Option<RecordPtr> {
         NonNull::new(value.cast::<Head>()).map(RecordPtr)
     }
 
     /// A new block for `rec` (named `db`/`name` when given), with an empty class and no index
     /// entry. `None`: out of memory (`rec` is dropped).
-    pub fn new(rec: LockRecord, name: Option<(c_int, &[u8])>, class: ClassRef) -> Option<Self> {
+    pub(in crate::ffi) fn new(
+        rec: LockRecord,
+        name: Option<(c_int, &[u8])>,
+        class: ClassRef,
+    ) -> Option<Self> {
         RecordPtr::new_with(&mut Some(rec), name, class)
     }
 
     /// A new named block holding `grant` alone (exclusive or shared), in the compact form
     /// (the full form when it does not fit one: a permit, an owner over 255 bytes, a deadline
     /// too far out).
-    pub fn new_lone(
+    fn new_lone(
         grant: &Grant,
         mode: Mode,
         db: c_int,
@@ -352,63 +375,55 @@ impl RecordPtr {
     }
 
     /// The deadline-index position.
-    ///
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn pos(self) -> u32 {
-        // SAFETY: by the caller.
+    #[inline]
+    pub fn pos(self) -> u32 {
+        // SAFETY: a live block (the invariant).
         unsafe { (*self.head()).pos }
     }
 
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn set_pos(self, pos: u32) {
-        // SAFETY: by the caller.
+    #[inline]
+    pub fn set_pos(self, pos: u32) {
+        // SAFETY: a live block (the invariant).
         unsafe { (*self.head()).pos = pos }
     }
 
     /// The FLOCK.STATS class kept with the lock.
-    ///
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn class(self) -> ClassRef {
-        // SAFETY: by the caller.
+    #[inline]
+    pub fn class(self) -> ClassRef {
+        // SAFETY: a live block (the invariant).
         unsafe { (*self.head()).class }
     }
 
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn set_class(self, class: ClassRef) {
-        // SAFETY: by the caller.
+    #[inline]
+    pub fn set_class(self, class: ClassRef) {
+        // SAFETY: a live block (the invariant).
         unsafe { (*self.head()).class = class }
     }
 
-    /// The database and name the block carries, if it was given them.
-    ///
-    /// # Safety
-    /// `self` must be a live block, and stay so while the name is borrowed.
-    pub unsafe fn name<'a>(self) -> Option<(c_int, &'a [u8])> {
-        // SAFETY: by the caller; the name's bytes are inside the block.
+    /// The database and name the block carries, if it was given them (borrowed with the
+    /// handle: the block lives at least as long, by the invariant).
+    #[inline]
+    pub fn name(&self) -> Option<(c_int, &[u8])> {
+        let this = *self;
+        // SAFETY: a live block (the invariant); the name's bytes are inside the block, and
+        // nothing writes them while it lives (the block's size and name never change).
         unsafe {
-            if self.flags() & NAMED == 0 {
+            if this.flags() & NAMED == 0 {
                 return None;
             }
-            let len = (*self.head()).name_len as usize;
+            let len = (*this.head()).name_len as usize;
             Some((
-                c_int::from((*self.head()).db),
-                std::slice::from_raw_parts(self.name_ptr(), len),
+                c_int::from((*this.head()).db),
+                std::slice::from_raw_parts(this.name_ptr(), len),
             ))
         }
     }
 
     /// The same name under another database (MOVE, SWAPDB: no new block needed); false when
     /// the database number does not fit a block.
-    ///
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn set_db(self, db: c_int) -> bool {
+    pub fn set_db(self, db: c_int) -> bool {
         match u16::try_from(db) {
-            // SAFETY: by the caller.
+            // SAFETY: a live block (the invariant).
             Ok(db) => unsafe {
                 (*self.head()).db = db;
                 true
@@ -511,8 +526,8 @@ impl RecordPtr {
     /// A copy of the block's state (COPY, persistence, reads).
     ///
     /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn state<'a>(self) -> StateRef<'a> {
+    /// `self` must be a live block, not changed while the result lives.
+    pub(in crate::ffi) unsafe fn state<'a>(self) -> StateRef<'a> {
         // SAFETY: by the caller; the borrow of a full form's state is bounded by the caller
         // (see `lock_of`, which ties it to the key).
         match unsafe { self.load() } {
@@ -522,11 +537,8 @@ impl RecordPtr {
     }
 
     /// Bytes of the block and of what it owns (MEMORY USAGE), the index entry not included.
-    ///
-    /// # Safety
-    /// `self` must be a live block.
-    pub unsafe fn bytes(self) -> usize {
-        // SAFETY: by the caller.
+    pub fn bytes(self) -> usize {
+        // SAFETY: a live block (the invariant).
         unsafe {
             let own = std::mem::size_of::<Head>()
                 + self.owner_area()
@@ -551,7 +563,7 @@ impl RecordPtr {
     /// # Safety
     /// `self` must be a live block that nothing refers to any more (out of the deadline
     /// index, out of the keyspace); it is gone after this.
-    pub unsafe fn free(self) -> Option<Box<KeyId>> {
+    pub(in crate::ffi) unsafe fn free(self) -> Option<Box<KeyId>> {
         // SAFETY: by the caller; the layout is the one the block was made with (its owner
         // area and name length never change).
         unsafe {
@@ -580,7 +592,7 @@ impl RecordPtr {
     ///
     /// # Safety
     /// `self` must be a live block.
-    pub unsafe fn renamed(self, db: c_int, name: &[u8]) -> Option<RecordPtr> {
+    unsafe fn renamed(self, db: c_int, name: &[u8]) -> Option<RecordPtr> {
         // SAFETY: by the caller; a full form's box moves to the new block (the old one is
         // marked empty so that freeing it leaves the box alone).
         unsafe {
@@ -700,7 +712,7 @@ impl Drop for LockMut<'_> {
 }
 
 fn block_of(key: &Key) -> Found<RecordPtr> {
-    match key.kind(server::lock_type()) {
+    match key.kind() {
         KeyKind::Empty => Found::Nothing,
         KeyKind::Other => Found::OtherType,
         // SAFETY: every value of our type is a block made by this module.
@@ -737,21 +749,12 @@ pub fn lock_mut(key: &mut Key) -> Found<LockMut<'_>> {
     }
 }
 
-/// [`lock_mut`] for a key already known to hold our type.
-///
-/// # Safety
-/// `key.kind(server::lock_type())` must have been `KeyKind::Ours`, with the key unchanged
-/// since.
-pub unsafe fn lock_mut_ours(key: &mut Key) -> Option<LockMut<'_>> {
-    // SAFETY: by the caller, the value is a block of this module.
-    let b = unsafe { RecordPtr::from_value(key.raw_value()) }?;
-    Some(LockMut {
-        block: b,
-        // SAFETY: as in `lock_mut`.
-        work: unsafe { b.load() },
-        keep: false,
-        _key: PhantomData,
-    })
+impl Key {
+    /// Whether this key holds `block` now (the block is only compared, never read: a due
+    /// entry's block may have been replaced since).
+    pub fn holds(&self, block: RecordPtr) -> bool {
+        matches!(self.kind(), KeyKind::Ours) && self.raw_value() == block.as_value()
+    }
 }
 
 /// The lock under `key` when its whole state is one grant (the compact form): its block
@@ -780,7 +783,7 @@ pub fn create(
     class: ClassRef,
 ) -> Result<RecordPtr, StoreError> {
     let b = RecordPtr::new(rec, Some((db, name)), class).ok_or(StoreError::Refused)?;
-    if !key.set_value(server::lock_type(), b.as_value()) {
+    if !key.set_value(b.as_value()) {
         // SAFETY: Redis refused the value, so the block is still only ours.
         drop(unsafe { b.free() });
         return Err(StoreError::Refused);
@@ -799,7 +802,7 @@ pub fn create_lone(
     class: ClassRef,
 ) -> Result<RecordPtr, StoreError> {
     let b = RecordPtr::new_lone(grant, mode, db, name, class).ok_or(StoreError::Refused)?;
-    if !key.set_value(server::lock_type(), b.as_value()) {
+    if !key.set_value(b.as_value()) {
         // SAFETY: Redis refused the value, so the block is still only ours.
         drop(unsafe { b.free() });
         return Err(StoreError::Refused);
@@ -807,26 +810,36 @@ pub fn create_lone(
     Ok(b)
 }
 
-/// Put `new` in place of the key's block `old` (RENAME and the like: a block named anew),
-/// moving `old`'s index entry to `new` first and freeing `old`. False when Redis refused
-/// (then `new` is freed and `old` stays).
-///
-/// # Safety
-/// `old` must be the key's live block and `new` a block of the same lock made from it; the
-/// key must be open for writing.
-pub unsafe fn replace(key: &mut Key, old: RecordPtr, new: RecordPtr) -> bool {
-    match key.replace_value(server::lock_type(), new.as_value()) {
+/// Put the lock of `key` (whose block is `old`) in a new block named `db`/`name` (RENAME and
+/// the like), calling `moved(old, new)` once Redis holds the new block (to move `old`'s index
+/// entry to it) and freeing `old` after. `None`: no memory, or Redis refused (then `old`
+/// stays as it was). The key must be open for writing.
+pub fn rename_in(
+    key: &mut Key,
+    old: RecordPtr,
+    db: c_int,
+    name: &[u8],
+    moved: impl FnOnce(RecordPtr, RecordPtr),
+) -> Option<RecordPtr> {
+    // `old` is live (the invariant); it must also be this key's value (a live block is the
+    // value of one key only, so the pointers alone tell).
+    if key.raw_value() != old.as_value() {
+        return None;
+    }
+    // SAFETY: the key's live block (checked just above).
+    let new = unsafe { old.renamed(db, name) }?;
+    match key.replace_value(new.as_value()) {
         Some(_) => {
-            crate::expiry::transfer(old, new);
+            moved(old, new);
             // SAFETY: out of the keyspace and the index now; a full form's box went to `new`
             // as a copy, so `old` frees its own.
             drop(unsafe { old.free() });
-            true
+            Some(new)
         }
         None => {
             // SAFETY: Redis did not take it.
             drop(unsafe { new.free() });
-            false
+            None
         }
     }
 }

@@ -2,17 +2,18 @@
 //! carries out what the engine decides (notifications, counters, replication, timers,
 //! waiters, deleting the key, the reply). Nothing here decides what a lock does.
 
-use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::record::{self, KeyId, LockRecord, RecordPtr};
-use crate::{bindings, config, expiry, replication, server, stats, waiters};
+use crate::ffi::block::{self, Found, KeyId, LockRecord, RecordPtr};
+use crate::ffi::{self, Ctx, Key, KeyKind, RStr, Status};
+use crate::peers::replication;
+use crate::server::{self, config, stats};
+use crate::store::{bindings, expiry};
+use crate::waiting::waiters;
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{self, BlockRefused, Count, Effect, Env, Event, Host, Reply, ReplyError};
 use flock_core::lock_stats::{ClassRef, Event as Measured};
 use flock_core::state::Mode;
 use flock_core::{Deadline, LockState, TokenIssuer, Waiter};
-use redis_module::raw;
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 pub const WRONGTYPE: &CStr = c"WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -21,8 +22,8 @@ pub const WRONGTYPE: &CStr = c"WRONGTYPE Operation against a key holding the wro
 /// engine asked for, and a timer the block could not take yet (a new lock has no block until
 /// the operation is over; a block that does not carry the key's name gets a named one).
 pub struct KeyHost<'r> {
-    ctx: Ctx,
-    key_name: RStr,
+    ctx: Ctx<'r>,
+    key_name: RStr<'r>,
     /// The lock's FLOCK.STATS class (written back to the block afterwards).
     class: &'r mut ClassRef,
     watched: &'r mut Option<Box<KeyId>>,
@@ -34,8 +35,8 @@ pub struct KeyHost<'r> {
 
 impl<'r> KeyHost<'r> {
     fn new(
-        ctx: Ctx,
-        key_name: RStr,
+        ctx: Ctx<'r>,
+        key_name: RStr<'r>,
         class: &'r mut ClassRef,
         watched: &'r mut Option<Box<KeyId>>,
         block: Option<RecordPtr>,
@@ -121,7 +122,7 @@ impl Host for KeyHost<'_> {
                 }
             }
             Effect::Bind { client, token } => {
-                bindings::bind(client, token, ffi::selected_db(ctx), ffi::bytes(&key));
+                bindings::bind(client, token, ctx.selected_db(), ffi::bytes(&key));
             }
             Effect::Unbind { client, token } => bindings::unbind(client, token),
         }
@@ -209,54 +210,31 @@ pub enum NoLock {
 /// to delete it). Deletes the key afterwards when the engine said so.
 #[inline]
 pub fn with_lock(
-    ctx: Ctx,
-    key_name: RStr,
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
     op: impl FnOnce(&mut LockState, &mut Env<'_>, &mut KeyHost<'_>) -> Reply<'static>,
 ) -> Result<Reply<'static>, NoLock> {
-    let kind = key.kind(server::lock_type());
-    if matches!(kind, KeyKind::Other) {
-        return Err(NoLock::WrongType);
-    }
-    if matches!(kind, KeyKind::Empty) && !create {
-        return Err(NoLock::Missing);
-    }
+    // (`found` ends with this block, before the key is used again.)
+    let mut lock = {
+        let found = block::lock_mut(key);
+        match found {
+            Found::Lock(lock) => lock,
+            Found::OtherType => return Err(NoLock::WrongType),
+            Found::Nothing if !create => return Err(NoLock::Missing),
+            Found::Nothing => {
+                // Nothing borrowed here, but the type says so: let it go before the key is
+                // used.
+                drop(found);
+                return with_new_lock(ctx, key_name, key, op);
+            }
+        }
+    };
     let mut tokens = server::tokens();
     let mut env = env_now(&mut tokens);
-    if matches!(kind, KeyKind::Empty) {
-        // A new lock: the operation runs on an empty state, stored only if the engine keeps
-        // it (a refused or waiting request leaves no key behind).
-        let mut rec = LockRecord::default();
-        let mut class = ClassRef::default();
-        let (reply, delete, arm) = {
-            let mut host = KeyHost::new(ctx, key_name, &mut class, &mut rec.watched, None);
-            host.watch_if_waited();
-            let reply = op(&mut rec.state, &mut env, &mut host);
-            (reply, host.delete, host.arm_later)
-        };
-        drop(tokens);
-        if delete {
-            return Ok(reply);
-        }
-        let db = ffi::selected_db(ctx);
-        // The key was found empty and is open for writing, and Redis's allocator does not
-        // return short: not reached in practice, and the reply says so if it ever is.
-        let block = record::create(key, rec, db, ffi::bytes(&key_name), class)
-            .map_err(|_| NoLock::NotStored)?;
-        if let Some(next) = arm {
-            // A block made here carries its name: arming it cannot be refused.
-            let _ = expiry::arm(ctx, key_name, block, next);
-        }
-        return Ok(reply);
-    }
-    // SAFETY: the kind was checked just above, on this open key.
-    let Some(mut lock) = (unsafe { record::lock_mut_ours(key) }) else {
-        return Err(NoLock::Missing);
-    };
     let block = lock.block();
-    // SAFETY: the key's live block.
-    let mut class = unsafe { block.class() };
+    let mut class = block.class();
     let (reply, delete, arm) = {
         let (state, watched) = lock.parts();
         let mut host = KeyHost::new(ctx, key_name, &mut class, watched, Some(block));
@@ -271,11 +249,46 @@ pub fn with_lock(
     }
     // The state goes back into its block (in the form that fits it now).
     drop(lock);
-    // SAFETY: the key's live block (the key is still open and unchanged).
-    unsafe { block.set_class(class) };
+    // The key's live block (the key is still open and unchanged).
+    block.set_class(class);
     if arm.is_some() {
         // The block did not carry the key's name: a named block takes its place.
         expiry::name_and_arm(ctx, key_name, key, false);
+    }
+    Ok(reply)
+}
+
+/// [`with_lock`] on a key that does not exist: the operation runs on an empty state, stored
+/// only if the engine keeps it (a refused or waiting request leaves no key behind).
+#[inline]
+fn with_new_lock(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    op: impl FnOnce(&mut LockState, &mut Env<'_>, &mut KeyHost<'_>) -> Reply<'static>,
+) -> Result<Reply<'static>, NoLock> {
+    let mut tokens = server::tokens();
+    let mut env = env_now(&mut tokens);
+    let mut rec = LockRecord::default();
+    let mut class = ClassRef::default();
+    let (reply, delete, arm) = {
+        let mut host = KeyHost::new(ctx, key_name, &mut class, &mut rec.watched, None);
+        host.watch_if_waited();
+        let reply = op(&mut rec.state, &mut env, &mut host);
+        (reply, host.delete, host.arm_later)
+    };
+    drop(tokens);
+    if delete {
+        return Ok(reply);
+    }
+    let db = ctx.selected_db();
+    // The key was found empty and is open for writing, and Redis's allocator does not
+    // return short: not reached in practice, and the reply says so if it ever is.
+    let block =
+        block::create(key, rec, db, ffi::bytes(&key_name), class).map_err(|_| NoLock::NotStored)?;
+    if let Some(next) = arm {
+        // A block made here carries its name: arming it cannot be refused.
+        let _ = expiry::arm(ctx, key_name, block, next);
     }
     Ok(reply)
 }
@@ -285,13 +298,13 @@ pub fn with_lock(
 /// the general path ([`with_lock`] with `engine::acquire`), and nothing was done.
 #[inline]
 pub fn acquire_free(
-    ctx: Ctx,
-    key_name: RStr,
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
     key: &mut Key,
     args: &AcquireArgs<'_>,
     bind_to: Option<u64>,
 ) -> Option<Result<Reply<'static>, NoLock>> {
-    if !matches!(key.kind(server::lock_type()), KeyKind::Empty) {
+    if !matches!(key.kind(), KeyKind::Empty) {
         return None;
     }
     let mut tokens = server::tokens();
@@ -306,9 +319,9 @@ pub fn acquire_free(
         (reply, grant, mode, host.arm_later)
     };
     drop(tokens);
-    let db = ffi::selected_db(ctx);
+    let db = ctx.selected_db();
     let name = ffi::bytes(&key_name);
-    let Ok(block) = record::create_lone(key, &grant, mode, db, name, class) else {
+    let Ok(block) = block::create_lone(key, &grant, mode, db, name, class) else {
         return Some(Err(NoLock::NotStored));
     };
     if let Some(next) = arm {
@@ -323,15 +336,14 @@ pub fn acquire_free(
 /// nothing was done.
 #[inline]
 pub fn release_lone(
-    ctx: Ctx,
-    key_name: RStr,
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
     key: &mut Key,
     owner: &[u8],
     token: Option<u64>,
 ) -> Option<Reply<'static>> {
-    let (block, lone) = record::lone_of(key)?;
-    // SAFETY: the key's live block.
-    let mut class = unsafe { block.class() };
+    let (block, lone) = block::lone_of(key)?;
+    let mut class = block.class();
     let mut watched = None;
     let (reply, delete) = {
         let mut host = KeyHost::new(ctx, key_name, &mut class, &mut watched, Some(block));
@@ -348,7 +360,7 @@ pub fn release_lone(
 
 /// Send `reply` to the client of `ctx`; `key` names the lock key in error texts.
 #[inline]
-pub fn send(ctx: Ctx, key: RStr, reply: Reply<'_>) -> c_int {
+pub fn send(ctx: Ctx<'_>, key: RStr<'_>, reply: Reply<'_>) -> Status {
     match reply {
         Reply::Int(v) => ffi::reply_int(ctx, v),
         Reply::Null => ffi::reply_null(ctx),
@@ -358,7 +370,7 @@ pub fn send(ctx: Ctx, key: RStr, reply: Reply<'_>) -> c_int {
             None => ffi::reply_error_string(ctx, &e.message(ffi::bytes(&key))),
         },
         // The reply comes later, from the waiter's unblocking.
-        Reply::Blocked => raw::REDISMODULE_OK as c_int,
+        Reply::Blocked => Status::OK,
         Reply::Info(info) => {
             ffi::reply_map(ctx, 8);
             ffi::reply_bulk(ctx, b"owner");
@@ -386,7 +398,7 @@ pub fn send(ctx: Ctx, key: RStr, reply: Reply<'_>) -> c_int {
                 ffi::reply_bulk(ctx, name);
                 ffi::reply_int(ctx, v);
             }
-            raw::REDISMODULE_OK as c_int
+            Status::OK
         }
         Reply::Holders(grants) => {
             ffi::reply_array(ctx, grants.len());
@@ -396,7 +408,7 @@ pub fn send(ctx: Ctx, key: RStr, reply: Reply<'_>) -> c_int {
                 ffi::reply_int(ctx, token as i64);
                 ffi::reply_int(ctx, ttl_ms as i64);
             }
-            raw::REDISMODULE_OK as c_int
+            Status::OK
         }
     }
 }
@@ -415,7 +427,7 @@ fn static_error_text(e: ReplyError) -> Option<&'static CStr> {
 }
 
 /// The reply for a key [`with_lock`] could not run on; `missing` answers for no lock.
-pub fn send_no_lock(ctx: Ctx, key: RStr, why: NoLock, missing: Reply<'static>) -> c_int {
+pub fn send_no_lock(ctx: Ctx<'_>, key: RStr<'_>, why: NoLock, missing: Reply<'static>) -> Status {
     match why {
         NoLock::Missing => send(ctx, key, missing),
         NoLock::WrongType => ffi::reply_error_static(ctx, WRONGTYPE),

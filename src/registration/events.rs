@@ -2,24 +2,38 @@
 //! deadline coming due (`expiry.rs` calls [`on_due`]) and deferred looks at waited keys
 //! (`jobs.rs` calls [`revisit`]). Each runs the engine through the effects executor.
 
-use crate::effects;
-use crate::expiry::{self, DueKey};
-use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
-use crate::jobs::{self, Job, Task};
-use crate::record::{self, Found, RecordPtr};
-use crate::{bindings, cluster, server, waiters};
+use crate::commands::effects;
+use crate::ffi::block::{self, Found, RecordPtr};
+use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
+use crate::peers::cluster;
+use crate::server;
+use crate::store::bindings;
+use crate::store::expiry::{self, DueKey};
+use crate::waiting::jobs::{self, Job, Task};
+use crate::waiting::waiters;
 use flock_core::engine::{self, Reply, RevisitPlan};
-use redis_module::raw;
-use std::os::raw::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
 /// move a lock or take it away. A lock value overwritten by another type is noticed in the
 /// type's free callback instead, so that plain writes (SET, HSET, ...) of other keys pay
 /// nothing for flock.
-pub const SUBSCRIBED: c_int = raw::REDISMODULE_NOTIFY_GENERIC
-    | raw::REDISMODULE_NOTIFY_EXPIRED
-    | raw::REDISMODULE_NOTIFY_EVICTED;
+pub const SUBSCRIBED: NotifyClasses = NotifyClasses::GENERIC
+    .and(NotifyClasses::EXPIRED)
+    .and(NotifyClasses::EVICTED);
+
+/// The keyspace and server events flock follows.
+pub struct Events;
+
+impl ffi::EventHandler for Events {
+    fn keyspace(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
+        on_keyspace_event(ctx, event, key);
+    }
+
+    fn server(ctx: Ctx<'_>, event: ServerEvent) {
+        on_server_event(ctx, event);
+    }
+}
 
 /// The database MOVE moved a key from ("move_from" comes just before "move_to"), -1 when none.
 static MOVE_SOURCE_DB: AtomicI32 = AtomicI32::new(-1);
@@ -33,20 +47,10 @@ static MOVE_SOURCE_DB: AtomicI32 = AtomicI32::new(-1);
 /// (or, on a replica, the link to its master, whose next writes would land in the wrong
 /// database) would be left in database 1. So after "move_to" the source database is selected
 /// again; on servers that give the callback a client of its own this changes nothing.
-pub unsafe extern "C" fn on_keyspace_event(
-    ctx: Ctx,
-    _type: c_int,
-    event: *const c_char,
-    key: RStr,
-) -> c_int {
-    if event.is_null() {
-        return raw::REDISMODULE_OK as c_int;
-    }
-    // SAFETY: Redis passes the event name as a NUL-terminated string (checked non-null).
-    let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
+fn on_keyspace_event(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
     match event {
         b"move_from" => {
-            MOVE_SOURCE_DB.store(ffi::selected_db(ctx), Ordering::Relaxed);
+            MOVE_SOURCE_DB.store(ctx.selected_db(), Ordering::Relaxed);
         }
         b"move_to" => {
             if server::is_master() {
@@ -54,19 +58,18 @@ pub unsafe extern "C" fn on_keyspace_event(
             }
             let source = MOVE_SOURCE_DB.swap(-1, Ordering::Relaxed);
             if source >= 0 {
-                ffi::select_db(ctx, source);
+                ctx.select_db(source);
             }
-            return raw::REDISMODULE_OK as c_int;
+            return;
         }
         _ => {}
     }
     if server::is_master() {
         look_at(ctx, event, key);
     }
-    raw::REDISMODULE_OK as c_int
 }
 
-fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
+fn look_at(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
     if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
         // Opened for reading (a write-mode close would signal the key as modified again);
         // only what Redis never sees changes: the timer slot, and the binding of grants that
@@ -74,7 +77,7 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
         let mut k = Key::open(ctx, key, false);
         let mut vacant = false;
         let mut unnamed = false;
-        if let Found::Lock(mut lock) = record::lock_mut(&mut k) {
+        if let Found::Lock(mut lock) = block::lock_mut(&mut k) {
             let state = lock.state();
             if event == b"restore" {
                 engine::orphan_bound(state, true);
@@ -83,7 +86,7 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
                 // The binding followed the value: the index must find it under its new name.
                 for g in state.grants().iter() {
                     if let Some(client) = g.bound_client() {
-                        bindings::moved(client, g.token, ffi::selected_db(ctx), ffi::bytes(&key));
+                        bindings::moved(client, g.token, ctx.selected_db(), ffi::bytes(&key));
                     }
                 }
             }
@@ -102,14 +105,11 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
         if vacant {
             // A COPY that left bound grants out may hold nothing: a look right after the
             // command deletes it (the engine decides).
-            jobs::schedule(Job::Revisit((
-                ffi::selected_db(ctx),
-                ffi::bytes(&key).to_vec(),
-            )));
+            jobs::schedule(Job::Revisit((ctx.selected_db(), ffi::bytes(&key).to_vec())));
         }
     }
     if waiters::blocked_now() > 0 {
-        let db = ffi::selected_db(ctx);
+        let db = ctx.selected_db();
         let name = ffi::bytes(&key);
         if waiters::is_waited(db, name) {
             jobs::schedule(Job::Revisit((db, name.to_vec())));
@@ -118,24 +118,19 @@ fn look_at(ctx: Ctx, event: &[u8], key: RStr) {
 }
 
 /// Role changes, the end of loading, flushes and SWAPDB.
-pub unsafe extern "C" fn on_server_event(
-    ctx: Ctx,
-    event: raw::RedisModuleEvent,
-    subevent: u64,
-    data: *mut c_void,
-) {
+fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
     if matches!(
-        event.id,
-        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED
-            | raw::REDISMODULE_EVENT_LOADING
-            | raw::REDISMODULE_EVENT_PERSISTENCE
-            | raw::REDISMODULE_EVENT_REPLICA_CHANGE
-            | raw::REDISMODULE_EVENT_CONFIG
+        event,
+        ServerEvent::RoleChanged { .. }
+            | ServerEvent::Loading { .. }
+            | ServerEvent::Persistence
+            | ServerEvent::ReplicaChange
+            | ServerEvent::Config
     ) {
         server::assume_replication_consumed();
     }
-    match event.id {
-        raw::REDISMODULE_EVENT_CRON_LOOP => {
+    match event {
+        ServerEvent::Cron => {
             let tick = CRON_TICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if tick.is_multiple_of(10) {
                 server::recheck_replication(ctx);
@@ -143,12 +138,11 @@ pub unsafe extern "C" fn on_server_event(
             jobs::run_queued(ctx);
             expiry::on_cron(ctx);
             waiters::time_out_due();
-            crate::cluster::broadcast_high_water(ctx);
+            cluster::broadcast_high_water(ctx);
         }
-        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
-            let master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
-            server::set_master(master);
-            if master {
+        ServerEvent::RoleChanged { now_master } => {
+            server::set_master(now_master);
+            if now_master {
                 expiry::arm_all(ctx);
             } else {
                 // Redis disconnects blocked clients itself on demotion; make sure none is
@@ -159,46 +153,32 @@ pub unsafe extern "C" fn on_server_event(
                 expiry::forget_db(None);
             }
         }
-        raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+        ServerEvent::Loading { ended: true } => {
             server::refresh_role(ctx);
             expiry::arm_all(ctx);
             revisit_all();
         }
-        raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_START => {
-            let info = data.cast::<raw::RedisModuleFlushInfoV1>();
-            // SAFETY: for FLUSHDB events Redis passes a `RedisModuleFlushInfoV1` (or null).
-            let db = unsafe { info.as_ref() }.map_or(-1, |i| i.dbnum);
-            expiry::forget_db((db >= 0).then_some(db));
-        }
-        raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
-            revisit_all();
-        }
-        raw::REDISMODULE_EVENT_SWAPDB => {
-            let info = data.cast::<raw::RedisModuleSwapDbInfo>();
-            // SAFETY: for SWAPDB events Redis passes a `RedisModuleSwapDbInfo` (or null).
-            if let Some(info) = unsafe { info.as_ref() } {
-                bindings::swap_dbs(info.dbnum_first, info.dbnum_second);
+        ServerEvent::FlushStarting { db } => expiry::forget_db(db),
+        ServerEvent::FlushEnded => revisit_all(),
+        ServerEvent::SwapDb { dbs } => {
+            if let Some((a, b)) = dbs {
+                bindings::swap_dbs(a, b);
             }
             expiry::arm_all(ctx);
             revisit_all();
         }
-        raw::REDISMODULE_EVENT_CLIENT_CHANGE
-            if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED =>
-        {
-            let info = data.cast::<raw::RedisModuleClientInfo>();
-            // SAFETY: for client change events Redis passes a `RedisModuleClientInfo` (or null).
-            if let Some(info) = unsafe { info.as_ref() } {
-                // Its waits ended already (the blocked client's disconnect callback); its
-                // bound grants end from the event loop, right after this disconnection.
-                for key in bindings::take(info.id) {
-                    jobs::schedule(Job::Close {
-                        key,
-                        client: info.id,
-                    });
-                }
+        ServerEvent::ClientDisconnected { id } => {
+            // Its waits ended already (the blocked client's disconnect callback); its bound
+            // grants end from the event loop, right after this disconnection.
+            for key in bindings::take(id) {
+                jobs::schedule(Job::Close { key, client: id });
             }
         }
-        _ => {}
+        ServerEvent::Loading { ended: false }
+        | ServerEvent::Persistence
+        | ServerEvent::ReplicaChange
+        | ServerEvent::Config
+        | ServerEvent::Other => {}
     }
 }
 
@@ -211,25 +191,21 @@ fn revisit_all() {
 }
 
 /// A key's deadline came (`expiry.rs`): settle it, if the entry's record is still there.
-pub fn on_due(ctx: Ctx, due: &DueKey) {
-    if !ffi::select_db(ctx, due.db) {
+pub fn on_due(ctx: Ctx<'_>, due: &DueKey) {
+    if !ctx.select_db(due.db) {
         return;
     }
-    let name = ffi::create_string(ctx, due.name.bytes());
-    if name.is_null() {
+    let Some(name) = RString::new(ctx, due.name.bytes()) else {
         return;
-    }
-    settle_due(ctx, name, due.block);
-    ffi::free_string(name);
+    };
+    settle_due(ctx, name.get(), due.block);
 }
 
-fn settle_due(ctx: Ctx, name: RStr, block: RecordPtr) {
+fn settle_due(ctx: Ctx<'_>, name: RStr<'_>, block: RecordPtr) {
     let mut key = Key::open(ctx, name, true);
     // Only the block this entry was armed for (not one that replaced it: a block's entry
     // leaves the index before the block is freed, so a due block is still live).
-    if !matches!(key.kind(server::lock_type()), KeyKind::Ours)
-        || key.raw_value() != block.as_value()
-    {
+    if !key.holds(block) {
         return;
     }
     let _ = effects::with_lock(ctx, name, &mut key, false, |state, env, host| {
@@ -239,7 +215,7 @@ fn settle_due(ctx: Ctx, name: RStr, block: RecordPtr) {
 }
 
 /// A deferred job on a key (`jobs.rs`).
-pub fn run_job(ctx: Ctx, key_name: RStr, task: Task) {
+pub fn run_job(ctx: Ctx<'_>, key_name: RStr<'_>, task: Task) {
     match task {
         Task::Revisit(ghost) => revisit(ctx, key_name, ghost),
         Task::Close(client) => close(ctx, key_name, client),
@@ -248,7 +224,7 @@ pub fn run_job(ctx: Ctx, key_name: RStr, task: Task) {
 
 /// Connection `client` closed: end its bound grants of `key_name` (if the lock is still
 /// there; a grant it no longer holds is left alone by the engine).
-fn close(ctx: Ctx, key_name: RStr, client: u64) {
+fn close(ctx: Ctx<'_>, key_name: RStr<'_>, client: u64) {
     let mut key = Key::open(ctx, key_name, true);
     let _ = effects::with_lock(ctx, key_name, &mut key, false, |state, env, host| {
         engine::close(state, env, host, client);
@@ -259,9 +235,9 @@ fn close(ctx: Ctx, key_name: RStr, client: u64) {
 /// A deferred look at a waited key: hand it to its first waiter when it is free, fail its
 /// waiters when it now holds another type or moved away, and release `ghost` (a grant whose
 /// client vanished before its reply) first.
-fn revisit(ctx: Ctx, key_name: RStr, ghost: Option<u64>) {
+fn revisit(ctx: Ctx<'_>, key_name: RStr<'_>, ghost: Option<u64>) {
     let mut key = Key::open(ctx, key_name, true);
-    let found = match key.kind(server::lock_type()) {
+    let found = match key.kind() {
         KeyKind::Ours => engine::Found::Lock,
         KeyKind::Empty => engine::Found::Nothing,
         KeyKind::Other => engine::Found::OtherType,

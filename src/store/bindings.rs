@@ -9,16 +9,13 @@
 //! entry whose grant is gone is harmless (the engine ends only grants still bound to that
 //! client). Closing a connection with k bound grants costs O(k).
 
-use crate::api;
+use super::key_name::KeyName;
+use crate::ffi::block::KeyId;
 use crate::ffi::{self, Ctx};
-use crate::key_name::KeyName;
-use crate::record::KeyId;
-use redis_module::raw;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_int;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::raw::c_int;
-use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Client ids and tokens are numbers the server hands out, never chosen by a client, so a
@@ -164,13 +161,12 @@ pub fn count() -> usize {
 /// The id of the client connection behind `ctx`, or `None` when there is none: a script, a
 /// function or a module's call runs on a client of the server's own, which is not in the
 /// server's client table (BOUND needs a real connection to live with).
-pub fn client_connection(ctx: Ctx) -> Option<u64> {
-    let flags = ffi::context_flags(ctx);
-    if flags & (raw::REDISMODULE_CTX_FLAGS_LUA | raw::REDISMODULE_CTX_FLAGS_REPLICATED) != 0 {
+pub fn client_connection(ctx: Ctx<'_>) -> Option<u64> {
+    let flags = ctx.flags();
+    if flags.is_lua() || flags.is_replicated() {
         return None;
     }
-    // SAFETY: a live command context.
-    let id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
+    let id = ctx.client_id();
     if id == 0 {
         return None;
     }
@@ -180,11 +176,7 @@ pub fn client_connection(ctx: Ctx) -> Option<u64> {
     if LAST_CONNECTION.load(Ordering::Relaxed) == id {
         return Some(id);
     }
-    // SAFETY: a null info pointer only asks whether the id is a connected client.
-    let known = unsafe {
-        api!(RedisModule_GetClientInfoById, raw::REDISMODULE_ERR as c_int; ptr::null_mut(), id)
-    };
-    if known != raw::REDISMODULE_OK as c_int {
+    if !ffi::is_connected_client(id) {
         return None;
     }
     LAST_CONNECTION.store(id, Ordering::Relaxed);

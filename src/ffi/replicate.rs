@@ -1,14 +1,10 @@
-//! Deterministic copies (G7): the effect command `FLOCK.APPLY` that the master replicates and
-//! that AOF rewrite emits, carrying a [`Snapshot`] of the key: its kind, who holds it with
-//! which tokens until when (absolute wall-clock deadlines), and its delayed slots. An
-//! exclusive key keeps v1's short forms (`GRANT`, with `BOUND` for a bound grant, `DELAY`);
-//! every other key is sent whole (`STATE`). Nothing clock-dependent is ever replicated
-//! verbatim. The reverse, `FLOCK.APPLY` on a replica, parses back into the same `Snapshot`.
+//! The effect command `FLOCK.APPLY` sent to replicas (`RedisModule_Replicate`) and written by
+//! AOF rewrite (`RedisModule_EmitAOF`), from a [`Snapshot`] (what it carries is said in
+//! `peers/replication.rs`); `DEL`; and verbatim replication.
 
-use crate::api;
-use crate::ffi::{Ctx, RStr};
+use super::handle::{Ctx, RStr, RString};
+use super::lock_type::Aof;
 use flock_core::Snapshot;
-use redis_module::raw;
 use std::os::raw::{c_char, c_longlong};
 
 const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
@@ -55,18 +51,19 @@ macro_rules! emit {
                 last_token as c_longlong,
                 until_wall_ms as c_longlong
             ),
-            Snapshot::Full(state) => {
-                let fields = StateFields::of(state);
-                api!($api, $fallback;
+            Snapshot::Full(state) => match StateFields::of(state) {
+                Some(fields) => api!($api, $fallback;
                     $target,
                     APPLY.as_ptr(),
                     c"scv".as_ptr(),
                     $key,
                     c"STATE".as_ptr(),
-                    fields.strings.as_ptr(),
+                    fields.strings.as_ptr().cast::<*mut redis_module::raw::RedisModuleString>().cast_mut(),
                     fields.strings.len()
-                )
-            }
+                ),
+                // Redis made no string (its allocator aborts before that): nothing to send.
+                None => $fallback,
+            },
         }
     };
 }
@@ -74,60 +71,40 @@ macro_rules! emit {
 /// The fields of a `FLOCK.APPLY key STATE ...` effect as Redis strings (the `v` format takes
 /// a vector of them; Redis takes its own references, these are freed on drop).
 struct StateFields {
-    strings: Vec<RStr>,
+    strings: Vec<RString>,
 }
 
 impl StateFields {
-    fn of(state: &flock_core::LockState) -> StateFields {
+    fn of(state: &flock_core::LockState) -> Option<StateFields> {
         let strings = flock_core::snapshot::state_fields(state)
             .iter()
-            .map(|f| crate::ffi::create_string(std::ptr::null_mut(), f))
-            .collect();
-        StateFields { strings }
-    }
-}
-
-impl Drop for StateFields {
-    fn drop(&mut self) {
-        for s in self.strings.drain(..) {
-            crate::ffi::free_string(s);
-        }
+            .map(|f| RString::detached(f))
+            .collect::<Option<Vec<RString>>>()?;
+        Some(StateFields { strings })
     }
 }
 
 /// Replicate (to replicas and the AOF) that `key` is now as `snapshot` says.
-pub fn state(ctx: Ctx, key: RStr, snapshot: Snapshot<'_>) {
-    if crate::server::replication_consumed() {
-        // SAFETY: a live command or timer context and key name; the format matches the
-        // arguments, which live through the call.
-        unsafe { emit!(RedisModule_Replicate, 0, ctx, key, snapshot) };
-    }
+pub fn replicate_state(ctx: Ctx<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
+    // SAFETY: a live command or timer context and key name; the format matches the
+    // arguments, which live through the call; `RString` is a transparent string pointer.
+    unsafe { emit!(RedisModule_Replicate, 0, ctx.ptr(), key.ptr(), snapshot) };
 }
 
 /// Replicate that `key` left the keyspace (release, expiry).
-pub fn delete(ctx: Ctx, key: RStr) {
-    if crate::server::replication_consumed() {
-        // SAFETY: a live context and key name; "s" takes one string handle.
-        unsafe { api!(RedisModule_Replicate, 0; ctx, c"DEL".as_ptr(), c"s".as_ptr(), key) };
-    }
+pub fn replicate_delete(ctx: Ctx<'_>, key: RStr<'_>) {
+    // SAFETY: a live context and key name; "s" takes one string handle.
+    unsafe { api!(RedisModule_Replicate, 0; ctx.ptr(), c"DEL".as_ptr(), c"s".as_ptr(), key.ptr()) };
 }
 
-/// Pass the command being run on as it is (a replica passing its master's effect on to its
-/// own AOF and sub-replicas: the effect is deterministic).
-pub fn verbatim(ctx: Ctx) {
+/// Pass the command being run on as it is.
+pub fn replicate_verbatim(ctx: Ctx<'_>) {
     // SAFETY: a live command context.
-    unsafe { api!(RedisModule_ReplicateVerbatim, 0; ctx) };
+    unsafe { api!(RedisModule_ReplicateVerbatim, 0; ctx.ptr()) };
 }
 
 /// The same effect, written by AOF rewrite.
-pub fn emit_aof(aof: *mut raw::RedisModuleIO, key: RStr, snapshot: Snapshot<'_>) {
+pub fn emit_aof(aof: Aof<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
     // SAFETY: `aof` and `key` are the handles Redis passed to the aof_rewrite callback.
-    unsafe { emit!(RedisModule_EmitAOF, (), aof, key, snapshot) };
-}
-
-/// Only the replication stream and AOF loading may apply effects: a client that could call
-/// `FLOCK.APPLY` could forge tokens.
-pub fn caller_may_apply(ctx: Ctx) -> bool {
-    let flags = crate::ffi::context_flags(ctx);
-    flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
+    unsafe { emit!(RedisModule_EmitAOF, (), aof.0.as_ptr(), key.ptr(), snapshot) };
 }

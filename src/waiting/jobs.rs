@@ -5,11 +5,9 @@
 //! context, right after the command. What a job does is the business of the code that set
 //! the runner ([`set_runner`]): this mechanism only keeps and times the jobs.
 
-use crate::ffi::{self, Ctx, RStr};
-use crate::record::KeyId;
+use crate::ffi::block::KeyId;
+use crate::ffi::{self, Ctx, RStr, RString};
 use crate::server;
-use std::os::raw::c_void;
-use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -32,7 +30,7 @@ pub enum Task {
 }
 
 /// Runs one job: the key's name in the database selected in `ctx`, and what to do.
-pub type Runner = fn(Ctx, RStr, Task);
+pub type Runner = fn(Ctx<'_>, RStr<'_>, Task);
 
 static RUNNER: OnceLock<Runner> = OnceLock::new();
 
@@ -56,29 +54,38 @@ pub fn schedule_revisit(key: KeyId, main_thread: bool) {
 }
 
 /// From the cron event: run jobs queued by other threads.
-pub fn run_queued(ctx: Ctx) {
+pub fn run_queued(ctx: Ctx<'_>) {
     let pending = !JOBS.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
     if pending && !JOB_TIMER.load(Ordering::Relaxed) {
-        // SAFETY: the timer callback, run from the cron's live context like a timer would.
-        unsafe { run_jobs(ctx, ptr::null_mut()) };
+        // The timer callback, run from the cron's live context like a timer would.
+        run_jobs(ctx);
     }
 }
 
 pub fn schedule(job: Job) {
     JOBS.lock().unwrap_or_else(|p| p.into_inner()).push(job);
     if !JOB_TIMER.swap(true, Ordering::Relaxed) {
-        let id = ffi::create_timer(server::module_ctx(), 0, run_jobs, ptr::null_mut());
+        let id = ffi::module_ctx().map_or(0, |ctx| ffi::create_timer::<JobTimer>(ctx, 0, 0));
         if id == 0 {
             JOB_TIMER.store(false, Ordering::Relaxed);
         }
     }
 }
 
-unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
+/// The zero-delay timer that runs the queued jobs.
+struct JobTimer;
+
+impl ffi::Timer for JobTimer {
+    fn fire(ctx: Ctx<'_>, _data: u64) {
+        run_jobs(ctx);
+    }
+}
+
+fn run_jobs(ctx: Ctx<'_>) {
     if server::avoid_replica_traffic() {
         // Clients are paused: wait, the jobs' effects would be replicated.
         JOB_TIMER.store(true, Ordering::Relaxed);
-        let id = ffi::create_timer(server::module_ctx(), 10, run_jobs, ptr::null_mut());
+        let id = ffi::module_ctx().map_or(0, |ctx| ffi::create_timer::<JobTimer>(ctx, 10, 0));
         if id == 0 {
             JOB_TIMER.store(false, Ordering::Relaxed);
         }
@@ -101,11 +108,12 @@ unsafe extern "C" fn run_jobs(ctx: Ctx, _data: *mut c_void) {
                 client,
             } => (*db, name, Task::Close(*client)),
         };
-        if !ffi::select_db(ctx, db) {
+        if !ctx.select_db(db) {
             continue;
         }
-        let key = ffi::create_string(ctx, name);
-        runner(ctx, key, task);
-        ffi::free_string(key);
+        let Some(key) = RString::new(ctx, name) else {
+            continue;
+        };
+        runner(ctx, key.get(), task);
     }
 }

@@ -9,23 +9,21 @@
 //! A grant whose client vanished before its reply is released again by a deferred job
 //! (`jobs.rs`).
 
-use crate::ffi::{self, Ctx, RStr};
-use crate::jobs::{self, Job};
-use crate::record::KeyId;
-use crate::{api, server, stats};
+use super::jobs::{self, Job};
+use crate::ffi::block::KeyId;
+use crate::ffi::{self, BlockedClient, Ctx, RStr, Status};
+use crate::server::{self, config, stats};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::BlockRefused;
 use flock_core::state::Mode;
 use flock_core::{WaitQueue, Waiter};
-use redis_module::raw;
 use std::collections::HashMap;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 struct Blocked {
-    bc: *mut raw::RedisModuleBlockedClient,
+    bc: BlockedClient<Waiting>,
     client_id: u64,
     key: KeyId,
     /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
@@ -42,19 +40,17 @@ struct Blocked {
 impl Blocked {
     fn stop_timer(&self) {
         if self.timer != 0 {
-            ffi::stop_timer(server::module_ctx(), self.timer);
+            if let Some(ctx) = ffi::module_ctx() {
+                ffi::stop_timer(ctx, self.timer);
+            }
         }
     }
 
     /// Unblock the client with `delivery` (Redis owns it from now on and hands it to
-    /// `on_reply`, then to `free_delivery`). Consumes the handle: it is never touched again.
+    /// `Waiting::reply`, then to `Waiting::free`). Consumes the handle: it is never touched
+    /// again (each `Blocked` is removed from the registry before it is unblocked, once).
     fn unblock(self, delivery: Option<Delivery>) {
-        let data = delivery.map_or(ptr::null_mut(), |d| {
-            Box::into_raw(Box::new(d)).cast::<c_void>()
-        });
-        // SAFETY: `bc` is a handle from BlockClient not unblocked before (each `Blocked` is
-        // removed from the registry before it is unblocked, exactly once).
-        unsafe { api!(RedisModule_UnblockClient, 0; self.bc, data) };
+        self.bc.unblock(delivery);
     }
 }
 
@@ -67,9 +63,6 @@ struct Registry {
     by_client: HashMap<u64, u64>,
     next_id: u64,
 }
-
-// The raw handles are only touched on Redis's main thread.
-unsafe impl Send for Registry {}
 
 impl Registry {
     fn queue(&self, db: c_int, name: &[u8]) -> Option<&WaitQueue> {
@@ -131,16 +124,16 @@ pub fn blocked_now() -> usize {
     WAITING.load(Ordering::Relaxed)
 }
 
-pub fn key_id(ctx: Ctx, key: RStr) -> KeyId {
-    (ffi::selected_db(ctx), ffi::bytes(&key).to_vec())
+pub fn key_id(ctx: Ctx<'_>, key: RStr<'_>) -> KeyId {
+    (ctx.selected_db(), ffi::bytes(&key).to_vec())
 }
 
 /// Number of clients waiting for `key`.
-pub fn count(ctx: Ctx, key: RStr) -> usize {
+pub fn count(ctx: Ctx<'_>, key: RStr<'_>) -> usize {
     if blocked_now() == 0 {
         return 0;
     }
-    let db = ffi::selected_db(ctx);
+    let db = ctx.selected_db();
     registry()
         .get()
         .queue(db, ffi::bytes(&key))
@@ -148,11 +141,11 @@ pub fn count(ctx: Ctx, key: RStr) -> usize {
 }
 
 /// The mode of the shared requests waiting for `key`, if any wait.
-pub fn shared_mode(ctx: Ctx, key: RStr) -> Option<Mode> {
+pub fn shared_mode(ctx: Ctx<'_>, key: RStr<'_>) -> Option<Mode> {
     if blocked_now() == 0 {
         return None;
     }
-    let db = ffi::selected_db(ctx);
+    let db = ctx.selected_db();
     registry()
         .get()
         .queue(db, ffi::bytes(&key))
@@ -161,11 +154,15 @@ pub fn shared_mode(ctx: Ctx, key: RStr) -> Option<Mode> {
 
 /// The first waiter of `key`, taken off its queue (dropped when emptied) when `fits` says
 /// it can be granted now. It stays blocked until [`deliver`] unblocks it.
-pub fn pop_if(ctx: Ctx, key: RStr, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
+pub fn pop_if(
+    ctx: Ctx<'_>,
+    key: RStr<'_>,
+    fits: &mut dyn FnMut(&Waiter) -> bool,
+) -> Option<Waiter> {
     if blocked_now() == 0 {
         return None;
     }
-    let db = ffi::selected_db(ctx);
+    let db = ctx.selected_db();
     let name = ffi::bytes(&key);
     let mut guard = registry();
     let reg = guard.get();
@@ -176,21 +173,17 @@ pub fn pop_if(ctx: Ctx, key: RStr, fits: &mut dyn FnMut(&Waiter) -> bool) -> Opt
 
 /// Whether this context may block its client (not inside MULTI, a script, or a context
 /// that denies blocking).
-pub fn can_block(ctx: Ctx) -> bool {
-    let flags = ffi::context_flags(ctx);
-    flags
-        & (raw::REDISMODULE_CTX_FLAGS_MULTI
-            | raw::REDISMODULE_CTX_FLAGS_LUA
-            | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING)
-        == 0
+pub fn can_block(ctx: Ctx<'_>) -> bool {
+    let flags = ctx.flags();
+    !(flags.is_multi() || flags.is_lua() || flags.denies_blocking())
 }
 
 /// Block the calling client until it is handed `key` (or times out: 0 = never) for the
 /// request `args`. An earlier request of the same owner for the key leaves the queue and
 /// gets nil (the queue decides: an owner waits at most once).
 pub fn block(
-    ctx: Ctx,
-    key: RStr,
+    ctx: Ctx<'_>,
+    key: RStr<'_>,
     args: &AcquireArgs<'_>,
     timeout_ms: u64,
     bind_to: Option<u64>,
@@ -201,27 +194,15 @@ pub fn block(
     let queue = reg.queue(id.0, &id.1);
     let waiting = queue.map_or(0, WaitQueue::len);
     let replaces = queue.is_some_and(|q| q.has_owner(args.owner));
-    if waiting >= crate::config::max_waiters() && !replaces {
+    if waiting >= config::max_waiters() && !replaces {
         return Err(BlockRefused::TooMany);
     }
-    // SAFETY: a live command context that may block (see `can_block`); the callbacks are
-    // plain functions of this file. Timeouts are ours (see `Blocked::timer`): 0 here.
-    let bc = unsafe {
-        api!(RedisModule_BlockClient, ptr::null_mut();
-            ctx,
-            Some(on_reply),
-            Some(on_client_unblock),
-            Some(free_delivery),
-            0
-        )
-    };
-    if bc.is_null() {
+    // A command context that may block (see `can_block`), with the callbacks of `Waiting`.
+    // Timeouts are ours (see `Blocked::timer`): none from Redis.
+    let Some(bc) = BlockedClient::<Waiting>::block(ctx) else {
         return Err(BlockRefused::Failed);
-    }
-    // SAFETY: the handle made above, not yet unblocked.
-    unsafe { api!(RedisModule_SetDisconnectCallback, (); bc, Some(on_disconnect)) };
-    // SAFETY: a live command context.
-    let client_id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
+    };
+    let client_id = ctx.client_id();
     reg.next_id += 1;
     let waiter_id = reg.next_id;
     // A timeout beyond ten years is no limit (a huge period would wrap in the server's
@@ -233,13 +214,8 @@ pub fn block(
     };
     let timer = if timeout_ms > 0 {
         let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
-        // The timer's data is the waiter id, not a pointer.
-        ffi::create_timer(
-            ctx,
-            period,
-            on_waiter_timeout,
-            waiter_id as usize as *mut c_void,
-        )
+        // The timer's data is the waiter id.
+        ffi::create_timer::<WaiterTimeout>(ctx, period, waiter_id)
     } else {
         0
     };
@@ -378,9 +354,9 @@ fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
 }
 
 /// Take the calling blocked client out of its queue (CLIENT UNBLOCK, disconnect).
-fn leave_by_client(ctx: Ctx) -> Option<Blocked> {
-    // SAFETY: the live context of a blocked client's callback.
-    let client_id = unsafe { api!(RedisModule_GetClientId, 0; ctx) };
+fn leave_by_client(ctx: Ctx<'_>) -> Option<Blocked> {
+    // The live context of a blocked client's callback.
+    let client_id = ctx.client_id();
     let mut guard = registry();
     let reg = guard.get();
     let waiter_id = *reg.by_client.get(&client_id)?;
@@ -414,62 +390,62 @@ pub fn time_out_due() {
 }
 
 /// The waiter's timeout: it leaves the queue and gets nil.
-unsafe extern "C" fn on_waiter_timeout(_ctx: Ctx, data: *mut c_void) {
-    let waiter_id = data as usize as u64;
-    let mut guard = registry();
-    if let Some(b) = leave(guard.get(), waiter_id) {
-        stats::TIMEOUTS.incr();
-        b.unblock(Some(Delivery::TimedOut));
-    }
-}
+struct WaiterTimeout;
 
-unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
-    // SAFETY: the reply callback's live context; the private data is the `Delivery` boxed by
-    // `Blocked::unblock` (or null), owned by Redis until `free_delivery`.
-    let d = unsafe { api!(RedisModule_GetBlockedClientPrivateData, ptr::null_mut(); ctx) }
-        .cast::<Delivery>();
-    // SAFETY: as above; nothing else touches the delivery while its reply is made.
-    match unsafe { d.as_mut() } {
-        Some(Delivery::Token {
-            token, delivered, ..
-        }) => {
-            *delivered = true;
-            ffi::reply_int(ctx, *token as i64)
+impl ffi::Timer for WaiterTimeout {
+    fn fire(_ctx: Ctx<'_>, waiter_id: u64) {
+        let mut guard = registry();
+        if let Some(b) = leave(guard.get(), waiter_id) {
+            stats::TIMEOUTS.incr();
+            b.unblock(Some(Delivery::TimedOut));
         }
-        Some(Delivery::Error(msg)) => ffi::reply_error_string(ctx, msg),
-        Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
     }
 }
 
-/// CLIENT UNBLOCK: nil, and the waiter leaves the queue.
-unsafe extern "C" fn on_client_unblock(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
-    if let Some(b) = leave_by_client(ctx) {
-        stats::TIMEOUTS.incr();
-        b.unblock(None);
-    }
-    ffi::reply_null(ctx)
-}
+/// The callbacks of a blocked FLOCK.ACQUIRE client.
+struct Waiting;
 
-/// The client went away while waiting (or Redis unblocked it with an error).
-unsafe extern "C" fn on_disconnect(ctx: Ctx, _bc: *mut raw::RedisModuleBlockedClient) {
-    if let Some(b) = leave_by_client(ctx) {
-        b.unblock(None);
-    }
-}
+impl ffi::BlockedClientHandler for Waiting {
+    type Data = Delivery;
 
-unsafe extern "C" fn free_delivery(_ctx: Ctx, privdata: *mut c_void) {
-    if privdata.is_null() {
-        return;
+    fn reply(ctx: Ctx<'_>, delivery: Option<&mut Delivery>) -> Status {
+        match delivery {
+            Some(Delivery::Token {
+                token, delivered, ..
+            }) => {
+                *delivered = true;
+                ffi::reply_int(ctx, *token as i64)
+            }
+            Some(Delivery::Error(msg)) => ffi::reply_error_string(ctx, msg),
+            Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
+        }
     }
-    // SAFETY: Redis hands back, once, the `Delivery` boxed by `Blocked::unblock`.
-    let d = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
-    if let Delivery::Token {
-        token,
-        key,
-        delivered: false,
-    } = *d
-    {
-        // Granted to a client that disconnected before its reply: release it again.
-        jobs::schedule(Job::ReleaseGhost { key, token });
+
+    /// CLIENT UNBLOCK: nil, and the waiter leaves the queue.
+    fn unblocked(ctx: Ctx<'_>) -> Status {
+        if let Some(b) = leave_by_client(ctx) {
+            stats::TIMEOUTS.incr();
+            b.unblock(None);
+        }
+        ffi::reply_null(ctx)
+    }
+
+    /// The client went away while waiting (or Redis unblocked it with an error).
+    fn disconnected(ctx: Ctx<'_>) {
+        if let Some(b) = leave_by_client(ctx) {
+            b.unblock(None);
+        }
+    }
+
+    fn free(d: Box<Delivery>) {
+        if let Delivery::Token {
+            token,
+            key,
+            delivered: false,
+        } = *d
+        {
+            // Granted to a client that disconnected before its reply: release it again.
+            jobs::schedule(Job::ReleaseGhost { key, token });
+        }
     }
 }

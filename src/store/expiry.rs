@@ -4,9 +4,9 @@
 //! Redis module timers run on the monotonic clock (G9). The index (`deadlines.rs`) is a heap
 //! of (deadline, record block) pairs, O(log n) per insert and removal, much less than a Redis
 //! timer per lock; each block keeps its position in the heap and carries its key's database
-//! and name (`record.rs`), so the index holds nothing else and an entry costs 16 bytes. An
+//! and name (`ffi/block.rs`), so the index holds nothing else and an entry costs 16 bytes. An
 //! entry is in the index exactly while its block is live: the block's free takes it out (on
-//! the main thread: a per-key free is never lazy, see `lock_type::free_effort`), a flush
+//! the main thread: a per-key free is never lazy, see `ffi/lock_type.rs`'s `free_effort`), a flush
 //! takes out its databases' entries before freeing their values (possibly on a lazy-free
 //! thread), and a server that becomes a replica empties the index. A renewal keeps the
 //! pending entry: when it comes due early it settles nothing and re-arms for the new deadline.
@@ -15,15 +15,13 @@
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
 //! and arms every lock.
 
-use crate::ffi::{self, Ctx, Key, RStr};
-use crate::key_name::KeyName;
-use crate::record::{self, Found, RecordPtr};
-use crate::{api, server};
+use super::key_name::KeyName;
+use crate::ffi::block::{self, Found, RecordPtr};
+use crate::ffi::{self, Ctx, Key, RStr, RString};
+use crate::server;
 use flock_core::deadlines::{DeadlineIndex, NOWHERE};
 use flock_core::Deadline;
-use redis_module::raw;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard};
 
 /// What an armed lock costs besides its block: its index entry.
@@ -56,22 +54,27 @@ fn expiry() -> MutexGuard<'static, Expiry> {
 
 /// Tells a block where its entry went (the index's `place`).
 fn place(block: RecordPtr, pos: u32) {
-    // SAFETY: the index holds live blocks only (see the module docs), and Redis runs module
-    // code on one thread, so nothing else is touching this one.
-    unsafe { block.set_pos(pos) }
+    // The index holds live blocks only (see the module docs), and Redis runs module code on
+    // one thread, so nothing else is touching this one.
+    block.set_pos(pos)
 }
 
 /// Why [`arm`] did not arm.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NotArmed {
     /// The block does not carry the key's name (loaded, restored, copied, renamed): the
-    /// caller gives it a named block (`record::replace`) and arms that.
+    /// caller gives it a named block (`block::rename_in`) and arms that.
     Unnamed,
 }
 
 /// Make `block`, the lock of `key` in the selected database of `ctx`, due at `next` (its
 /// next deadline; `None`: never), master only. An entry already due no later stays.
-pub fn arm(ctx: Ctx, key: RStr, block: RecordPtr, next: Option<Deadline>) -> Result<(), NotArmed> {
+pub fn arm(
+    ctx: Ctx<'_>,
+    key: RStr<'_>,
+    block: RecordPtr,
+    next: Option<Deadline>,
+) -> Result<(), NotArmed> {
     arm_with(ctx, key, block, next, false)
 }
 
@@ -83,8 +86,7 @@ pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
     let Some(next) = next.filter(|_| server::is_master()) else {
         return;
     };
-    // SAFETY: a live block of the open key.
-    if unsafe { block.name() }.is_none() {
+    if block.name().is_none() {
         return;
     }
     let mut e = expiry();
@@ -97,19 +99,18 @@ pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
 /// The lock's FLOCK.STATS class is forgotten too: its next event counts for the class of the
 /// name it has now.
 pub fn rearm(
-    ctx: Ctx,
-    key: RStr,
+    ctx: Ctx<'_>,
+    key: RStr<'_>,
     block: RecordPtr,
     next: Option<Deadline>,
 ) -> Result<(), NotArmed> {
-    // SAFETY: a live block of an open key.
-    unsafe { block.set_class(Default::default()) };
+    block.set_class(Default::default());
     arm_with(ctx, key, block, next, true)
 }
 
 fn arm_with(
-    ctx: Ctx,
-    key: RStr,
+    ctx: Ctx<'_>,
+    key: RStr<'_>,
     block: RecordPtr,
     next: Option<Deadline>,
     replace: bool,
@@ -121,19 +122,18 @@ fn arm_with(
         disarm(block);
         return Ok(());
     };
-    let db = ffi::selected_db(ctx);
-    // SAFETY (the block calls below): a live block of an open key.
-    match unsafe { block.name() } {
+    let db = ctx.selected_db();
+    match block.name() {
         Some((d, name)) if name == ffi::bytes(&key) => {
             // MOVE and SWAPDB keep the name: the database is set in place.
-            if d != db && !unsafe { block.set_db(db) } {
+            if d != db && !block.set_db(db) {
                 return Err(NotArmed::Unnamed);
             }
         }
         _ => return Err(NotArmed::Unnamed),
     }
     let mut e = expiry();
-    let pos = unsafe { block.pos() };
+    let pos = block.pos();
     if pos != NOWHERE {
         if !replace
             && e.index
@@ -152,8 +152,8 @@ fn arm_with(
 
 /// Take `block` out of the index, if it is in.
 pub fn disarm(block: RecordPtr) {
-    // SAFETY: a live block (of an open key, or being freed on the main thread).
-    let pos = unsafe { block.pos() };
+    // A live block (of an open key, or being freed on the main thread).
+    let pos = block.pos();
     if pos != NOWHERE {
         expiry().index.remove(pos, &mut place);
     }
@@ -161,8 +161,8 @@ pub fn disarm(block: RecordPtr) {
 
 /// `new` takes `old`'s place in the index (the lock moved to a new block).
 pub fn transfer(old: RecordPtr, new: RecordPtr) {
-    // SAFETY: both live blocks of one open key.
-    let pos = unsafe { old.pos() };
+    // Both live blocks of one open key.
+    let pos = old.pos();
     if pos == NOWHERE {
         return;
     }
@@ -180,8 +180,8 @@ pub fn transfer(old: RecordPtr, new: RecordPtr) {
 pub fn forget_db(db: Option<c_int>) {
     let mut e = expiry();
     e.index.drain_where(
-        // SAFETY: the index holds live blocks only.
-        |block| db.is_none_or(|d| unsafe { block.name() }.is_some_and(|(bd, _)| bd == d)),
+        // The index holds live blocks only.
+        |block| db.is_none_or(|d| block.name().is_some_and(|(bd, _)| bd == d)),
         &mut place,
     );
 }
@@ -190,7 +190,9 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
     if e.alarm != 0 && e.alarm_at_us <= at_us {
         return;
     }
-    let ctx = server::module_ctx();
+    let Some(ctx) = ffi::module_ctx() else {
+        return;
+    };
     if e.alarm != 0 {
         ffi::stop_timer(ctx, e.alarm);
     }
@@ -199,13 +201,13 @@ fn ensure_alarm(e: &mut Expiry, at_us: u64) {
         .saturating_sub(now)
         .div_ceil(1000)
         .min(i64::MAX as u64) as i64;
-    e.alarm = ffi::create_timer(ctx, period_ms, on_alarm, ptr::null_mut());
+    e.alarm = ffi::create_timer::<Alarm>(ctx, period_ms, 0);
     e.alarm_at_us = at_us;
 }
 
 /// What to do with an entry that came due: settle its key (set once by the module's
 /// registration; the mechanism never calls up into the code that runs the engine).
-pub type DueHandler = fn(Ctx, &DueKey);
+pub type DueHandler = fn(Ctx<'_>, &DueKey);
 
 static ON_DUE: std::sync::OnceLock<DueHandler> = std::sync::OnceLock::new();
 
@@ -221,8 +223,8 @@ fn pop_due(now: u64) -> Option<DueKey> {
     let mut e = expiry();
     loop {
         let block = e.index.pop_due(now, &mut place)?;
-        // SAFETY: it was in the index, so it is live.
-        if let Some((db, name)) = unsafe { block.name() } {
+        // It was in the index, so it is live.
+        if let Some((db, name)) = block.name() {
             return Some(DueKey {
                 block,
                 db,
@@ -232,7 +234,16 @@ fn pop_due(now: u64) -> Option<DueKey> {
     }
 }
 
-unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
+/// The Redis timer of the earliest deadline.
+struct Alarm;
+
+impl ffi::Timer for Alarm {
+    fn fire(ctx: Ctx<'_>, _data: u64) {
+        on_alarm(ctx);
+    }
+}
+
+fn on_alarm(ctx: Ctx<'_>) {
     let now = server::now();
     if server::avoid_replica_traffic() {
         let mut e = expiry();
@@ -257,28 +268,30 @@ unsafe extern "C" fn on_alarm(ctx: Ctx, _data: *mut c_void) {
 /// From the cron event (every 100 ms at hz 10): a backstop for the alarm. Redis 7.0 and
 /// Valkey key module timers by the wall clock, so after the wall clock steps back the alarm
 /// fires late; the index is on the monotonic clock, and this catches what is due.
-pub fn on_cron(ctx: Ctx) {
+pub fn on_cron(ctx: Ctx<'_>) {
     let now = server::now().mono_us;
     let due = {
         let mut e = expiry();
         let due = e.index.next(&mut place).is_some_and(|next| next <= now);
         if due && e.alarm != 0 {
             // The alarm is late: replace it (on_alarm arms a new one for what is left).
-            ffi::stop_timer(server::module_ctx(), e.alarm);
+            if let Some(module_ctx) = ffi::module_ctx() {
+                ffi::stop_timer(module_ctx, e.alarm);
+            }
             e.alarm = 0;
         }
         due
     };
     if due {
-        // SAFETY: the alarm callback, run from the cron's live context like a timer would.
-        unsafe { on_alarm(ctx, ptr::null_mut()) };
+        // The alarm callback, run from the cron's live context like a timer would.
+        on_alarm(ctx);
     }
 }
 
 /// Arm the lock of `key` (open for writing) for its next deadline, giving it a block named
 /// after the key first when its block does not carry that name. `replace`: as [`rearm`].
-pub fn name_and_arm(ctx: Ctx, key_name: RStr, key: &mut Key, replace: bool) {
-    let Found::Lock(mut lock) = record::lock_mut(key) else {
+pub fn name_and_arm(ctx: Ctx<'_>, key_name: RStr<'_>, key: &mut Key, replace: bool) {
+    let Found::Lock(mut lock) = block::lock_mut(key) else {
         return;
     };
     let block = lock.block();
@@ -290,13 +303,10 @@ pub fn name_and_arm(ctx: Ctx, key_name: RStr, key: &mut Key, replace: bool) {
         arm(ctx, key_name, block, next)
     };
     if armed == Err(NotArmed::Unnamed) {
-        let db = ffi::selected_db(ctx);
-        // SAFETY: the key's live block; the key is open for writing.
-        let Some(named) = (unsafe { block.renamed(db, ffi::bytes(&key_name)) }) else {
-            return;
-        };
-        // SAFETY: `named` was made from `block`, the key's block.
-        if unsafe { record::replace(key, block, named) } {
+        let db = ctx.selected_db();
+        // The key is open for writing; the index entry moves to the new block before the old
+        // one is freed.
+        if let Some(named) = block::rename_in(key, block, db, ffi::bytes(&key_name), transfer) {
             if let Err(e) = rearm(ctx, key_name, named, next) {
                 // Not reached but for a database number past 65,535.
                 redis_module::logging::log_warning(format!(
@@ -309,57 +319,37 @@ pub fn name_and_arm(ctx: Ctx, key_name: RStr, key: &mut Key, replace: bool) {
 }
 
 /// Arm a timer for every lock in every database (after promotion, loading or SWAPDB).
-pub fn arm_all(ctx: Ctx) {
+pub fn arm_all(ctx: Ctx<'_>) {
     if !server::is_master() {
         return;
     }
     // The context may be the client that ran SWAPDB (Valkey 8.1 fires the event on it):
     // leave it in the database it had selected.
-    let selected = ffi::selected_db(ctx);
+    let selected = ctx.selected_db();
     let mut db: c_int = 0;
-    while ffi::select_db(ctx, db) {
-        // SAFETY: takes no arguments; the cursor is destroyed below.
-        let cursor = unsafe { api!(RedisModule_ScanCursorCreate, ptr::null_mut();) };
-        if cursor.is_null() {
+    while ctx.select_db(db) {
+        let mut unnamed: Vec<Vec<u8>> = Vec::new();
+        if !ffi::scan_db(ctx, |ctx, keyname, key| {
+            arm_scanned(ctx, keyname, key, &mut unnamed)
+        }) {
             return;
         }
-        let mut unnamed: Vec<Vec<u8>> = Vec::new();
-        let data: *mut Vec<Vec<u8>> = &mut unnamed;
-        // SAFETY: a live context and cursor; `arm_scanned` only touches the key it is given
-        // and the list `data` points to, which outlives the scan.
-        while unsafe { api!(RedisModule_Scan, 0; ctx, cursor, Some(arm_scanned), data.cast()) } != 0
-        {
-        }
-        // SAFETY: created above, destroyed once.
-        unsafe { api!(RedisModule_ScanCursorDestroy, (); cursor) };
         // Scanned keys are open for reading only: the blocks that need a name get it now.
         for name in unnamed {
-            let name = ffi::create_string(ctx, &name);
-            if name.is_null() {
+            let Some(name) = RString::new(ctx, &name) else {
                 continue;
-            }
-            let mut key = Key::open(ctx, name, true);
-            name_and_arm(ctx, name, &mut key, true);
+            };
+            let mut key = Key::open(ctx, name.get(), true);
+            name_and_arm(ctx, name.get(), &mut key, true);
             drop(key);
-            ffi::free_string(name);
         }
         db += 1;
     }
-    ffi::select_db(ctx, selected);
+    ctx.select_db(selected);
 }
 
-unsafe extern "C" fn arm_scanned(
-    ctx: Ctx,
-    keyname: RStr,
-    key: *mut raw::RedisModuleKey,
-    data: *mut c_void,
-) {
-    if key.is_null() {
-        return;
-    }
-    // SAFETY: Redis passes a key handle valid during this callback.
-    let mut key = unsafe { Key::borrowed(key) };
-    if let Found::Lock(mut lock) = record::lock_mut(&mut key) {
+fn arm_scanned(ctx: Ctx<'_>, keyname: RStr<'_>, key: &mut Key, unnamed: &mut Vec<Vec<u8>>) {
+    if let Found::Lock(mut lock) = block::lock_mut(key) {
         // A master that loaded, restored or was promoted holds no binding for bound grants:
         // they are not live from now on and come due at once (the engine decides).
         flock_core::engine::orphan_bound(lock.state(), true);
@@ -367,10 +357,7 @@ unsafe extern "C" fn arm_scanned(
         let block = lock.block();
         drop(lock);
         if rearm(ctx, keyname, block, next) == Err(NotArmed::Unnamed) {
-            // SAFETY: `data` is the list `arm_all` passed.
-            if let Some(unnamed) = unsafe { data.cast::<Vec<Vec<u8>>>().as_mut() } {
-                unnamed.push(ffi::bytes(&keyname).to_vec());
-            }
+            unnamed.push(ffi::bytes(&keyname).to_vec());
         }
     };
 }

@@ -1,21 +1,20 @@
 //! `FLOCK.STATS GET [class ...]` and `FLOCK.STATS RESET`: the per-class lock statistics for
-//! sizing TTLs (flock-core's `lock_stats`; `stats::record` fills them in). Subcommands, so an
-//! ACL can allow `flock.stats|get` alone.
+//! sizing TTLs (flock-core's `lock_stats`; `server::stats::record` fills them in).
+//! Subcommands, so an ACL can allow `flock.stats|get` alone.
 
-use crate::ffi::{self, Ctx, RStr};
-use crate::stats;
+use crate::ffi::{self, Ctx, RStr, Status};
+use crate::server::stats;
 use flock_core::lock_stats::Out;
-use std::os::raw::c_int;
 
 /// `FLOCK.STATS GET [class ...]`: argv is `FLOCK.STATS GET class...`.
-pub fn get(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn get(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let names: Vec<&[u8]> = args.iter().skip(2).map(ffi::bytes).collect();
     let report = stats::with_classes(|t| t.report((!names.is_empty()).then_some(names.as_slice())));
     send(ctx, &report)
 }
 
 /// `FLOCK.STATS RESET`.
-pub fn reset(ctx: Ctx, args: &[RStr]) -> c_int {
+pub fn reset(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     if args.len() != 2 {
         return ffi::wrong_arity(ctx);
     }
@@ -24,7 +23,7 @@ pub fn reset(ctx: Ctx, args: &[RStr]) -> c_int {
 }
 
 /// A reply tree as RESP: maps are maps in RESP3 and flat arrays in RESP2 (RM_ReplyWithMap).
-fn send(ctx: Ctx, out: &Out) -> c_int {
+fn send(ctx: Ctx<'_>, out: &Out) -> Status {
     match out {
         Out::Int(v) => ffi::reply_int(ctx, i64::try_from(*v).unwrap_or(i64::MAX)),
         Out::Nil => ffi::reply_null(ctx),
@@ -33,7 +32,7 @@ fn send(ctx: Ctx, out: &Out) -> c_int {
             for i in items {
                 send(ctx, i);
             }
-            0
+            Status::OK
         }
         Out::Map(fields) => {
             ffi::reply_map(ctx, fields.len());
@@ -41,7 +40,7 @@ fn send(ctx: Ctx, out: &Out) -> c_int {
                 ffi::reply_bulk(ctx, k);
                 send(ctx, v);
             }
-            0
+            Status::OK
         }
     }
 }
