@@ -179,10 +179,14 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
     run_grid(cfg, rep);
 }
 
-/// Lock `i`'s key of exactly `len` bytes (at least 8): a prefix, then 7 digits.
+/// Lock `i` (below 1,000,000)'s key of exactly `len` bytes (at least 8): a prefix, `:`, then
+/// 6 digits. The digits stand apart from the prefix so that every key folds into the same
+/// FLOCK.STATS class (`...:#`), as the keys of one kind of lock do: a prefix letter against
+/// the digits would make each key a class of its own, and the module's class table (up to
+/// `max-classes` classes of histograms) would count in the lock's bytes.
 fn grid_key(len: usize, i: usize) -> String {
-    const PREFIX: &str = "lock:grid:abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz";
-    format!("{}{i:07}", &PREFIX[..len.saturating_sub(7).min(PREFIX.len())])
+    const PREFIX: &str = "lock:grid:mnopqrstuvwxyzmnopqrstuvwxyz:mnopqrstuvwxyzmnopqrstuvwxyz";
+    format!("{}:{i:06}", &PREFIX[..len.saturating_sub(7).min(PREFIX.len())])
 }
 
 /// Lock `i`'s owner of exactly `len` bytes (at most 72): UUID-like, different per lock.
@@ -263,8 +267,8 @@ fn run_grid(cfg: &Cfg, rep: &mut Report) {
     let mut body = format!(
         "`used_memory` after minus before taking {} locks, divided by their number, for every \
          key length x owner length: `FLOCK.ACQUIRE key owner {TTL}` against `SET key owner NX PX \
-         {TTL}` of the same keys and owners (keys `lock:grid:...NNNNNNN` of exactly the length \
-         given, a different UUID-like owner per lock cut to the length given). Each point on a \
+         {TTL}` of the same keys and owners (keys `lock:grid...:NNNNNN` of exactly the length \
+         given, all of one FLOCK.STATS class, a different UUID-like owner per lock cut to the length given). Each point on a \
          fresh server: flock, then `FLUSHALL` and `SET`.\n\n",
         thousands(n)
     );
