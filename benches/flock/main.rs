@@ -17,7 +17,8 @@
 //! Scenarios:
 //! 1. server cost per call (INFO commandstats), pipelined, 8 connections, many keys;
 //! 2. throughput of a full acquire+release cycle, pipelined and not;
-//! 3. memory per held lock and memory left by released locks;
+//! 3. memory per held lock and memory left by released locks, and per held lock over a grid of
+//!    key lengths x owner lengths against `SET NX PX` of the same key and owner;
 //! 4. contention: N clients, one lock, a 1 ms critical section, BLOCK vs polling;
 //! 5. scaling: ACQUIRE/RELEASE cost with many lock keys held and many waiters queued;
 //! 7. lock kinds and BOUND: shared against exclusive, a key of 1,000 readers against one of
@@ -246,7 +247,7 @@ fn main() {
     let cmds = [
         "1: `FLOCK.ACQUIRE lock:NNNNNNN <owner> 60000`, `SET lock:NNNNNNN <owner> NX PX 60000`, `EVALSHA <fenced acquire> 2 lock:NNNNNNN lock:NNNNNNN:tok <owner> 60000`, `FLOCK.RELEASE lock:NNNNNNN <owner>`, `EVALSHA <compare-and-delete> 1 lock:NNNNNNN <owner>`, `FLOCK.CHECK wlk <T>`, `GET wlk:owner`, `FLOCK.FENCED wlk <T> SET data:NNNNNNN v`, `EVALSHA <fenced write> 2 wlk:tok data:NNNNNNN <T> v`, `SET data:NNNNNNN v`",
         "2: as in 1, on `cyc:NNNNNN` (random of 100,000), acquire then release",
-        "3: as in 1, 100,000 locks, then `INFO memory` `used_memory`",
+        "3: as in 1, 100,000 locks, then `INFO memory` `used_memory`; the grid: `FLOCK.ACQUIRE key owner 60000` and `SET key owner NX PX 60000` of 50,000 keys of 8, 13, 20, 32, 48 bytes (`lock:grid...:NNNNNN`) and owners of 16, 36, 64 bytes",
         "4: `FLOCK.ACQUIRE lk <owner> 10000 BLOCK 2000` / `FLOCK.RELEASE lk <owner>`; `SET lk <owner> NX PX 10000` / `EVALSHA <compare-and-delete> 1 lk <owner>`",
         "5: preload `FLOCK.ACQUIRE h:NNNNNNN <owner> 3600000` and `SET s:NNNNNNN <owner> NX PX 3600000`; probes `FLOCK.ACQUIRE p:NNNNNNN <owner> 60000` + `FLOCK.RELEASE p:NNNNNNN <owner>` (baseline `SET ... NX PX` + compare-and-delete); waiters `FLOCK.ACQUIRE busy w<i>-<j> 3600000 BLOCK 0`; `FLOCK.ACQUIRE busy newcomer 60000`; `FLOCK.INFO busy` then `FLOCK.RELEASE busy <owner>`",
     ];

@@ -1,6 +1,6 @@
 //! The value stored under a lock key: one allocation per lock.
 //!
-//! A lock's block is a 48-byte [`Head`], then the owner (in the compact form), then the key's
+//! A lock's block is a 32-byte [`Head`], then the owner (in the compact form), then the key's
 //! name (which the deadline index needs to find the key again, so that the index keeps no
 //! copy of its own). The head holds what this server keeps beside the state (the deadline
 //! index position, the FLOCK.STATS class, the database) and the state itself in one of three
@@ -8,8 +8,13 @@
 //! - **compact**: the key's one grant when that is all the key is (exclusive or shared, no
 //!   lock-delay, nobody waiting: `LockState::lone_grant`): token, deadline, start time, and
 //!   the owner's bytes after the head; a block made for a BOUND grant ends with 8 bytes more
-//!   for its binding. Most locks, most of the time. With a 36-byte owner and a 12-byte name a
-//!   held lock is one 96-byte allocation (112 when bound).
+//!   for its binding. Most locks, most of the time. In a **narrow** block (most) the token
+//!   and the times are packed into 16 bytes of the head ([`Narrow`]: exact, or not used); a
+//!   grant that does not pack so (a lease or a holding longer than 12.7 days, a clock stepped
+//!   by more than 32 s since the module started, a loaded or replicated grant more than 8 s
+//!   old), a name over 255 bytes or a database past 255 make a **wide** block, whose head is
+//!   followed by a 16-byte [`Ext`] (48 bytes in all, as every head was before). With a
+//!   36-byte owner and a 12-byte name a held lock is one 80-byte allocation (96 when bound).
 //! - **empty**: no grant (a key about to be deleted).
 //! - **full**: a pointer to a boxed [`LockRecord`] (any state, and the waiters' key).
 //!
@@ -78,44 +83,83 @@ const SHARED: u8 = 0b100;
 /// The block ends with an 8-byte area for a compact grant's BOUND mark and binding (made so
 /// when its first grant was bound; an unbound grant leaves it 0).
 const TIE_AREA: u8 = 0b1000;
+/// The head is followed by an [`Ext`]: the block was made for a grant whose times or token
+/// do not pack in 16 bytes ([`Narrow`]), a name over 255 bytes or a database past 255.
+const WIDE: u8 = 0b1_0000;
 /// The block carries its key's name and database (blocks made by RDB loading, RESTORE and
 /// COPY get them when they are first armed).
 const NAMED: u8 = 0b1000_0000;
+/// What a block keeps of its flags whatever its form.
+const KEPT: u8 = NAMED | TIE_AREA | WIDE;
 
-/// A compact lock's one grant (its owner follows the head).
+/// A compact lock's one grant in a narrow block: token and times packed in two words.
+/// - `w0`: the monotonic deadline (bits 0..48: 8.9 years of microseconds), then the wall
+///   clock's offset from it (bits 48..64, signed milliseconds: see [`wall_delta`]);
+/// - `w1`: the deadline minus the start time (bits 0..40: 12.7 days of microseconds), then
+///   the token's distance from the start time on the wall clock (bits 40..64, signed
+///   microseconds: see [`token_guess`]).
+///
+/// A grant whose fields do not pack so exactly goes to a wide block (a new block) or to the
+/// full form (a narrow block's next state): the packing is exact or not used.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Compact {
-    token: u64,
+struct Narrow {
+    w0: u64,
+    w1: u64,
+}
+
+const DEADLINE_BITS: u32 = 48;
+const SINCE_BITS: u32 = 40;
+/// The token's distance: the 24 bits above the start time's 40.
+const TOKEN_SPAN: i64 = 1 << (64 - SINCE_BITS - 1);
+
+/// A compact lock's one grant in a wide block: the times here, the token and the wall
+/// clock's offset in the [`Ext`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WideTimes {
     deadline_mono_us: u64,
     since_mono_us: u64,
 }
 
 #[repr(C)]
 union Body {
-    compact: Compact,
+    narrow: Narrow,
+    wide: WideTimes,
     full: *mut LockRecord,
 }
 
+/// The block's head (32 bytes); a wide block's [`Ext`] follows it.
 #[repr(C)]
 pub struct Head {
     class: ClassRef,
     /// Where the block's deadline-index entry sits ([`NOWHERE`]: not armed).
     pos: u32,
-    name_len: u32,
-    db: u16,
-    /// `FORM_*`, `SHARED`, `TIE_AREA` and `NAMED`.
+    /// `FORM_*`, `SHARED`, `TIE_AREA`, `WIDE` and `NAMED`.
     flags: u8,
-    /// Bytes between the head and the name: the compact form's owner (its length), left as
-    /// they are when the block changes form (the block's size never changes).
+    /// Bytes between the head (and ext) and the name: the compact form's owner (its length),
+    /// left as they are when the block changes form (the block's size never changes).
     owner_area: u8,
-    /// Compact: the deadline's wall-clock time, as milliseconds from the monotonic deadline
-    /// plus [`wall_base`] (exact: the wall deadline travels, G7, and DEBUG DIGEST shows it).
-    wall_delta: i32,
+    /// Narrow: the name's length, then the database. Wide: the database (little-endian u16;
+    /// the name's length is in the [`Ext`]).
+    small: [u8; 2],
     body: Body,
 }
 
-const _: () = assert!(std::mem::size_of::<Head>() == 48);
+/// What a wide block keeps after its head.
+#[repr(C)]
+struct Ext {
+    /// Compact: the token.
+    token: u64,
+    name_len: u32,
+    /// Compact: the deadline's wall-clock time, as milliseconds from the monotonic deadline
+    /// plus [`wall_base`] (exact: the wall deadline travels, G7, and DEBUG DIGEST shows it).
+    wall_delta: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<Head>() == 32);
+const _: () = assert!(std::mem::size_of::<Ext>() == 16);
+const _: () = assert!(std::mem::align_of::<Ext>() <= std::mem::align_of::<Head>());
 
 /// A record as Redis stores it (the value pointer of a key of our type): a live block (the
 /// invariant in the module docs), read and written through the safe methods below.
@@ -128,8 +172,9 @@ pub struct RecordPtr(NonNull<Head>);
 unsafe impl Send for RecordPtr {}
 
 /// `wall_ms - mono_ms` when this process first needed it: compact deadlines keep their wall
-/// time as a 32-bit offset from the monotonic deadline plus this (enough for any deadline
-/// within 24 days of what the clocks said then; beyond, the lock takes the full form).
+/// time as an offset from the monotonic deadline plus this (32 bits in a wide block: enough
+/// for any deadline within 24 days of what the clocks said then, beyond which the lock takes
+/// the full form; 16 bits in a narrow one: 32 s, beyond which the grant takes a wide block).
 fn wall_base() -> i64 {
     static BASE: OnceLock<i64> = OnceLock::new();
     *BASE.get_or_init(|| {
@@ -143,14 +188,111 @@ fn wall_delta(d: Deadline) -> Option<i32> {
     i32::try_from(d.wall_ms.checked_sub(mono_ms)?.checked_sub(wall_base())?).ok()
 }
 
+/// The token a grant that started at `since_mono_us` would have if it was issued then, on
+/// this server, from the wall clock (`token = max(high water + 1, wall clock in us)`): the
+/// start time moved to the wall clock by the offset its deadline keeps. A grant made here is
+/// within a millisecond of it (or ahead by as much as tokens ran ahead of the clock); one that
+/// arrived (loaded, replicated) is behind it by its age. `None`: out of range.
+fn token_guess(since_mono_us: u64, wall_delta: i32) -> Option<i64> {
+    let offset_ms = wall_base().checked_add(i64::from(wall_delta))?;
+    i64::try_from(since_mono_us)
+        .ok()?
+        .checked_add(offset_ms.checked_mul(1000)?)
+}
+
+/// A compact grant's token and times, as a block keeps them.
+#[derive(Clone, Copy)]
+struct Times {
+    token: u64,
+    deadline_mono_us: u64,
+    since_mono_us: u64,
+    wall_delta: i32,
+}
+
+impl Times {
+    /// `None`: the wall deadline is too far from the monotonic one (the full form).
+    fn of(g: &Grant) -> Option<Times> {
+        Some(Times {
+            token: g.token,
+            deadline_mono_us: g.deadline.mono_us,
+            since_mono_us: g.since_mono_us,
+            wall_delta: wall_delta(g.deadline)?,
+        })
+    }
+
+    /// Packed for a narrow block, when every field fits exactly.
+    fn narrow(self) -> Option<Narrow> {
+        let deadline = self.deadline_mono_us;
+        let wall = i16::try_from(self.wall_delta).ok()?;
+        let since_d = deadline.checked_sub(self.since_mono_us)?;
+        let token_d = i64::try_from(self.token)
+            .ok()?
+            .checked_sub(token_guess(self.since_mono_us, self.wall_delta)?)?;
+        if deadline >> DEADLINE_BITS != 0
+            || since_d >> SINCE_BITS != 0
+            || !(-TOKEN_SPAN..TOKEN_SPAN).contains(&token_d)
+        {
+            return None;
+        }
+        Some(Narrow {
+            w0: deadline | (u64::from(wall as u16) << DEADLINE_BITS),
+            w1: since_d | ((token_d as u64) << SINCE_BITS),
+        })
+    }
+
+    fn deadline(self) -> Deadline {
+        Deadline {
+            wall_ms: (self.deadline_mono_us / 1000) as i64
+                + wall_base()
+                + i64::from(self.wall_delta),
+            mono_us: self.deadline_mono_us,
+        }
+    }
+}
+
+impl Narrow {
+    /// The fields back, exactly as [`Times::narrow`] packed them (wrapping arithmetic: the
+    /// packing checked that none of it wraps).
+    fn times(self) -> Times {
+        let deadline_mono_us = self.w0 & ((1 << DEADLINE_BITS) - 1);
+        let wall_delta = i32::from((self.w0 >> DEADLINE_BITS) as u16 as i16);
+        let since_mono_us = deadline_mono_us.wrapping_sub(self.w1 & ((1 << SINCE_BITS) - 1));
+        let token_d = (self.w1 as i64) >> SINCE_BITS;
+        let guess = (since_mono_us as i64)
+            .wrapping_add(wall_base().wrapping_add(i64::from(wall_delta)).wrapping_mul(1000));
+        Times {
+            token: guess.wrapping_add(token_d) as u64,
+            deadline_mono_us,
+            since_mono_us,
+            wall_delta,
+        }
+    }
+}
+
 const TIE_BYTES: usize = 8;
 
-fn layout(owner_area: usize, name_len: usize, tie_area: bool) -> Option<Layout> {
+fn layout(owner_area: usize, name_len: usize, tie_area: bool, wide: bool) -> Option<Layout> {
     let size = std::mem::size_of::<Head>()
+        .checked_add(if wide { std::mem::size_of::<Ext>() } else { 0 })?
         .checked_add(owner_area)?
         .checked_add(name_len)?
         .checked_add(if tie_area { TIE_BYTES } else { 0 })?;
     Layout::from_size_align(size, std::mem::align_of::<Head>()).ok()
+}
+
+/// The shape of a block: what its compact form can hold.
+#[derive(Clone, Copy)]
+struct Area {
+    owner: usize,
+    tie: bool,
+    wide: bool,
+}
+
+/// A compact grant written for a block of one shape.
+#[derive(Clone, Copy)]
+enum Packed {
+    Narrow(Narrow),
+    Wide(Times),
 }
 
 /// What a block is made of, in the form it will take.
@@ -159,14 +301,13 @@ enum Form<'a> {
     Compact {
         shared: bool,
         grant: &'a Grant,
-        wall_delta: i32,
+        times: Times,
     },
     Full,
 }
 
-/// The form `rec` can take in a block with an owner area of `area.0` bytes and, if `area.1`,
-/// a tie area (`None`: any, for a new block).
-fn form_for(rec: &LockRecord, area: Option<(usize, bool)>) -> Form<'_> {
+/// The form `rec` can take in a block of shape `area` (`None`: any, for a new block).
+fn form_for(rec: &LockRecord, area: Option<Area>) -> Form<'_> {
     if rec.watched.is_some() {
         return Form::Full;
     }
@@ -175,18 +316,22 @@ fn form_for(rec: &LockRecord, area: Option<(usize, bool)>) -> Form<'_> {
         return Form::Empty;
     }
     if let Some((mode, g)) = state.lone_grant() {
-        let fits = match area {
-            Some((owner_area, tie_area)) => {
-                g.owner.len() == owner_area && (tie_area || g.tie_word() == 0)
-            }
-            None => g.owner.len() <= usize::from(u8::MAX),
-        };
-        if let (true, Some(wall_delta)) = (fits, wall_delta(g.deadline)) {
-            return Form::Compact {
-                shared: mode == Mode::Shared,
-                grant: g,
-                wall_delta,
+        if let Some(times) = Times::of(g) {
+            let fits = match area {
+                Some(a) => {
+                    g.owner.len() == a.owner
+                        && (a.tie || g.tie_word() == 0)
+                        && (a.wide || times.narrow().is_some())
+                }
+                None => g.owner.len() <= usize::from(u8::MAX),
             };
+            if fits {
+                return Form::Compact {
+                    shared: mode == Mode::Shared,
+                    grant: g,
+                    times,
+                };
+            }
         }
     }
     Form::Full
@@ -229,22 +374,48 @@ impl RecordPtr {
         class: ClassRef,
     ) -> Option<Self> {
         let fits = grant.owner.len() <= usize::from(u8::MAX) && !matches!(mode, Mode::Permits(_));
-        let (Some(wall_delta), true) = (wall_delta(grant.deadline), fits) else {
-            let rec = LockRecord {
-                state: LockState::with_grant(mode, grant.clone()),
-                watched: None,
-            };
-            return RecordPtr::new(rec, Some((db, name)), class);
+        let (Some(times), true) = (Times::of(grant), fits) else {
+            return RecordPtr::new_full(grant, mode, db, name, class);
         };
         let this = RecordPtr::alloc(
-            grant.owner.len(),
-            grant.tie_word() != 0,
+            Area {
+                owner: grant.owner.len(),
+                tie: grant.tie_word() != 0,
+                wide: times.narrow().is_none(),
+            },
             Some((db, name)),
             class,
         )?;
-        // SAFETY: a fresh block whose owner area is the owner's length.
-        unsafe { this.write_compact(grant, mode == Mode::Shared, wall_delta) };
-        Some(this)
+        // SAFETY: a fresh block whose owner area is the owner's length, with a tie area when
+        // the grant has a tie word; its body holds no box.
+        match unsafe { this.pack(times) } {
+            Some(packed) => {
+                // SAFETY: as above, `packed` made for this block.
+                unsafe { this.write_compact(grant, mode == Mode::Shared, packed) };
+                Some(this)
+            }
+            None => {
+                // (Not reached: a block is made wide when the grant does not pack narrow.)
+                // SAFETY: a fresh block, only ours.
+                drop(unsafe { this.free() });
+                RecordPtr::new_full(grant, mode, db, name, class)
+            }
+        }
+    }
+
+    /// [`RecordPtr::new_lone`]'s block in the full form.
+    fn new_full(
+        grant: &Grant,
+        mode: Mode,
+        db: c_int,
+        name: &[u8],
+        class: ClassRef,
+    ) -> Option<Self> {
+        let rec = LockRecord {
+            state: LockState::with_grant(mode, grant.clone()),
+            watched: None,
+        };
+        RecordPtr::new(rec, Some((db, name)), class)
     }
 
     /// [`RecordPtr::new`] that leaves `rec` in place when it makes no block (and takes it
@@ -255,11 +426,19 @@ impl RecordPtr {
         class: ClassRef,
     ) -> Option<Self> {
         let rec = slot.as_ref()?;
-        let (owner_area, tie_area) = match form_for(rec, None) {
-            Form::Compact { grant, .. } => (grant.owner.len(), grant.tie_word() != 0),
-            _ => (0, false),
+        let area = match form_for(rec, None) {
+            Form::Compact { grant, times, .. } => Area {
+                owner: grant.owner.len(),
+                tie: grant.tie_word() != 0,
+                wide: times.narrow().is_none(),
+            },
+            _ => Area {
+                owner: 0,
+                tie: false,
+                wide: false,
+            },
         };
-        let this = RecordPtr::alloc(owner_area, tie_area, name, class)?;
+        let this = RecordPtr::alloc(area, name, class)?;
         if let Some(rec) = slot.take() {
             // SAFETY: a fresh block in the empty form: its body holds no box.
             unsafe { this.store(rec) };
@@ -267,57 +446,78 @@ impl RecordPtr {
         Some(this)
     }
 
-    /// A fresh block in the empty form, with room for an owner of `owner_area` bytes (and
-    /// a tie word when `tie_area`), its name written (named when its database fits), no
-    /// index entry.
-    fn alloc(
-        owner_area: usize,
-        tie_area: bool,
-        name: Option<(c_int, &[u8])>,
-        class: ClassRef,
-    ) -> Option<Self> {
+    /// A fresh block in the empty form, with room for an owner of `area.owner` bytes (and a
+    /// tie word when `area.tie`), wide when `area.wide` or when the name or the database does
+    /// not fit a narrow head, its name written (named when its database fits), no index
+    /// entry.
+    fn alloc(area: Area, name: Option<(c_int, &[u8])>, class: ClassRef) -> Option<Self> {
         let name_bytes = name.map_or(&[][..], |(_, n)| n);
         let name_len = u32::try_from(name_bytes.len()).ok()?;
-        let owner_len = u8::try_from(owner_area).ok()?;
-        let layout = layout(owner_area, name_bytes.len(), tie_area)?;
-        // SAFETY: the layout's size is at least the head's 48 bytes.
-        let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
+        let owner_len = u8::try_from(area.owner).ok()?;
         let db = name.and_then(|(db, _)| u16::try_from(db).ok());
+        let narrow_small = match (u8::try_from(name_len), db.map(u8::try_from)) {
+            (Ok(len), None) => Some([len, 0]),
+            (Ok(len), Some(Ok(db))) => Some([len, db]),
+            _ => None,
+        };
+        let (wide, small) = match narrow_small {
+            Some(small) if !area.wide => (false, small),
+            _ => (true, db.unwrap_or(0).to_le_bytes()),
+        };
+        let layout = layout(area.owner, name_bytes.len(), area.tie, wide)?;
+        // SAFETY: the layout's size is at least the head's 32 bytes.
+        let block = NonNull::new(unsafe { alloc::alloc(layout) }.cast::<Head>())?;
         let head = Head {
             class,
             pos: NOWHERE,
-            name_len,
-            db: db.unwrap_or(0),
             flags: FORM_EMPTY
                 | if db.is_some() { NAMED } else { 0 }
-                | if tie_area { TIE_AREA } else { 0 },
+                | if area.tie { TIE_AREA } else { 0 }
+                | if wide { WIDE } else { 0 },
             owner_area: owner_len,
-            wall_delta: 0,
+            small,
             body: Body {
-                compact: Compact {
-                    token: 0,
-                    deadline_mono_us: 0,
-                    since_mono_us: 0,
-                },
+                narrow: Narrow { w0: 0, w1: 0 },
             },
         };
         let this = RecordPtr(block);
-        // SAFETY: a fresh allocation of the block's layout: the head and the name fit.
+        // SAFETY: a fresh allocation of the block's layout: the head, a wide block's ext and
+        // the name fit.
         unsafe {
             block.as_ptr().write(head);
+            if wide {
+                this.ext().write(Ext {
+                    token: 0,
+                    name_len,
+                    wall_delta: 0,
+                });
+            }
             ptr::copy_nonoverlapping(name_bytes.as_ptr(), this.name_ptr(), name_bytes.len());
         }
         Some(this)
     }
 
+    /// `times` packed for this block's shape; `None`: they do not fit a narrow block.
+    ///
+    /// # Safety
+    /// `self` must be a live block.
+    unsafe fn pack(self, times: Times) -> Option<Packed> {
+        // SAFETY: by the caller.
+        if unsafe { self.wide() } {
+            Some(Packed::Wide(times))
+        } else {
+            times.narrow().map(Packed::Narrow)
+        }
+    }
+
     /// Put `grant` in the block as its compact form (shared or exclusive), keeping the
-    /// block's NAMED and TIE_AREA marks.
+    /// block's NAMED, TIE_AREA and WIDE marks.
     ///
     /// # Safety
     /// `self` must be a live block whose owner area is `grant`'s owner's length, whose tie
-    /// area (if any) may take the grant's tie word (a grant with one needs it), and whose
-    /// body holds no box.
-    unsafe fn write_compact(self, grant: &Grant, shared: bool, wall_delta: i32) {
+    /// area (if any) may take the grant's tie word (a grant with one needs it), whose body
+    /// holds no box, and `packed` must be [`RecordPtr::pack`]'s for this block.
+    unsafe fn write_compact(self, grant: &Grant, shared: bool, packed: Packed) {
         // SAFETY: by the caller. The owner is always written (a few bytes): a new block's
         // owner area is not yet initialised, so it is never read before.
         unsafe {
@@ -326,13 +526,19 @@ impl RecordPtr {
             if self.tie_area() {
                 self.tie_ptr().write_unaligned(grant.tie_word());
             }
-            (*head).wall_delta = wall_delta;
-            (*head).body.compact = Compact {
-                token: grant.token,
-                deadline_mono_us: grant.deadline.mono_us,
-                since_mono_us: grant.since_mono_us,
-            };
-            let kept = (*head).flags & (NAMED | TIE_AREA);
+            match packed {
+                Packed::Narrow(n) => (*head).body.narrow = n,
+                Packed::Wide(t) => {
+                    let ext = self.ext();
+                    (*ext).token = t.token;
+                    (*ext).wall_delta = t.wall_delta;
+                    (*head).body.wide = WideTimes {
+                        deadline_mono_us: t.deadline_mono_us,
+                        since_mono_us: t.since_mono_us,
+                    };
+                }
+            }
+            let kept = (*head).flags & KEPT;
             (*head).flags = FORM_COMPACT | kept | if shared { SHARED } else { 0 };
         }
     }
@@ -344,14 +550,68 @@ impl RecordPtr {
         unsafe { (*self.head()).flags }
     }
 
+    unsafe fn wide(self) -> bool {
+        // SAFETY: by the caller.
+        unsafe { self.flags() & WIDE != 0 }
+    }
+
+    /// A wide block's ext, right after the head (only valid in a wide block).
+    unsafe fn ext(self) -> *mut Ext {
+        // SAFETY: inside the block when it is wide (the caller asks only then).
+        unsafe { self.head().add(1).cast::<Ext>() }
+    }
+
     unsafe fn tail(self) -> *mut u8 {
-        // SAFETY: the tail starts right after the head, inside the block.
-        unsafe { self.head().cast::<u8>().add(std::mem::size_of::<Head>()) }
+        // SAFETY: the tail starts right after the head (and a wide block's ext), inside the
+        // block.
+        unsafe {
+            let at = std::mem::size_of::<Head>()
+                + if self.wide() {
+                    std::mem::size_of::<Ext>()
+                } else {
+                    0
+                };
+            self.head().cast::<u8>().add(at)
+        }
     }
 
     unsafe fn owner_area(self) -> usize {
         // SAFETY: by the caller.
         usize::from(unsafe { (*self.head()).owner_area })
+    }
+
+    unsafe fn name_len(self) -> usize {
+        // SAFETY: by the caller; a wide block's ext is there.
+        unsafe {
+            if self.wide() {
+                (*self.ext()).name_len as usize
+            } else {
+                usize::from((*self.head()).small[0])
+            }
+        }
+    }
+
+    unsafe fn db(self) -> c_int {
+        // SAFETY: by the caller.
+        unsafe {
+            let small = (*self.head()).small;
+            if self.wide() {
+                c_int::from(u16::from_le_bytes(small))
+            } else {
+                c_int::from(small[1])
+            }
+        }
+    }
+
+    unsafe fn area(self) -> Area {
+        // SAFETY: by the caller.
+        unsafe {
+            Area {
+                owner: self.owner_area(),
+                tie: self.tie_area(),
+                wide: self.wide(),
+            }
+        }
     }
 
     unsafe fn name_ptr(self) -> *mut u8 {
@@ -367,11 +627,7 @@ impl RecordPtr {
     /// The tie area, right after the name (unaligned).
     unsafe fn tie_ptr(self) -> *mut u64 {
         // SAFETY: by the caller; inside the block when it has a tie area.
-        unsafe {
-            self.name_ptr()
-                .add((*self.head()).name_len as usize)
-                .cast::<u64>()
-        }
+        unsafe { self.name_ptr().add(self.name_len()).cast::<u64>() }
     }
 
     /// The deadline-index position.
@@ -411,24 +667,31 @@ impl RecordPtr {
             if this.flags() & NAMED == 0 {
                 return None;
             }
-            let len = (*this.head()).name_len as usize;
             Some((
-                c_int::from((*this.head()).db),
-                std::slice::from_raw_parts(this.name_ptr(), len),
+                this.db(),
+                std::slice::from_raw_parts(this.name_ptr(), this.name_len()),
             ))
         }
     }
 
     /// The same name under another database (MOVE, SWAPDB: no new block needed); false when
-    /// the database number does not fit a block.
+    /// the database number does not fit the block (past 255 in a narrow one, past 65535).
     pub fn set_db(self, db: c_int) -> bool {
-        match u16::try_from(db) {
-            // SAFETY: a live block (the invariant).
-            Ok(db) => unsafe {
-                (*self.head()).db = db;
-                true
-            },
-            Err(_) => false,
+        // SAFETY: a live block (the invariant).
+        unsafe {
+            let head = self.head();
+            if self.wide() {
+                match u16::try_from(db) {
+                    Ok(db) => (*head).small = db.to_le_bytes(),
+                    Err(_) => return false,
+                }
+            } else {
+                match u8::try_from(db) {
+                    Ok(db) => (*head).small[1] = db,
+                    Err(_) => return false,
+                }
+            }
+            true
         }
     }
 
@@ -437,8 +700,7 @@ impl RecordPtr {
     /// # Safety
     /// `self` must be a live block, not changed while the result lives.
     unsafe fn load<'a>(self) -> Work<'a> {
-        // SAFETY: by the caller; the form says which body field is valid, and the compact
-        // owner is `owner_area` bytes after the head.
+        // SAFETY: by the caller; the form says which body field is valid.
         unsafe {
             let head = self.head();
             match self.flags() & FORM_MASK {
@@ -463,15 +725,27 @@ impl RecordPtr {
     /// # Safety
     /// `self` must be a live block, not changed while the result lives.
     unsafe fn lone<'a>(self) -> Option<LoneGrant<'a>> {
-        // SAFETY: by the caller; the compact body is valid in the compact form, and its
-        // owner is `owner_area` bytes after the head (and its tie word after the name).
+        // SAFETY: by the caller; the compact body is valid in the compact form (narrow or
+        // wide as the block is, a wide block's ext after the head), its owner is
+        // `owner_area` bytes at the tail, and its tie word after the name.
         unsafe {
             let head = self.head();
             let flags = (*head).flags;
             if flags & FORM_MASK != FORM_COMPACT {
                 return None;
             }
-            let c = (*head).body.compact;
+            let times = if flags & WIDE != 0 {
+                let w = (*head).body.wide;
+                let ext = self.ext();
+                Times {
+                    token: (*ext).token,
+                    deadline_mono_us: w.deadline_mono_us,
+                    since_mono_us: w.since_mono_us,
+                    wall_delta: (*ext).wall_delta,
+                }
+            } else {
+                (*head).body.narrow.times()
+            };
             Some(LoneGrant {
                 mode: if flags & SHARED != 0 {
                     Mode::Shared
@@ -479,14 +753,9 @@ impl RecordPtr {
                     Mode::Exclusive
                 },
                 owner: std::slice::from_raw_parts(self.tail(), self.owner_area()),
-                token: c.token,
-                deadline: Deadline {
-                    wall_ms: (c.deadline_mono_us / 1000) as i64
-                        + wall_base()
-                        + i64::from((*head).wall_delta),
-                    mono_us: c.deadline_mono_us,
-                },
-                since_mono_us: c.since_mono_us,
+                token: times.token,
+                deadline: times.deadline(),
+                since_mono_us: times.since_mono_us,
                 tie_word: if flags & TIE_AREA != 0 {
                     self.tie_ptr().read_unaligned()
                 } else {
@@ -504,22 +773,30 @@ impl RecordPtr {
     /// `rec`'s own, taken out by the caller).
     unsafe fn store(self, rec: LockRecord) {
         // SAFETY: by the caller; the owner is written only when it is exactly the owner
-        // area's length.
+        // area's length, and the grant only when it packs for the block's shape.
         unsafe {
             let head = self.head();
-            let kept = (*head).flags & (NAMED | TIE_AREA);
-            match form_for(&rec, Some((self.owner_area(), self.tie_area()))) {
+            let kept = (*head).flags & KEPT;
+            match form_for(&rec, Some(self.area())) {
                 Form::Compact {
                     shared,
                     grant,
-                    wall_delta,
-                } => self.write_compact(grant, shared, wall_delta),
-                Form::Empty => (*head).flags = FORM_EMPTY | kept,
-                Form::Full => {
-                    (*head).body.full = Box::into_raw(Box::new(rec));
-                    (*head).flags = FORM_FULL | kept;
+                    times,
+                } => {
+                    // (`form_for` checked that it packs: the box below is not reached.)
+                    if let Some(packed) = self.pack(times) {
+                        self.write_compact(grant, shared, packed);
+                        return;
+                    }
                 }
+                Form::Empty => {
+                    (*head).flags = FORM_EMPTY | kept;
+                    return;
+                }
+                Form::Full => {}
             }
+            (*head).body.full = Box::into_raw(Box::new(rec));
+            (*head).flags = FORM_FULL | kept;
         }
     }
 
@@ -540,10 +817,13 @@ impl RecordPtr {
     pub fn bytes(self) -> usize {
         // SAFETY: a live block (the invariant).
         unsafe {
-            let own = std::mem::size_of::<Head>()
-                + self.owner_area()
-                + (*self.head()).name_len as usize
-                + if self.tie_area() { TIE_BYTES } else { 0 };
+            let own = layout(
+                self.owner_area(),
+                self.name_len(),
+                self.tie_area(),
+                self.wide(),
+            )
+            .map_or(0, |l| l.size());
             let boxed = match self.load() {
                 Work::Full(rec) => {
                     let s = &rec.state;
@@ -565,7 +845,7 @@ impl RecordPtr {
     /// index, out of the keyspace); it is gone after this.
     pub(in crate::ffi) unsafe fn free(self) -> Option<Box<KeyId>> {
         // SAFETY: by the caller; the layout is the one the block was made with (its owner
-        // area and name length never change).
+        // area, name length, tie area and width never change).
         unsafe {
             let head = self.head();
             let watched = if (*head).flags & FORM_MASK == FORM_FULL {
@@ -574,12 +854,12 @@ impl RecordPtr {
             } else {
                 None
             };
-            let size = (
+            if let Some(layout) = layout(
                 self.owner_area(),
-                (*head).name_len as usize,
+                self.name_len(),
                 self.tie_area(),
-            );
-            if let Some(layout) = layout(size.0, size.1, size.2) {
+                self.wide(),
+            ) {
                 alloc::dealloc(head.cast(), layout);
             }
             watched
@@ -601,7 +881,7 @@ impl RecordPtr {
                 Work::Own(rec) => rec,
                 Work::Full(_) => {
                     let rec = *Box::from_raw((*head).body.full);
-                    (*head).flags = ((*head).flags & (NAMED | TIE_AREA)) | FORM_EMPTY;
+                    (*head).flags = ((*head).flags & KEPT) | FORM_EMPTY;
                     rec
                 }
             };
@@ -700,7 +980,7 @@ impl Drop for LockMut<'_> {
             // A full form that now fits a smaller one leaves its box. SAFETY: as above; the
             // box is taken out of the body before the state is stored.
             Work::Full(rec) => unsafe {
-                let area = (self.block.owner_area(), self.block.tie_area());
+                let area = self.block.area();
                 if !matches!(form_for(rec, Some(area)), Form::Full) {
                     let head = self.block.head();
                     let boxed = Box::from_raw((*head).body.full);

@@ -15,6 +15,13 @@ use std::time::Duration;
 /// Bytes per held lock, flock / `SET NX PX` (issue #15).
 const MEMORY_TARGET: f64 = 1.25;
 
+/// The grid's key lengths and owner lengths, in bytes ("engine 2", item 7).
+const GRID_KEYS: [usize; 5] = [8, 13, 20, 32, 48];
+const GRID_OWNERS: [usize; 3] = [16, 36, 64];
+/// Over the grid's points: the median flock / `SET NX PX` and the largest one.
+const GRID_MEDIAN_TARGET: f64 = 1.25;
+const GRID_MAX_TARGET: f64 = 1.35;
+
 pub(crate) fn used_memory(c: &mut Conn) -> f64 {
     sleep(Duration::from_millis(300));
     c.info_num("memory", "used_memory")
@@ -167,6 +174,122 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         residue,
         left["set"],
         rep.mark_of("bytes left per released lock"),
+    );
+    rep.section(sec, body);
+    run_grid(cfg, rep);
+}
+
+/// Lock `i` (below 1,000,000)'s key of exactly `len` bytes (at least 8): a prefix, `:`, then
+/// 6 digits. The digits stand apart from the prefix so that every key folds into the same
+/// FLOCK.STATS class (`...:#`), as the keys of one kind of lock do: a prefix letter against
+/// the digits would make each key a class of its own, and the module's class table (up to
+/// `max-classes` classes of histograms) would count in the lock's bytes.
+fn grid_key(len: usize, i: usize) -> String {
+    const PREFIX: &str = "lock:grid:mnopqrstuvwxyzmnopqrstuvwxyz:mnopqrstuvwxyzmnopqrstuvwxyz";
+    format!("{}:{i:06}", &PREFIX[..len.saturating_sub(7).min(PREFIX.len())])
+}
+
+/// Lock `i`'s owner of exactly `len` bytes (at most 72): UUID-like, different per lock.
+fn grid_owner(len: usize, i: usize) -> String {
+    let mut s = uuid(i);
+    s += &uuid(i + 10_000_000);
+    s.truncate(len);
+    s
+}
+
+/// `used_memory` per lock taken by `n` locks of `kind` on a fresh (`FLUSHALL`ed) server.
+fn bytes_per_lock(c: &mut Conn, kind: Kind, n: usize, klen: usize, olen: usize) -> f64 {
+    c.call(&["FLUSHALL"]);
+    wait_rehash(c);
+    let before = used_memory(c);
+    let mut t = Tally::default();
+    for i in 0..n {
+        let (key, owner) = (grid_key(klen, i), grid_owner(olen, i));
+        match kind {
+            Kind::SetNx => c.push(&["SET", &key, &owner, "NX", "PX", TTL]),
+            _ => c.push(&["FLOCK.ACQUIRE", &key, &owner, TTL]),
+        }
+        if i % 1000 == 999 {
+            c.drain(&mut t);
+        }
+    }
+    c.drain(&mut t);
+    let want = if kind == Kind::SetNx { t.ok } else { t.int };
+    if want != n as u64 {
+        eprintln!("  warning: memory grid {klen}/{olen}: {t:?}");
+    }
+    wait_rehash(c);
+    (used_memory(c) - before) / n as f64
+}
+
+/// The grid: bytes per held lock, flock against `SET key owner NX PX ttl` of the same key and
+/// owner, over key lengths x owner lengths. Each point on a server of its own (flock first,
+/// then `FLUSHALL` and `SET`), so that no point inherits another's tables or index chunks.
+fn run_grid(cfg: &Cfg, rep: &mut Report) {
+    let n = cfg.s3_grid_locks;
+    eprintln!(
+        "[3] memory grid: {} x {} points, {} locks each",
+        GRID_KEYS.len(),
+        GRID_OWNERS.len(),
+        thousands(n)
+    );
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    for klen in GRID_KEYS {
+        for olen in GRID_OWNERS {
+            let srv = Server::builder().start();
+            let mut c = Conn::open(srv.port());
+            let flock = bytes_per_lock(&mut c, Kind::Flock, n, klen, olen);
+            let set = bytes_per_lock(&mut c, Kind::SetNx, n, klen, olen);
+            drop(srv);
+            let r = flock / set;
+            rep.fact(&format!("s3.grid.{klen}.{olen}.flock"), flock);
+            rep.fact(&format!("s3.grid.{klen}.{olen}.set"), set);
+            ratios.push(r);
+            rows.push(vec![
+                klen.to_string(),
+                olen.to_string(),
+                format!("{flock:.1}"),
+                format!("{set:.1}"),
+                x(r),
+            ]);
+        }
+    }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    let max = sorted.last().copied().unwrap_or(f64::NAN);
+    let sec = "3b. Memory per lock by key and owner length";
+    let what_median = "bytes per held lock over the key x owner grid, median flock / SET NX PX";
+    let what_max = "bytes per held lock over the key x owner grid, largest flock / SET NX PX";
+    rep.check(sec, what_median, median, Some(Goal::AtMost(GRID_MEDIAN_TARGET)));
+    rep.check(sec, what_max, max, Some(Goal::AtMost(GRID_MAX_TARGET)));
+    let mut body = format!(
+        "`used_memory` after minus before taking {} locks, divided by their number, for every \
+         key length x owner length: `FLOCK.ACQUIRE key owner {TTL}` against `SET key owner NX PX \
+         {TTL}` of the same keys and owners (keys `lock:grid...:NNNNNN` of exactly the length \
+         given, all of one FLOCK.STATS class, a different UUID-like owner per lock cut to the length given). Each point on a \
+         fresh server: flock, then `FLUSHALL` and `SET`.\n\n",
+        thousands(n)
+    );
+    body += &table(
+        &[
+            "key bytes",
+            "owner bytes",
+            "flock bytes per lock",
+            "SET NX PX bytes per lock",
+            "flock / SET NX PX",
+        ],
+        &rows,
+    );
+    let _ = write!(
+        body,
+        "\nMedian {} (target ≤ {GRID_MEDIAN_TARGET:.2}x) {}; largest {} (target ≤ \
+         {GRID_MAX_TARGET:.2}x) {}. The byte budget behind each point: docs/MEMORY.md.\n",
+        x(median),
+        rep.mark_of(what_median),
+        x(max),
+        rep.mark_of(what_max),
     );
     rep.section(sec, body);
 }
