@@ -18,9 +18,9 @@
 //!   (`jobs.rs`).
 //! - `peers/`: what other servers are told: the replication effects (`replication.rs`), the
 //!   cluster bus and slot checks (`cluster.rs`).
-//! - `commands/`: the effects executor (`effects.rs`: runs an engine operation, carries out
-//!   its effects), the command handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`),
-//!   FLOCK.STATS (`stats.rs`).
+//! - `commands/`: the one executor (`executor.rs`: opens the key as the store holds it, runs
+//!   an engine operation, carries out the outcome), replies (`reply.rs`), the command
+//!   handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`), FLOCK.STATS (`stats.rs`).
 //! - `registration/`: the module's init and everything it registers (`module.rs`), what each
 //!   command is (`command_info.rs`), the configs (`config.rs`), the data type's callbacks
 //!   (`lock_type.rs`), keyspace and server events, due deadlines and deferred jobs
@@ -53,9 +53,10 @@ mod peers {
 }
 
 mod commands {
-    pub mod effects;
+    pub mod executor;
     pub mod fenced;
     pub mod handlers;
+    pub mod reply;
     pub mod stats;
 }
 

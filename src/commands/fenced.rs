@@ -8,10 +8,10 @@
 //! protocol (`0`) and errors passed through as they are (`E`), and replicated as the write it
 //! made (`!`): FENCED itself, whose outcome depends on the clock, is never replicated.
 
-use super::effects::WRONGTYPE;
 use crate::ffi::block::{self, Found};
 use crate::ffi::{self, CallReply, Ctx, Key, KeyFlags, KeysRequest, RStr, Status};
 use crate::server::{self, stats};
+use flock_core::errors::Fixed;
 use flock_core::state::Mode;
 use flock_core::{args, engine};
 use std::ffi::c_int;
@@ -100,7 +100,7 @@ fn command(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let grant_mode = {
         let key = Key::open(ctx, *key_name, false);
         match block::lock_of(&key) {
-            Found::OtherType => return ffi::reply_error_static(ctx, WRONGTYPE),
+            Found::OtherType => return ffi::reply_error_static(ctx, Fixed::WrongType.text()),
             Found::Nothing => None,
             Found::Lock(rec) => engine::fence(Some(&*rec), token, server::now()),
         }

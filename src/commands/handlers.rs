@@ -1,8 +1,9 @@
 //! The FLOCK.* command handlers: parse the arguments, open the key, run the engine's
-//! operation through the effects executor, reply. (FLOCK.FENCED is in `fenced.rs`;
+//! operation through the executor, reply. (FLOCK.FENCED is in `fenced.rs`;
 //! registration in `registration/module.rs`.)
 
-use super::effects::{self, WRONGTYPE};
+use super::executor::{self, KeyWaiters, ServerCx};
+use super::reply;
 use crate::ffi::block::{self, Found};
 use crate::ffi::{self, Ctx, Key, RStr, Status};
 use crate::peers::replication;
@@ -10,7 +11,8 @@ use crate::server::{self, config};
 use crate::store::bindings;
 use crate::waiting::waiters;
 use flock_core::args::{self, ArgError};
-use flock_core::engine::{self, Reply};
+use flock_core::engine::{self, Outcome, Reply, Stored};
+use flock_core::errors::Fixed;
 
 /// Run `f` over the arguments as byte slices, without allocating for the usual arities.
 fn with_bytes<R>(args: &[RStr<'_>], f: impl FnOnce(&[&[u8]]) -> R) -> R {
@@ -47,11 +49,7 @@ fn write_op(
     args: &[RStr<'_>],
     create: bool,
     missing: Reply<'static>,
-    op: impl FnOnce(
-        &mut flock_core::LockState,
-        &mut engine::Env<'_>,
-        &mut effects::KeyHost<'_>,
-    ) -> Reply<'static>,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
 ) -> Status {
     let Some(key_name) = key_arg(args) else {
         return ffi::wrong_arity(ctx);
@@ -67,15 +65,11 @@ fn write_op_on(
     key: &mut Key,
     create: bool,
     missing: Reply<'static>,
-    op: impl FnOnce(
-        &mut flock_core::LockState,
-        &mut engine::Env<'_>,
-        &mut effects::KeyHost<'_>,
-    ) -> Reply<'static>,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
 ) -> Status {
-    match effects::with_lock(ctx, key_name, key, create, op) {
-        Ok(reply) => effects::send(ctx, key_name, reply),
-        Err(why) => effects::send_no_lock(ctx, key_name, why, missing),
+    match executor::run(ctx, key_name, key, create, op) {
+        Ok(r) => reply::send(ctx, key_name, r),
+        Err(why) => reply::send_no_lock(ctx, key_name, why, missing),
     }
 }
 
@@ -100,19 +94,13 @@ pub fn acquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             return ffi::wrong_arity(ctx);
         };
         let mut key = Key::open(ctx, key_name, true);
-        if let Some(done) = effects::acquire_free(ctx, key_name, &mut key, &a, bind_to) {
-            return match done {
-                Ok(reply) => effects::send(ctx, key_name, reply),
-                Err(why) => effects::send_no_lock(ctx, key_name, why, Reply::Null),
-            };
-        }
         write_op_on(
             ctx,
             key_name,
             &mut key,
             true,
             Reply::Null,
-            |state, env, host| engine::acquire(state, env, host, &a, can_block, bind_to),
+            |stored, cx, w| engine::acquire(stored, cx, w, &a, can_block, bind_to),
         )
     })
 }
@@ -128,16 +116,13 @@ pub fn release(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             return ffi::wrong_arity(ctx);
         };
         let mut key = Key::open(ctx, key_name, true);
-        if let Some(reply) = effects::release_lone(ctx, key_name, &mut key, owner, token) {
-            return effects::send(ctx, key_name, reply);
-        }
         write_op_on(
             ctx,
             key_name,
             &mut key,
             false,
             Reply::Int(0),
-            |state, env, host| engine::release(state, env, host, owner, token),
+            |stored, cx, w| engine::release(stored, cx, w, owner, token),
         )
     })
 }
@@ -149,8 +134,8 @@ pub fn revoke(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             Ok(o) => o,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        write_op(ctx, args, false, Reply::Int(0), |state, env, host| {
-            engine::revoke(state, env, host, owner)
+        write_op(ctx, args, false, Reply::Int(0), |stored, cx, w| {
+            engine::revoke(stored, cx, w, owner)
         })
     })
 }
@@ -162,8 +147,8 @@ pub fn renew(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             Ok(v) => v,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        write_op(ctx, args, false, Reply::Null, |state, env, host| {
-            engine::renew(state, env, host, owner, ttl_ms, token)
+        write_op(ctx, args, false, Reply::Null, |stored, cx, w| {
+            engine::renew(stored, cx, w, owner, ttl_ms, token)
         })
     })
 }
@@ -179,9 +164,9 @@ pub fn check(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     };
     let key = Key::open(ctx, key_name, false);
     match block::lock_of(&key) {
-        Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
-        Found::Nothing => effects::send(ctx, key_name, engine::check(None, token, server::now())),
-        Found::Lock(rec) => effects::send(
+        Found::OtherType => ffi::reply_error_static(ctx, Fixed::WrongType.text()),
+        Found::Nothing => reply::send(ctx, key_name, engine::check(None, token, server::now())),
+        Found::Lock(rec) => reply::send(
             ctx,
             key_name,
             engine::check(Some(&*rec), token, server::now()),
@@ -206,13 +191,13 @@ pub fn info(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let key = Key::open(ctx, key_name, false);
     let now = server::now();
     match block::lock_of(&key) {
-        Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
-        Found::Nothing => effects::send(
+        Found::OtherType => ffi::reply_error_static(ctx, Fixed::WrongType.text()),
+        Found::Nothing => reply::send(
             ctx,
             key_name,
             engine::info(None, waiting, waiting_mode, now),
         ),
-        Found::Lock(rec) => effects::send(
+        Found::Lock(rec) => reply::send(
             ctx,
             key_name,
             engine::info(Some(&*rec), waiting, waiting_mode, now),
@@ -231,9 +216,9 @@ pub fn holders(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let key = Key::open(ctx, key_name, false);
     let now = server::now();
     match block::lock_of(&key) {
-        Found::OtherType => ffi::reply_error_static(ctx, WRONGTYPE),
-        Found::Nothing => effects::send(ctx, key_name, engine::holders(None, now)),
-        Found::Lock(rec) => effects::send(ctx, key_name, engine::holders(Some(&*rec), now)),
+        Found::OtherType => ffi::reply_error_static(ctx, Fixed::WrongType.text()),
+        Found::Nothing => reply::send(ctx, key_name, engine::holders(None, now)),
+        Found::Lock(rec) => reply::send(ctx, key_name, engine::holders(Some(&*rec), now)),
     }
 }
 
@@ -242,18 +227,15 @@ pub fn holders(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
 /// loading.
 pub fn apply(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     if !replication::caller_may_apply(ctx) {
-        return ffi::reply_error_static(
-            ctx,
-            c"ERR FLOCK.APPLY is internal: only replication and AOF loading may call it",
-        );
+        return ffi::reply_error_static(ctx, Fixed::ApplyInternal.text());
     }
     with_bytes(args, |argv| {
         let image = match args::parse_apply(argv) {
             Ok(image) => image,
             Err(e) => return reply_arg_error(ctx, e),
         };
-        write_op(ctx, args, true, Reply::Null, |state, env, host| {
-            engine::apply(state, env, host, image)
+        write_op(ctx, args, true, Reply::Null, |stored, cx, _| {
+            engine::apply(stored, cx, image)
         })
     })
 }

@@ -42,7 +42,6 @@
 //! - a block is freed only by the type's free callback (`lock_type.rs`) and by this file
 //!   (a block Redis refused, the old block of a renamed lock), never by safe code.
 
-use super::key::{Key, KeyKind};
 use super::server;
 use flock_core::deadlines::NOWHERE;
 use flock_core::engine::LoneGrant;
@@ -50,7 +49,6 @@ use flock_core::lock_stats::ClassRef;
 use flock_core::state::Mode;
 use flock_core::{Deadline, Grant, LockState};
 use std::alloc::{self, Layout};
-use std::marker::PhantomData;
 use std::ops::Deref;
 use std::os::raw::{c_int, c_void};
 use std::ptr::{self, NonNull};
@@ -258,8 +256,11 @@ impl Narrow {
         let wall_delta = i32::from((self.w0 >> DEADLINE_BITS) as u16 as i16);
         let since_mono_us = deadline_mono_us.wrapping_sub(self.w1 & ((1 << SINCE_BITS) - 1));
         let token_d = (self.w1 as i64) >> SINCE_BITS;
-        let guess = (since_mono_us as i64)
-            .wrapping_add(wall_base().wrapping_add(i64::from(wall_delta)).wrapping_mul(1000));
+        let guess = (since_mono_us as i64).wrapping_add(
+            wall_base()
+                .wrapping_add(i64::from(wall_delta))
+                .wrapping_mul(1000),
+        );
         Times {
             token: guess.wrapping_add(token_d) as u64,
             deadline_mono_us,
@@ -800,6 +801,24 @@ impl RecordPtr {
         }
     }
 
+    /// Take a full form's box out of the block, which is left in the empty form; `None` for
+    /// any other form.
+    ///
+    /// # Safety
+    /// `self` must be a live block whose box nothing borrows.
+    unsafe fn take_box(self) -> Option<LockRecord> {
+        // SAFETY: by the caller; the full form's body is the box made by `store`.
+        unsafe {
+            let head = self.head();
+            if (*head).flags & FORM_MASK != FORM_FULL {
+                return None;
+            }
+            let rec = *Box::from_raw((*head).body.full);
+            (*head).flags = ((*head).flags & KEPT) | FORM_EMPTY;
+            Some(rec)
+        }
+    }
+
     /// A copy of the block's state (COPY, persistence, reads).
     ///
     /// # Safety
@@ -919,207 +938,5 @@ impl Deref for StateRef<'_> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Access through an open key
-// ---------------------------------------------------------------------------------------------
-
-/// What an open key holds.
-pub enum Found<T> {
-    Lock(T),
-    Nothing,
-    OtherType,
-}
-
-/// A lock's state and the waiters' key for the length of a command; stored back into its
-/// block (in the form that fits) when dropped. Holds the key's exclusive borrow.
-pub struct LockMut<'k> {
-    block: RecordPtr,
-    work: Work<'k>,
-    /// Leave the block as it is on drop ([`LockMut::discard`]).
-    keep: bool,
-    _key: PhantomData<&'k mut Key>,
-}
-
-impl<'k> LockMut<'k> {
-    /// The state and the waiters' key.
-    pub fn parts(&mut self) -> (&mut LockState, &mut Option<Box<KeyId>>) {
-        let rec = match &mut self.work {
-            Work::Own(rec) => rec,
-            Work::Full(rec) => &mut **rec,
-        };
-        (&mut rec.state, &mut rec.watched)
-    }
-
-    pub fn state(&mut self) -> &mut LockState {
-        self.parts().0
-    }
-
-    /// The block (for the deadline index and the class, reached through its raw methods).
-    pub fn block(&self) -> RecordPtr {
-        self.block
-    }
-
-    /// Let go of the state without storing it back: the key is about to be deleted (which
-    /// frees the block, and a full form's box with it).
-    pub fn discard(mut self) {
-        // A decoded state is dropped here; a full form's box stays in the block for its free.
-        self.keep = true;
-    }
-}
-
-impl Drop for LockMut<'_> {
-    fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        // (An empty state in the place of the one taken: no allocation.)
-        match std::mem::replace(&mut self.work, Work::Own(LockRecord::default())) {
-            // SAFETY: the block is live (the key is still borrowed by this guard) and its body
-            // holds no box (it was compact or empty).
-            Work::Own(rec) => unsafe { self.block.store(rec) },
-            // A full form that now fits a smaller one leaves its box. SAFETY: as above; the
-            // box is taken out of the body before the state is stored.
-            Work::Full(rec) => unsafe {
-                let area = self.block.area();
-                if !matches!(form_for(rec, Some(area)), Form::Full) {
-                    let head = self.block.head();
-                    let boxed = Box::from_raw((*head).body.full);
-                    self.block.store(*boxed);
-                }
-            },
-        }
-    }
-}
-
-fn block_of(key: &Key) -> Found<RecordPtr> {
-    match key.kind() {
-        KeyKind::Empty => Found::Nothing,
-        KeyKind::Other => Found::OtherType,
-        // SAFETY: every value of our type is a block made by this module.
-        KeyKind::Ours => match unsafe { RecordPtr::from_value(key.raw_value()) } {
-            Some(b) => Found::Lock(b),
-            None => Found::Nothing,
-        },
-    }
-}
-
-/// The state of the lock under `key`, for reading.
-pub fn lock_of(key: &Key) -> Found<StateRef<'_>> {
-    match block_of(key) {
-        // SAFETY: a live block of the open key; the full form's state is borrowed for as
-        // long as the key is (shared borrow: the key cannot change meanwhile).
-        Found::Lock(b) => Found::Lock(unsafe { b.state() }),
-        Found::Nothing => Found::Nothing,
-        Found::OtherType => Found::OtherType,
-    }
-}
-
-/// The state of the lock under `key`, for a command that may change it.
-pub fn lock_mut(key: &mut Key) -> Found<LockMut<'_>> {
-    match block_of(key) {
-        Found::Lock(b) => Found::Lock(LockMut {
-            block: b,
-            // SAFETY: a live block of the open key, which the guard borrows exclusively.
-            work: unsafe { b.load() },
-            keep: false,
-            _key: PhantomData,
-        }),
-        Found::Nothing => Found::Nothing,
-        Found::OtherType => Found::OtherType,
-    }
-}
-
-impl Key {
-    /// Whether this key holds `block` now (the block is only compared, never read: a due
-    /// entry's block may have been replaced since).
-    pub fn holds(&self, block: RecordPtr) -> bool {
-        matches!(self.kind(), KeyKind::Ours) && self.raw_value() == block.as_value()
-    }
-}
-
-/// The lock under `key` when its whole state is one grant (the compact form): its block
-/// and that grant, read in place. `None`: no key, another type, or any other state.
-pub fn lone_of(key: &Key) -> Option<(RecordPtr, LoneGrant<'_>)> {
-    match block_of(key) {
-        // SAFETY: a live block of the open key, unchanged while the key is borrowed.
-        Found::Lock(b) => unsafe { b.lone() }.map(|lone| (b, lone)),
-        _ => None,
-    }
-}
-
-/// Why [`create`] stored nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StoreError {
-    /// Redis would not store the value (or there was no memory for it).
-    Refused,
-}
-
-/// Store a new block for `rec` under the (empty, writable) `key`, named `db`/`name`.
-pub fn create(
-    key: &mut Key,
-    rec: LockRecord,
-    db: c_int,
-    name: &[u8],
-    class: ClassRef,
-) -> Result<RecordPtr, StoreError> {
-    let b = RecordPtr::new(rec, Some((db, name)), class).ok_or(StoreError::Refused)?;
-    if !key.set_value(b.as_value()) {
-        // SAFETY: Redis refused the value, so the block is still only ours.
-        drop(unsafe { b.free() });
-        return Err(StoreError::Refused);
-    }
-    Ok(b)
-}
-
-/// [`create`] for a new key held by `grant` alone (exclusive or shared, made by this
-/// command): its block is written in the compact form straight from the grant.
-pub fn create_lone(
-    key: &mut Key,
-    grant: &Grant,
-    mode: Mode,
-    db: c_int,
-    name: &[u8],
-    class: ClassRef,
-) -> Result<RecordPtr, StoreError> {
-    let b = RecordPtr::new_lone(grant, mode, db, name, class).ok_or(StoreError::Refused)?;
-    if !key.set_value(b.as_value()) {
-        // SAFETY: Redis refused the value, so the block is still only ours.
-        drop(unsafe { b.free() });
-        return Err(StoreError::Refused);
-    }
-    Ok(b)
-}
-
-/// Put the lock of `key` (whose block is `old`) in a new block named `db`/`name` (RENAME and
-/// the like), calling `moved(old, new)` once Redis holds the new block (to move `old`'s index
-/// entry to it) and freeing `old` after. `None`: no memory, or Redis refused (then `old`
-/// stays as it was). The key must be open for writing.
-pub fn rename_in(
-    key: &mut Key,
-    old: RecordPtr,
-    db: c_int,
-    name: &[u8],
-    moved: impl FnOnce(RecordPtr, RecordPtr),
-) -> Option<RecordPtr> {
-    // `old` is live (the invariant); it must also be this key's value (a live block is the
-    // value of one key only, so the pointers alone tell).
-    if key.raw_value() != old.as_value() {
-        return None;
-    }
-    // SAFETY: the key's live block (checked just above).
-    let new = unsafe { old.renamed(db, name) }?;
-    match key.replace_value(new.as_value()) {
-        Some(_) => {
-            moved(old, new);
-            // SAFETY: out of the keyspace and the index now; a full form's box went to `new`
-            // as a copy, so `old` frees its own.
-            drop(unsafe { old.free() });
-            Some(new)
-        }
-        None => {
-            // SAFETY: Redis did not take it.
-            drop(unsafe { new.free() });
-            None
-        }
-    }
-}
+mod open;
+pub use open::*;

@@ -1,8 +1,8 @@
 //! What happens to lock keys outside their commands: keyspace and server events, a key's
 //! deadline coming due (`expiry.rs` calls [`on_due`]) and deferred looks at waited keys
-//! (`jobs.rs` calls [`revisit`]). Each runs the engine through the effects executor.
+//! (`jobs.rs` calls [`revisit`]). Each runs the engine through the executor.
 
-use crate::commands::effects;
+use crate::commands::executor;
 use crate::ffi::block::{self, Found, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
 use crate::peers::cluster;
@@ -11,7 +11,7 @@ use crate::store::bindings;
 use crate::store::expiry::{self, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
 use crate::waiting::waiters;
-use flock_core::engine::{self, Reply, RevisitPlan};
+use flock_core::engine::{self, RevisitPlan};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
@@ -208,9 +208,8 @@ fn settle_due(ctx: Ctx<'_>, name: RStr<'_>, block: RecordPtr) {
     if !key.holds(block) {
         return;
     }
-    let _ = effects::with_lock(ctx, name, &mut key, false, |state, env, host| {
-        engine::expire(state, env, host);
-        Reply::Null
+    let _ = executor::run(ctx, name, &mut key, false, |stored, cx, w| {
+        engine::expire(stored, cx, w)
     });
 }
 
@@ -226,9 +225,8 @@ pub fn run_job(ctx: Ctx<'_>, key_name: RStr<'_>, task: Task) {
 /// there; a grant it no longer holds is left alone by the engine).
 fn close(ctx: Ctx<'_>, key_name: RStr<'_>, client: u64) {
     let mut key = Key::open(ctx, key_name, true);
-    let _ = effects::with_lock(ctx, key_name, &mut key, false, |state, env, host| {
-        engine::close(state, env, host, client);
-        Reply::Null
+    let _ = executor::run(ctx, key_name, &mut key, false, |stored, cx, w| {
+        engine::close(stored, cx, w, client)
     });
 }
 
@@ -250,10 +248,9 @@ fn revisit(ctx: Ctx<'_>, key_name: RStr<'_>, ghost: Option<u64>) {
         RevisitPlan::Skip => {}
         RevisitPlan::FailWaiters(msg) => waiters::fail_all(&waiters::key_id(ctx, key_name), msg),
         RevisitPlan::Revisit => {
-            let _ = effects::with_lock(ctx, key_name, &mut key, true, |state, env, host| {
-                host.watch_if_waited();
-                engine::revisit(state, env, host, ghost);
-                Reply::Null
+            let _ = executor::run(ctx, key_name, &mut key, true, |stored, cx, w| {
+                w.watch_if_waited();
+                engine::revisit(stored, cx, w, ghost)
             });
         }
     }

@@ -49,8 +49,27 @@ struct Bound {
     /// (token, database, key name): the name inline when short, so binding a grant
     /// allocates nothing but the list's growth.
     grants: Vec<(u64, c_int, KeyName)>,
-    gone: Ids<()>,
+    /// The entries unbound out of order, by [`Gone::of`]: a token alone is not enough, as
+    /// COPY gives the copy the same tokens (its unbound grants), and one connection may then
+    /// hold a bound grant of the same token on both keys.
+    gone: HashMap<Gone, ()>,
 }
+
+/// An entry of [`Bound::grants`] as `gone` knows it: token, database and the key name's hash
+/// (two keys of one database with the same name hash and the same bound token would be
+/// needed to mix two entries up).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Gone(u64, c_int, u64);
+
+impl Gone {
+    fn of(token: u64, db: c_int, key: &[u8]) -> Gone {
+        Gone(token, db, std::hash::BuildHasher::hash_one(&NAME_HASH, key))
+    }
+}
+
+/// Fixed keys: the hash only tells apart names already in one connection's list.
+static NAME_HASH: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
+    std::hash::BuildHasherDefault::new();
 
 impl Bound {
     /// Live entries (the engine unbinds only what it bound, so `gone` is a subset of the
@@ -62,7 +81,8 @@ impl Bound {
     fn compact_if_sparse(&mut self) {
         if self.gone.len() > self.live() + 16 {
             let gone = std::mem::take(&mut self.gone);
-            self.grants.retain(|(t, _, _)| !gone.contains_key(t));
+            self.grants
+                .retain(|(t, db, name)| !gone.contains_key(&Gone::of(*t, *db, name.bytes())));
         }
     }
 }
@@ -85,21 +105,27 @@ fn with_index<R>(f: impl FnOnce(&mut Index) -> R) -> R {
 pub fn bind(client: u64, token: u64, db: c_int, key: &[u8]) {
     with_index(|idx| {
         let b = idx.entry(client).or_default();
-        b.gone.remove(&token);
+        if !b.gone.is_empty() {
+            b.gone.remove(&Gone::of(token, db, key));
+        }
         b.grants.push((token, db, KeyName::new(key)));
     });
 }
 
-/// The grant `token` is no longer bound to `client`.
-pub fn unbind(client: u64, token: u64) {
+/// The grant `token` of `key` in database `db` is no longer bound to `client`.
+pub fn unbind(client: u64, token: u64, db: c_int, key: &[u8]) {
     with_index(|idx| {
         let Some(b) = idx.get_mut(&client) else {
             return;
         };
-        if b.grants.last().is_some_and(|(t, _, _)| *t == token) {
+        let newest = b
+            .grants
+            .last()
+            .is_some_and(|(t, d, name)| *t == token && *d == db && name.bytes() == key);
+        if newest {
             b.grants.pop();
         } else {
-            b.gone.insert(token, ());
+            b.gone.insert(Gone::of(token, db, key), ());
             b.compact_if_sparse();
         }
         if b.live() == 0 {
@@ -145,7 +171,7 @@ pub fn take(client: u64) -> Vec<KeyId> {
     let mut keys: Vec<KeyId> = b
         .grants
         .into_iter()
-        .filter(|(t, _, _)| !b.gone.contains_key(t))
+        .filter(|(t, db, name)| !b.gone.contains_key(&Gone::of(*t, *db, name.bytes())))
         .map(|(_, db, name)| (db, name.bytes().to_vec()))
         .collect();
     keys.sort();

@@ -186,7 +186,10 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
 /// `max-classes` classes of histograms) would count in the lock's bytes.
 fn grid_key(len: usize, i: usize) -> String {
     const PREFIX: &str = "lock:grid:mnopqrstuvwxyzmnopqrstuvwxyz:mnopqrstuvwxyzmnopqrstuvwxyz";
-    format!("{}:{i:06}", &PREFIX[..len.saturating_sub(7).min(PREFIX.len())])
+    format!(
+        "{}:{i:06}",
+        &PREFIX[..len.saturating_sub(7).min(PREFIX.len())]
+    )
 }
 
 /// Lock `i`'s owner of exactly `len` bytes (at most 72): UUID-like, different per lock.
@@ -262,7 +265,12 @@ fn run_grid(cfg: &Cfg, rep: &mut Report) {
     let sec = "3b. Memory per lock by key and owner length";
     let what_median = "bytes per held lock over the key x owner grid, median flock / SET NX PX";
     let what_max = "bytes per held lock over the key x owner grid, largest flock / SET NX PX";
-    rep.check(sec, what_median, median, Some(Goal::AtMost(GRID_MEDIAN_TARGET)));
+    rep.check(
+        sec,
+        what_median,
+        median,
+        Some(Goal::AtMost(GRID_MEDIAN_TARGET)),
+    );
     rep.check(sec, what_max, max, Some(Goal::AtMost(GRID_MAX_TARGET)));
     let mut body = format!(
         "`used_memory` after minus before taking {} locks, divided by their number, for every \

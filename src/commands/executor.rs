@@ -1,0 +1,382 @@
+//! The one executor: opens the lock under a key as the store holds it, runs an engine
+//! operation on it, and carries out the outcome the engine returns, in order: keyspace
+//! notifications and counters, replication, bindings, the key's new state or its deletion,
+//! its timer. Nothing here decides what a lock does.
+//!
+//! How the store holds a key ([`Stored`]): no key; a compact block whose one grant the engine
+//! reads in place (the hot ACQUIRE and RELEASE never build a `LockState`); or a full block
+//! whose state the engine changes in place. The engine says what becomes of it
+//! ([`KeyFate`]): kept, a new state (written back in the form that fits), or a new key held
+//! by one grant (written in the compact form at once).
+
+use crate::ffi::block::{self, Found, KeyId, LockRecord, RecordPtr};
+use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
+use crate::peers::replication;
+use crate::server::{self, config, stats};
+use crate::store::{bindings, expiry};
+use crate::waiting::waiters;
+use flock_core::args::AcquireArgs;
+use flock_core::engine::{
+    BlockRefused, Context, Count, Effect, Env, Event, KeyFate, Outcome, Reply, Stored, Waiters,
+};
+use flock_core::lock_stats::{ClassRef, Event as Measured};
+use flock_core::state::Mode;
+use flock_core::{Deadline, LockState, Snapshot, TokenIssuer, Waiter};
+use std::sync::MutexGuard;
+
+/// Why [`run`] ran nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoLock {
+    /// No key (and none to be made).
+    Missing,
+    /// The key holds another type.
+    WrongType,
+    /// Redis would not store a new lock.
+    NotStored,
+}
+
+/// What an operation asks of the server, read when it asks: RELEASE of a lone grant needs
+/// only the role and the monotonic clock; the wall clock and the token issuer's lock are
+/// taken only by an operation that needs them, and let go before the outcome is carried out.
+pub struct ServerCx {
+    tokens: Option<MutexGuard<'static, TokenIssuer>>,
+}
+
+impl ServerCx {
+    fn new() -> ServerCx {
+        ServerCx { tokens: None }
+    }
+}
+
+impl Context for ServerCx {
+    #[inline]
+    fn master(&self) -> bool {
+        server::is_master()
+    }
+
+    #[inline]
+    fn mono_us(&mut self) -> u64 {
+        ffi::monotonic_us()
+    }
+
+    #[inline]
+    fn env(&mut self) -> Env<'_> {
+        let tokens = self.tokens.get_or_insert_with(server::tokens);
+        Env {
+            now: server::now(),
+            lock_delay_ms: config::lock_delay_ms(),
+            max_holders: config::max_holders(),
+            master: server::is_master(),
+            tokens,
+        }
+    }
+}
+
+/// The wait queue of the key an operation runs on (see [`Waiters`]), and what waiting
+/// changes beside the state: the FLOCK.STATS class (wait times) and the record's waiters'
+/// key (`watched`: set once clients wait for this value's key, and only then are the queues
+/// consulted, which keeps the uncontended path off the registry).
+pub struct KeyWaiters<'r> {
+    ctx: Ctx<'r>,
+    key_name: RStr<'r>,
+    class: &'r mut ClassRef,
+    watched: &'r mut Option<Box<KeyId>>,
+}
+
+impl KeyWaiters<'_> {
+    /// Mark the record as waited for when clients wait for its key (a new value under a
+    /// name that was deleted or moved while they waited).
+    pub fn watch_if_waited(&mut self) {
+        if self.watched.is_none() && waiters::count(self.ctx, self.key_name) > 0 {
+            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+        }
+    }
+}
+
+impl Waiters for KeyWaiters<'_> {
+    #[inline]
+    fn waiting(&mut self) -> usize {
+        if self.watched.is_none() {
+            return 0;
+        }
+        waiters::count(self.ctx, self.key_name)
+    }
+
+    #[inline]
+    fn waiting_mode(&mut self) -> Option<Mode> {
+        if self.watched.is_none() {
+            return None;
+        }
+        waiters::shared_mode(self.ctx, self.key_name)
+    }
+
+    #[inline]
+    fn next_waiter_if(&mut self, fits: &mut dyn FnMut(&Waiter) -> bool) -> Option<Waiter> {
+        if self.watched.is_none() {
+            return None;
+        }
+        waiters::pop_if(self.ctx, self.key_name, fits)
+    }
+
+    #[inline]
+    fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool {
+        match waiters::deliver(waiter.id, token) {
+            Some(waited_us) => {
+                let wait_ms = waited_us / 1000;
+                let key = ffi::bytes(&self.key_name);
+                stats::record(self.class, key, Measured::Waited { wait_ms });
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[inline]
+    fn block(
+        &mut self,
+        args: &AcquireArgs<'_>,
+        timeout_ms: u64,
+        bind_to: Option<u64>,
+    ) -> Result<(), BlockRefused> {
+        let blocked = waiters::block(self.ctx, self.key_name, args, timeout_ms, bind_to);
+        if blocked.is_ok() && self.watched.is_none() {
+            // If this value is ever replaced or freed, its waiters must hear of it.
+            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+        }
+        blocked
+    }
+}
+
+/// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
+/// `create` and the key does not exist, else `Missing`. Carries the outcome out and returns
+/// the reply to send.
+#[inline]
+pub fn run(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    match key.kind() {
+        KeyKind::Other => Err(NoLock::WrongType),
+        KeyKind::Empty if !create => Err(NoLock::Missing),
+        KeyKind::Empty => run_free(ctx, key_name, key, op),
+        KeyKind::Ours => match block::lone_of(key) {
+            Some((b, lone)) => {
+                let mut class = b.class();
+                let mut watched = None;
+                let out = {
+                    let mut cx = ServerCx::new();
+                    let mut w = KeyWaiters {
+                        ctx,
+                        key_name,
+                        class: &mut class,
+                        watched: &mut watched,
+                    };
+                    op(Stored::Lone(lone), &mut cx, &mut w)
+                };
+                let next = carry_out(ctx, key_name, &out, None, &mut class);
+                if out.effects.deletes_key() {
+                    key.delete();
+                    return Ok(out.reply);
+                }
+                match out.fate {
+                    KeyFate::Keep => {}
+                    KeyFate::Store(state) => {
+                        block::put(key, LockRecord { state, watched });
+                    }
+                    KeyFate::StoreLone { grant, mode } => {
+                        let state = LockState::with_grant(mode, grant);
+                        block::put(key, LockRecord { state, watched });
+                    }
+                }
+                b.set_class(class);
+                arm(ctx, key_name, key, b, next);
+                Ok(out.reply)
+            }
+            None => run_full(ctx, key_name, key, op),
+        },
+    }
+}
+
+/// [`run`] on a key that does not exist: stored afterwards only if the engine keeps it (a
+/// refused or waiting request leaves no key behind).
+#[inline]
+fn run_free(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    let mut class = ClassRef::default();
+    let mut watched = None;
+    let out = {
+        let mut cx = ServerCx::new();
+        let mut w = KeyWaiters {
+            ctx,
+            key_name,
+            class: &mut class,
+            watched: &mut watched,
+        };
+        // Clients waiting for the name: the engine must see them (no free-key fast path).
+        w.watch_if_waited();
+        op(Stored::Free, &mut cx, &mut w)
+    };
+    let next = carry_out(ctx, key_name, &out, None, &mut class);
+    if out.effects.deletes_key() {
+        return Ok(out.reply);
+    }
+    let db = ctx.selected_db();
+    let name = ffi::bytes(&key_name);
+    // The key was found empty and is open for writing, and Redis's allocator does not
+    // return short: not reached in practice, and the reply says so if it ever is.
+    let made = match out.fate {
+        KeyFate::StoreLone { ref grant, mode } => {
+            block::create_lone(key, grant, mode, db, name, class)
+        }
+        KeyFate::Store(state) => block::create(key, LockRecord { state, watched }, db, name, class),
+        // Nothing to keep of a key that does not exist.
+        KeyFate::Keep => return Ok(out.reply),
+    };
+    let block = made.map_err(|_| NoLock::NotStored)?;
+    if let Some(next) = next {
+        // A block made here carries its name: nothing to compare, nothing to take out.
+        expiry::arm_new(block, next);
+    }
+    Ok(out.reply)
+}
+
+/// [`run`] on a key whose block holds any state but a lone grant: the engine changes it in
+/// place, and the block takes the form that fits it afterwards.
+#[inline]
+fn run_full(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    let Found::Lock(mut lock) = block::lock_mut(key) else {
+        return Err(NoLock::Missing);
+    };
+    let b = lock.block();
+    let mut class = b.class();
+    let out = {
+        let (state, watched) = lock.parts();
+        let mut cx = ServerCx::new();
+        let mut w = KeyWaiters {
+            ctx,
+            key_name,
+            class: &mut class,
+            watched,
+        };
+        op(Stored::Full(state), &mut cx, &mut w)
+    };
+    let next = carry_out(ctx, key_name, &out, Some(lock.state()), &mut class);
+    if out.effects.deletes_key() {
+        lock.discard();
+        key.delete();
+        return Ok(out.reply);
+    }
+    match out.fate {
+        KeyFate::Keep => {}
+        KeyFate::Store(state) => *lock.state() = state,
+        KeyFate::StoreLone { grant, mode } => *lock.state() = LockState::with_grant(mode, grant),
+    }
+    // The state goes back into its block (in the form that fits it now).
+    drop(lock);
+    b.set_class(class);
+    arm(ctx, key_name, key, b, next);
+    Ok(out.reply)
+}
+
+/// Arm the key's existing block for `next` (the last `Arm` of the outcome, if any); a block
+/// that does not carry the key's name gets a named one first.
+#[inline]
+fn arm(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    b: RecordPtr,
+    next: Option<Option<Deadline>>,
+) {
+    if let Some(next) = next {
+        if expiry::arm(ctx, key_name, b, next).is_err() {
+            expiry::name_and_arm(ctx, key_name, key, false);
+        }
+    }
+}
+
+/// Carry out the effects of `out` on the key `key_name`, in order, but the timer: the last
+/// `Arm` is returned, for after the key's state is stored (a new key has no block before).
+/// `kept`: the state the operation left in place (a full block's), which a replication sends
+/// when the fate keeps it.
+#[inline(always)]
+fn carry_out(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    out: &Outcome,
+    kept: Option<&LockState>,
+    class: &mut ClassRef,
+) -> Option<Option<Deadline>> {
+    let key = ffi::bytes(&key_name);
+    let mut next = None;
+    let mut scratch = None;
+    for &effect in out.effects.as_slice() {
+        match effect {
+            Effect::Notify(e) => {
+                let measured = match e {
+                    Event::Acquired { ttl_ms } => {
+                        stats::GRANTS.incr();
+                        Measured::Granted { ttl_ms }
+                    }
+                    Event::Released { held_ms } => {
+                        stats::RELEASES.incr();
+                        Measured::Released { held_ms }
+                    }
+                    Event::Expired => {
+                        stats::EXPIRATIONS.incr();
+                        Measured::Expired
+                    }
+                    Event::Revoked => {
+                        stats::REVOKES.incr();
+                        Measured::Revoked
+                    }
+                    Event::Closed => {
+                        stats::BOUND_CLOSED.incr();
+                        Measured::Closed
+                    }
+                };
+                stats::record(class, key, measured);
+                ffi::notify(ctx, e.c_name(), key_name);
+            }
+            Effect::Count(Count::Renewed) => {
+                stats::RENEWALS.incr();
+                stats::record(class, key, Measured::Renewed);
+            }
+            Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
+            Effect::Replicate => {
+                if let Some(s) = out.fate.snapshot_with(kept, &mut scratch) {
+                    replication::state(ctx, key_name, s);
+                }
+            }
+            Effect::ReplicateSoFar(n) => {
+                if let Some(s) = out.effects.state_so_far(n).and_then(Snapshot::of) {
+                    replication::state(ctx, key_name, s);
+                }
+            }
+            Effect::ReplicateDelete => replication::delete(ctx, key_name),
+            Effect::ReplicateVerbatim => replication::verbatim(ctx),
+            // Done by the caller, once the effects are out.
+            Effect::DeleteKey => {}
+            Effect::Arm(at) => next = Some(at),
+            Effect::Bind { client, token } => {
+                bindings::bind(client, token, ctx.selected_db(), key);
+            }
+            Effect::Unbind { client, token } => {
+                bindings::unbind(client, token, ctx.selected_db(), key)
+            }
+        }
+    }
+    next
+}
