@@ -4,12 +4,18 @@ REDIS_SERVER ?= redis-server
 MODULE := $(CURDIR)/target/release/libredis_flock.so
 RUN_DIR := $(CURDIR)/.run
 export REDIS_SERVER
+# Test binaries are built in their own profile (Cargo.toml [profile.test-fast]: release
+# without LTO) and load the release module, $(MODULE). TEST_PROFILE=release for the old way.
+TEST_PROFILE ?= test-fast
+CARGO_TEST := cargo test --profile $(TEST_PROFILE)
 
-.PHONY: help deps build run test unit-test integration-test client-test compat bench clean distclean chaos fuzz leakcheck
+.PHONY: help deps build run test unit-test integration-test client-test test-one lint compat bench clean distclean chaos fuzz leakcheck
 
 help:
 	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
 	@echo "make test    install what is missing, build, run unit and integration tests (REDIS_SERVER=... for another server)"
+	@echo "make test-one T=kinds::queue  one test binary (kinds) and a name filter (queue); T=name: that filter in every binary; docs/TESTING.md"
+	@echo "make lint    cargo fmt --check and clippy -D warnings on the whole workspace (not fuzz/)"
 	@echo "make build   install what is missing (scripts/deps.sh), then build the module: $(MODULE)"
 	@echo "make compat  the integration suite on every server the README claims: Redis 7.0, Valkey 8.1, Valkey 9.1"
 	@echo "make bench   build, then benchmark flock against SET NX PX and Lua locks; writes docs/BENCHMARKS.md (QUICK=1: under a minute)"
@@ -33,10 +39,10 @@ run: build
 
 # The lock engine's unit and table tests, and the fuzz drivers' own tests: no server needed.
 unit-test: deps
-	cargo test --release -p flock-core -p flock-fuzz
+	$(CARGO_TEST) -p flock-core -p flock-fuzz
 
 integration-test: build
-	FLOCK_MODULE=$(MODULE) cargo test --release --test '*' -- --test-threads=4
+	FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --test '*' -- --test-threads=4
 
 # The clients (clients/*), each in its own test runner, against servers with the module.
 client-test: build
@@ -45,6 +51,28 @@ client-test: build
 	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash clients/python/test.sh
 
 test: unit-test integration-test client-test
+
+# One test, or every test whose name contains a filter (docs/TESTING.md):
+#   T=kinds::queue::readers_share   test binary tests/kinds/ (or tests/kinds.rs), filter queue::readers_share
+#   T=kinds                         all of one binary
+#   T=flock-core::engine            a crate's own tests (flock-core, flock-fuzz, flock-testkit, flock-client), filter engine
+#   T=lock_delay                    that filter in every test binary of the workspace
+# EXACT=1 matches the whole name only; ARGS=... goes to the test runner (e.g. ARGS=--nocapture);
+# FEATURES=leakcheck for the valgrind test in tests/leaks.rs.
+test-one: build
+	@test -n "$(T)" || { echo "usage: make test-one T=<binary>[::<filter>] | T=<crate>[::<filter>] | T=<filter>" >&2; exit 2; }
+	@t='$(T)'; bin="$${t%%::*}"; filt="$${t#*::}"; [ "$$filt" = "$$t" ] && filt=""; \
+	pkg=$$(echo "$$bin" | tr _ -); \
+	if [ -f "tests/$$bin.rs" ] || [ -f "tests/$$bin/main.rs" ]; then sel="--test $$bin"; \
+	elif [ -f "crates/$$pkg/Cargo.toml" ] || [ "$$pkg" = flock-client ]; then sel="-p $$pkg --tests"; \
+	else sel="--workspace --tests"; filt="$$t"; fi; \
+	set -x; FLOCK_MODULE=$(MODULE) $(CARGO_TEST) $(if $(FEATURES),--features $(FEATURES)) $$sel -- $$filt $(if $(filter 1 yes true,$(EXACT)),--exact) $(ARGS)
+
+# What CI checks before the tests: formatting and clippy on every target of the workspace
+# (the cargo-fuzz package in fuzz/ is a workspace of its own, so not included).
+lint: deps
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 
 # QUICK=1: smaller counts, shorter runs, report in target/bench-quick/ instead of docs/.
 bench: build
@@ -77,19 +105,19 @@ chaos: build
 	@mkdir -p $(ADVERSITY)
 	VK=$$(tools/adversity-deps.sh faketime patchelf valkey | tail -n 1) && \
 	FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
-	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos -- --nocapture --test-threads=1 && \
+	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md $(CARGO_TEST) --test chaos -- --nocapture --test-threads=1 && \
 	REDIS_SERVER=$$VK FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_VALKEY_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
-	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md cargo test --release --test chaos history -- --nocapture && \
+	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md $(CARGO_TEST) --test chaos history -- --nocapture && \
 	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) \
-	  cargo test --release --test clock_steps -- --nocapture --test-threads=1
+	  $(CARGO_TEST) --test clock_steps -- --nocapture --test-threads=1
 
 fuzz: build
 	tools/adversity-deps.sh cargo-fuzz
 	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run args -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
 	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run state_machine -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
-	FLOCK_MODULE=$(MODULE) FLOCK_NETFUZZ_CALLS=$(NETFUZZ_CALLS) cargo test --release --test net_fuzz -- --nocapture
-	FLOCK_MODULE=$(MODULE) FLOCK_FUZZ_ITERS=100000 cargo test --release --test bad_input fuzz_random -- --nocapture
+	FLOCK_MODULE=$(MODULE) FLOCK_NETFUZZ_CALLS=$(NETFUZZ_CALLS) $(CARGO_TEST) --test net_fuzz -- --nocapture
+	FLOCK_MODULE=$(MODULE) FLOCK_FUZZ_ITERS=100000 $(CARGO_TEST) --test bad_input fuzz_random -- --nocapture
 
 leakcheck: build
 	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
-	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) cargo test --release --features leakcheck --test leaks -- --nocapture --test-threads=1
+	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --features leakcheck --test leaks -- --nocapture --test-threads=1

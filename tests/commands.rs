@@ -141,7 +141,7 @@ fn renew_extends_only_for_owner() {
     let mut c = srv.conn();
     let t = grant(&mut c, "lk", "alice", 5000);
     let before = check(&mut c, "lk", t);
-    assert!(before >= 1 && before <= 5000, "CHECK {before}");
+    assert!((1..=5000).contains(&before), "CHECK {before}");
     assert_eq!(
         renew(&mut c, "lk", "alice", 20_000),
         Some(t),
@@ -164,7 +164,7 @@ fn renew_extends_only_for_owner() {
     assert_eq!(renew(&mut c, "lk", "alice", 5000), Some(t));
     let short = check(&mut c, "lk", t);
     assert!(
-        short >= 1 && short <= 5000,
+        (1..=5000).contains(&short),
         "CHECK after short renew {short}"
     );
     // renew of a key nobody holds: nil and no key created
@@ -199,7 +199,7 @@ fn check_reports_remaining_lease_of_live_token_only() {
     assert_eq!(check(&mut c, "nokey", 123_456_789), 0);
     let t1 = grant(&mut c, "lk", "alice", 5000);
     let ms = check(&mut c, "lk", t1);
-    assert!(ms >= 1 && ms <= 5000, "CHECK {ms}");
+    assert!((1..=5000).contains(&ms), "CHECK {ms}");
     assert_eq!(check(&mut c, "lk", t1 + 1), 0, "a token never issued");
     assert_eq!(check(&mut c, "lk", t1 - 1), 0, "an older token");
     assert_eq!(check(&mut c, "other", t1), 0, "token of another key");
@@ -271,7 +271,7 @@ fn info_fields() {
         .array()
         .unwrap_or_else(|| panic!("RESP2 FLOCK.INFO not an array: {raw:?}"));
     assert!(
-        arr.len() >= 8 && arr.len() % 2 == 0,
+        arr.len() >= 8 && arr.len().is_multiple_of(2),
         "RESP2 FLOCK.INFO: {raw:?}"
     );
     let i = parse_info(&raw, "FLOCK.INFO").expect("info");
@@ -519,7 +519,7 @@ fn works_inside_multi_and_lua() {
         ],
     );
     let ms = r.int().unwrap_or_else(|| panic!("EVAL CHECK: {r:?}"));
-    assert!(ms >= 1 && ms <= 10_000);
+    assert!((1..=10_000).contains(&ms));
     let r = call(
         &mut c,
         &[

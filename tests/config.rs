@@ -104,9 +104,13 @@ fn bad_load_arguments_refuse_to_load_and_say_why() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// One accepted form of flock.max-ttl-ms: (`loadmodule` arguments, redis.conf lines, server
+/// command-line arguments, the value it must take).
+type Form<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], i64);
+
 #[test]
 fn every_accepted_form_is_in_effect_and_shown_by_config_get() {
-    let forms: &[(&[&str], &[&str], &[&str], i64)] = &[
+    let forms: &[Form] = &[
         (&["max-ttl-ms", "60000"], &[], &[], 60_000),
         (&["flock.max-ttl-ms", "61000"], &[], &[], 61_000),
         (&["MAX-TTL-MS", "5000"], &[], &[], 5_000),

@@ -47,7 +47,7 @@ fn replica_mirrors_grant_and_answers_check() {
     );
     // CHECK is read-only: it works on a replica
     let left = check(&mut rc, "lk", t);
-    assert!(left >= 1 && left <= 30_000, "CHECK on replica: {left}");
+    assert!((1..=30_000).contains(&left), "CHECK on replica: {left}");
     assert_eq!(check(&mut rc, "lk", t + 1), 0);
     assert_eq!(check(&mut rc, "lk", t - 1), 0);
     // renew on master moves the replica's deadline
@@ -55,7 +55,7 @@ fn replica_mirrors_grant_and_answers_check() {
     wait_replica(&mut mc);
     let rl = check(&mut rc, "lk", t);
     assert!(
-        rl >= 1 && rl <= 5000,
+        (1..=5000).contains(&rl),
         "replica lease after renew to 5000: {rl}"
     );
     // same-owner re-acquire resets the lease on the replica too

@@ -65,9 +65,9 @@
 //! FLOCK_CHAOS_SEED, FLOCK_CHAOS_REPORT (append a Markdown table row to this file),
 //! REDIS_SERVER (the server binary, e.g. valkey-server).
 //!
-//! Layout: `history.rs` what is recorded, `clients.rs` the clients and the operator that
-//! record it, `faults.rs` the fault driver, `checker.rs` the history checker (and its
-//! self-test); this file runs them together.
+//! Layout: `history.rs` what is recorded, `clients.rs` and `clients/` the clients and the
+//! operator that record it, `faults.rs` the fault driver, `checker.rs` the history checker
+//! (`checker/selftest.rs` its self-test); this file runs them together.
 
 mod checker;
 mod clients;
