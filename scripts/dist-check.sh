@@ -79,8 +79,19 @@ if [ -n "$newer" ]; then
   objdump -T "$so" | grep -E "GLIBC_($(echo $newer | tr ' ' '|' | sed 's/\./\\./g'))[^0-9.]" >&2 || true
   fail "the module needs GLIBC_$highest, newer than $GLIBC_FLOOR (symbols above)"
 fi
+# Libraries it needs: only glibc's own, and no symbol version from another (GCC_, GLIBCXX_).
+needed="$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+for lib in $needed; do
+  case "$lib" in
+    libc.so.6|libm.so.6|libdl.so.2|libpthread.so.0|librt.so.1|ld-linux-x86-64.so.2) ;;
+    *) fail "the module needs $lib, which is not part of glibc (needed: $needed)" ;;
+  esac
+done
+others="$(readelf -V "$so" | sed -n '/\.gnu\.version_r/,$p' | grep -o 'Name: [^ ]*' | awk '{print $2}' | grep -v '^GLIBC_' | sort -u | tr '\n' ' ' || true)"
+[ -z "$others" ] || fail "the module needs symbol versions outside glibc: $others"
 weak="$(objdump -T "$so" | awk '$2=="w" && $4=="*UND*" {print $NF}' | sort | tr '\n' ' ')"
 echo "== GLIBC floor: $highest (no symbol needs more than $GLIBC_FLOOR; versions used: $(echo $versions))"
+echo "   needs: $needed(no other library's symbol versions)"
 [ -z "$weak" ] || echo "   weak, unversioned, looked up at run time if present: $weak"
 
 # ---- 3. load it into each server ----
