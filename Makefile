@@ -121,3 +121,16 @@ fuzz: build
 leakcheck: build
 	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
 	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --features leakcheck --test leaks -- --nocapture --test-threads=1
+
+# ---- the release archive (README, Install from the release archive) ----
+# dist: dist/flock-<version>-x86_64-linux-gnu.tar.gz, the module built with cargo zigbuild for
+# glibc 2.17 and newer (scripts/dist.sh); scripts/dist-deps.sh puts zig and cargo-zigbuild
+# into .venv/ first. dist-check: unpacks it, checks SHA256SUMS and the glibc floor, loads it
+# into Redis 7.0, Valkey 8.1 and Valkey 9.1 and runs a lock through each (scripts/dist-check.sh).
+.PHONY: dist dist-check
+dist: deps
+	@bash scripts/dist-deps.sh
+	@bash scripts/dist.sh
+
+dist-check: dist
+	@bash scripts/dist-check.sh
