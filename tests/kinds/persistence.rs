@@ -204,7 +204,7 @@ fn shared_and_permit_keys_survive_aof_restart_and_rewrite() {
 
 /// Copy the v1 fixtures (read-only files) into a fresh dir the server may write to.
 fn fixture_dir(what: &str) -> PathBuf {
-    let src = Path::new("/work/shared/fixtures/v1");
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1"));
     let dir = temp_dir(what);
     std::fs::copy(src.join("dump.rdb"), dir.join("dump.rdb")).expect("copy dump.rdb");
     std::fs::create_dir_all(dir.join("aof")).expect("mkdir aof");

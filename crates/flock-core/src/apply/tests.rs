@@ -114,7 +114,9 @@ fn aof_round_trip(aof: &[u8]) -> usize {
 #[test]
 fn v1_aof_effects_are_written_the_same_today() {
     assert_eq!(
-        aof_round_trip(include_bytes!("../../fixtures/v1/base.aof")),
+        aof_round_trip(include_bytes!(
+            "../../../../tests/fixtures/v1/aof/appendonly.aof.3.base.aof"
+        )),
         4
     );
 }
@@ -122,7 +124,9 @@ fn v1_aof_effects_are_written_the_same_today() {
 #[test]
 fn v2_aof_effects_are_written_the_same_today() {
     assert_eq!(
-        aof_round_trip(include_bytes!("../../fixtures/v2/base.aof")),
+        aof_round_trip(include_bytes!(
+            "../../../../tests/fixtures/v2/aof/appendonly.aof.2.base.aof"
+        )),
         5
     );
 }

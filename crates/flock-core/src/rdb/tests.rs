@@ -508,7 +508,7 @@ fn holders(image: &LockImage) -> Vec<Holder> {
 
 #[test]
 fn v1_rdb_file_loads() {
-    let (mark, images) = load_file(include_bytes!("../../fixtures/v1/dump.rdb"));
+    let (mark, images) = load_file(include_bytes!("../../../../tests/fixtures/v1/dump.rdb"));
     assert_eq!(mark, 1_796_112_050_324_158);
     let want: [(&[u8], &[u8], u64); 4] = [
         (b"fx:held", b"worker-a", 1_796_112_043_312_069),
@@ -531,7 +531,7 @@ fn v1_rdb_file_loads() {
 
 #[test]
 fn v2_rdb_file_loads_and_is_written_the_same_today() {
-    let bytes = include_bytes!("../../fixtures/v2/dump.rdb");
+    let bytes = include_bytes!("../../../../tests/fixtures/v2/dump.rdb");
     let (mark, images) = load_file(bytes);
     assert!(mark >= 1_796_157_490_803_417);
     let binary: Vec<u8> = (0u8..40).collect();
