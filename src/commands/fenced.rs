@@ -11,9 +11,9 @@
 use crate::ffi::block::{self, Found};
 use crate::ffi::{self, CallReply, Ctx, Key, KeyFlags, KeysRequest, RStr, Status};
 use crate::server::{self, stats};
-use flock_core::errors::Fixed;
-use flock_core::state::Mode;
-use flock_core::{args, engine};
+use flock_core::args;
+use flock_core::errors::{CallErrno, Fixed, Formatted};
+use flock_core::fence::{self, Access};
 use std::ffi::c_int;
 use std::ffi::CStr;
 
@@ -85,39 +85,38 @@ fn command(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     };
     let rest_bytes: Vec<&[u8]> = rest.iter().map(ffi::bytes).collect();
     if let Some(what) = args::fenced_refusal(ffi::bytes(cmd), &rest_bytes) {
-        return ffi::reply_error_string(
-            ctx,
-            &format!(
-                "ERR FLOCK.FENCED refuses '{}': {what} cannot run inside it",
-                String::from_utf8_lossy(ffi::bytes(cmd)).to_lowercase()
-            ),
-        );
+        let refusal = Formatted::FencedRefuses {
+            command: ffi::bytes(cmd),
+            what,
+        };
+        return ffi::reply_error_string(ctx, &refusal.message());
     }
     let inner_argv: Vec<RStr<'_>> = std::iter::once(*cmd).chain(rest.iter().copied()).collect();
     if touches_lock_key(ctx, &inner_argv, ffi::bytes(key_name)) {
-        return ffi::reply_error_static(ctx, c"ERR FLOCK.FENCED cannot touch its own lock key");
+        return ffi::reply_error_static(ctx, Fixed::FencedOwnKey.text());
     }
-    let grant_mode = {
+    let access = {
         let key = Key::open(ctx, *key_name, false);
         match block::lock_of(&key) {
             Found::OtherType => return ffi::reply_error_static(ctx, Fixed::WrongType.text()),
-            Found::Nothing => None,
-            Found::Lock(rec) => engine::fence(Some(&*rec), token, server::now()),
+            Found::Nothing => fence::access(None, token, server::now()),
+            Found::Lock(rec) => fence::access(Some(&*rec), token, server::now()),
         }
     };
-    let Some(grant_mode) = grant_mode else {
-        stats::FENCED_REJECTED.incr();
-        return ffi::reply_error_string(
-            ctx,
-            &format!(
-                "FENCED token {token} is not the live grant of {}",
-                String::from_utf8_lossy(ffi::bytes(key_name))
-            ),
-        );
+    let read_only = match access {
+        Access::Refused => {
+            stats::FENCED_REJECTED.incr();
+            let stale = Formatted::FencedStale {
+                token,
+                key: ffi::bytes(key_name),
+            };
+            return ffi::reply_error_string(ctx, &stale.message());
+        }
+        Access::ReadWrite => false,
+        // Redis itself refuses every command flagged `write` when RM_Call gets `W`, scripts
+        // and module commands included.
+        Access::ReadOnly => true,
     };
-    // A reader must not write under a read lock (G5): Redis itself refuses every command
-    // flagged `write` when RM_Call gets `W`, scripts and module commands included.
-    let read_only = grant_mode == Mode::Shared;
     // The command name as a C string for RM_Call.
     let mut name: Vec<u8> = ffi::bytes(cmd)
         .iter()
@@ -132,30 +131,15 @@ fn command(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
         .and_then(|name| ffi::call_argv(ctx, name, flags, rest));
     let Some(reply) = reply else {
         stats::FENCED_REJECTED.incr();
-        let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        let msg = match err {
-            libc_errno::ENOENT => "ERR unknown command inside FLOCK.FENCED",
-            libc_errno::EINVAL => {
-                "ERR wrong number of arguments for the command inside FLOCK.FENCED"
-            }
-            libc_errno::EACCES => {
-                "NOPERM this user has no permissions to run the command or touch its keys"
-            }
-            libc_errno::ENOSPC => "OOM command not allowed when used memory > 'maxmemory'",
-            libc_errno::EROFS => "READONLY You can't write against a read only replica",
-            libc_errno::ESPIPE => "CROSSSLOT Keys in request don't hash to the same slot",
-            _ => "ERR the command inside FLOCK.FENCED could not run",
-        };
-        return ffi::reply_error_string(ctx, msg);
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let refused = Fixed::of_call_errno(call_errno(errno));
+        return ffi::reply_error_static(ctx, refused.text());
     };
     let is_error = reply.is_error();
     if is_error && read_only && refused_as_write(&reply) {
         stats::FENCED_REJECTED.incr();
         drop(reply);
-        return ffi::reply_error_static(
-            ctx,
-            c"ERR FLOCK.FENCED with a shared grant runs read-only commands only",
-        );
+        return ffi::reply_error_static(ctx, Fixed::FencedSharedWrite.text());
     }
     if is_error {
         stats::FENCED_INNER_ERRORS.incr();
@@ -167,22 +151,20 @@ fn command(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     Status::OK
 }
 
-/// Whether an error reply of RM_Call is its refusal of a write command under `W` (Redis and
-/// Valkey word it "Write command '...' was called while write is not allowed.").
+/// Whether an error reply of RM_Call is its refusal of a write command under `W`.
 fn refused_as_write(reply: &CallReply) -> bool {
-    let Some(text) = reply.text() else {
-        return false;
-    };
-    text.windows(b"write is not allowed".len())
-        .any(|w| w == b"write is not allowed")
+    reply.text().is_some_and(fence::is_write_refusal)
 }
 
-/// The errno values RM_Call sets (Linux).
-mod libc_errno {
-    pub const ENOENT: i32 = 2;
-    pub const EACCES: i32 = 13;
-    pub const EINVAL: i32 = 22;
-    pub const ENOSPC: i32 = 28;
-    pub const ESPIPE: i32 = 29;
-    pub const EROFS: i32 = 30;
+/// The platform's errno of a failed RM_Call, as the error table names it (Linux values).
+fn call_errno(errno: i32) -> CallErrno {
+    match errno {
+        2 => CallErrno::NoEntry,
+        13 => CallErrno::Access,
+        22 => CallErrno::Invalid,
+        28 => CallErrno::NoSpace,
+        29 => CallErrno::Seek,
+        30 => CallErrno::ReadOnly,
+        _ => CallErrno::Other,
+    }
 }

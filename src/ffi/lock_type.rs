@@ -314,3 +314,41 @@ pub fn create_lock_type<T: LockTypeMethods>(ctx: Ctx<'_>) -> bool {
     );
     true
 }
+
+// The RDB layout is flock-core's (`flock_core::rdb`): these handles are its sink and source.
+
+impl flock_core::rdb::RdbSink for &RdbWriter<'_> {
+    fn save_unsigned(&mut self, v: u64) {
+        self.unsigned(v);
+    }
+    fn save_signed(&mut self, v: i64) {
+        self.signed(v);
+    }
+    fn save_bytes(&mut self, b: &[u8]) {
+        self.bytes(b);
+    }
+}
+
+impl flock_core::rdb::RdbSource for &RdbReader<'_> {
+    fn load_unsigned(&mut self) -> Option<u64> {
+        self.unsigned()
+    }
+    fn load_signed(&mut self) -> Option<i64> {
+        self.signed()
+    }
+    fn load_bytes(&mut self) -> Option<Vec<u8>> {
+        self.bytes()
+    }
+}
+
+impl flock_core::rdb::DigestSink for &Digest<'_> {
+    fn add_long_long(&mut self, v: i64) {
+        Digest::add_long_long(self, v);
+    }
+    fn add_bytes(&mut self, b: &[u8]) {
+        self.add_string_buffer(b);
+    }
+    fn end_sequence(&mut self) {
+        Digest::end_sequence(self);
+    }
+}

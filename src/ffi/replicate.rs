@@ -4,68 +4,112 @@
 
 use super::handle::{Ctx, RStr, RString};
 use super::lock_type::Aof;
+use flock_core::apply::{encode_apply, ApplyArg, ApplySink, APPLY_COMMAND};
 use flock_core::Snapshot;
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_longlong};
 
-const APPLY: &std::ffi::CStr = c"FLOCK.APPLY";
+/// Where an effect goes: replicas (`RedisModule_Replicate`, with the command's context) or
+/// the AOF being rewritten (`RedisModule_EmitAOF`, with its handle).
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Replicas(Ctx<'a>),
+    Aof(Aof<'a>),
+}
 
-/// Send the effect of `$snapshot` on `$key` through `$api` (`RedisModule_Replicate` with a
-/// context, or `RedisModule_EmitAOF` with an AOF handle): one argument list for both. Must be
-/// used inside `unsafe`: the target handle must be live and every pointer passed outlives the
-/// call (Redis copies the arguments).
+/// Call `$api` of `$target` for `FLOCK.APPLY $key` with the format and arguments given. Must
+/// be used inside `unsafe`: the target handle must be live and every pointer passed outlives
+/// the call (Redis copies the arguments).
 macro_rules! emit {
-    ($api:ident, $fallback:expr, $target:expr, $key:expr, $snapshot:expr) => {
-        match $snapshot {
-            Snapshot::Held(g) if g.bound() => api!($api, $fallback;
-                $target,
-                APPLY.as_ptr(),
-                c"scbllc".as_ptr(),
-                $key,
-                c"GRANT".as_ptr(),
-                g.owner.as_ptr().cast::<c_char>(),
-                g.owner.len(),
-                g.token as c_longlong,
-                g.deadline.wall_ms as c_longlong,
-                c"BOUND".as_ptr()
-            ),
-            Snapshot::Held(g) => api!($api, $fallback;
-                $target,
-                APPLY.as_ptr(),
-                c"scbll".as_ptr(),
-                $key,
-                c"GRANT".as_ptr(),
-                g.owner.as_ptr().cast::<c_char>(),
-                g.owner.len(),
-                g.token as c_longlong,
-                g.deadline.wall_ms as c_longlong
-            ),
-            Snapshot::Delayed {
-                last_token,
-                until_wall_ms,
-            } => api!($api, $fallback;
-                $target,
-                APPLY.as_ptr(),
-                c"scll".as_ptr(),
-                $key,
-                c"DELAY".as_ptr(),
-                last_token as c_longlong,
-                until_wall_ms as c_longlong
-            ),
-            Snapshot::Full(state) => match StateFields::of(state) {
-                Some(fields) => api!($api, $fallback;
-                    $target,
-                    APPLY.as_ptr(),
-                    c"scv".as_ptr(),
-                    $key,
-                    c"STATE".as_ptr(),
-                    fields.strings.as_ptr().cast::<*mut redis_module::raw::RedisModuleString>().cast_mut(),
-                    fields.strings.len()
-                ),
-                // Redis made no string (its allocator aborts before that): nothing to send.
-                None => $fallback,
-            },
+    ($target:expr, $key:expr, $fmt:expr $(, $arg:expr)* $(,)?) => {
+        match $target {
+            Target::Replicas(ctx) => {
+                api!(RedisModule_Replicate, 0; ctx.ptr(), APPLY_COMMAND.as_ptr(), $fmt.as_ptr(), $key $(, $arg)*);
+            }
+            Target::Aof(aof) => {
+                api!(RedisModule_EmitAOF, (); aof.0.as_ptr(), APPLY_COMMAND.as_ptr(), $fmt.as_ptr(), $key $(, $arg)*);
+            }
         }
     };
+}
+
+/// The FLOCK.APPLY encoder's sink (`flock_core::apply`, which decides the words): each of its
+/// argument shapes as one call with the matching format.
+struct Emit<'a> {
+    target: Target<'a>,
+    key: RStr<'a>,
+}
+
+impl ApplySink for Emit<'_> {
+    fn short(&mut self, args: &[ApplyArg<'_>]) {
+        let key = self.key.ptr();
+        // SAFETY (each call): a live target and key; the formats match the arguments, which
+        // live through the call.
+        match *args {
+            [ApplyArg::Word(w), ApplyArg::Bytes(o), ApplyArg::Int(t), ApplyArg::Int(d)] => unsafe {
+                emit!(
+                    self.target,
+                    key,
+                    c"scbll",
+                    w.as_ptr(),
+                    o.as_ptr().cast::<c_char>(),
+                    o.len(),
+                    t as c_longlong,
+                    d as c_longlong
+                );
+            },
+            [ApplyArg::Word(w), ApplyArg::Bytes(o), ApplyArg::Int(t), ApplyArg::Int(d), ApplyArg::Word(b)] =>
+            unsafe {
+                emit!(
+                    self.target,
+                    key,
+                    c"scbllc",
+                    w.as_ptr(),
+                    o.as_ptr().cast::<c_char>(),
+                    o.len(),
+                    t as c_longlong,
+                    d as c_longlong,
+                    b.as_ptr()
+                );
+            },
+            [ApplyArg::Word(w), ApplyArg::Int(a), ApplyArg::Int(b)] => unsafe {
+                emit!(
+                    self.target,
+                    key,
+                    c"scll",
+                    w.as_ptr(),
+                    a as c_longlong,
+                    b as c_longlong
+                );
+            },
+            // The encoder makes no other shape (`flock_core::apply::SHORT_SHAPES`).
+            _ => {}
+        }
+    }
+
+    fn state(&mut self, word: &'static CStr, fields: &[Vec<u8>]) {
+        // Redis made no string (its allocator aborts before that): nothing to send.
+        let Some(fields) = StateFields::of(fields) else {
+            return;
+        };
+        let key = self.key.ptr();
+        // SAFETY: a live target and key; "v" takes the vector of `len` string handles, which
+        // live through the call (`RString` is a transparent string pointer).
+        unsafe {
+            emit!(
+                self.target,
+                key,
+                c"scv",
+                word.as_ptr(),
+                fields
+                    .strings
+                    .as_ptr()
+                    .cast::<*mut redis_module::raw::RedisModuleString>()
+                    .cast_mut(),
+                fields.strings.len()
+            );
+        }
+    }
 }
 
 /// The fields of a `FLOCK.APPLY key STATE ...` effect as Redis strings (the `v` format takes
@@ -75,8 +119,8 @@ struct StateFields {
 }
 
 impl StateFields {
-    fn of(state: &flock_core::LockState) -> Option<StateFields> {
-        let strings = flock_core::snapshot::state_fields(state)
+    fn of(fields: &[Vec<u8>]) -> Option<StateFields> {
+        let strings = fields
             .iter()
             .map(|f| RString::detached(f))
             .collect::<Option<Vec<RString>>>()?;
@@ -86,9 +130,11 @@ impl StateFields {
 
 /// Replicate (to replicas and the AOF) that `key` is now as `snapshot` says.
 pub fn replicate_state(ctx: Ctx<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
-    // SAFETY: a live command or timer context and key name; the format matches the
-    // arguments, which live through the call; `RString` is a transparent string pointer.
-    unsafe { emit!(RedisModule_Replicate, 0, ctx.ptr(), key.ptr(), snapshot) };
+    let mut sink = Emit {
+        target: Target::Replicas(ctx),
+        key,
+    };
+    encode_apply(snapshot, &mut sink);
 }
 
 /// Replicate that `key` left the keyspace (release, expiry).
@@ -105,6 +151,9 @@ pub fn replicate_verbatim(ctx: Ctx<'_>) {
 
 /// The same effect, written by AOF rewrite.
 pub fn emit_aof(aof: Aof<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
-    // SAFETY: `aof` and `key` are the handles Redis passed to the aof_rewrite callback.
-    unsafe { emit!(RedisModule_EmitAOF, (), aof.0.as_ptr(), key.ptr(), snapshot) };
+    let mut sink = Emit {
+        target: Target::Aof(aof),
+        key,
+    };
+    encode_apply(snapshot, &mut sink);
 }

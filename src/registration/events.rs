@@ -12,6 +12,7 @@ use crate::store::expiry::{self, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
 use crate::waiting::waiters;
 use flock_core::engine::{self, RevisitPlan};
+use flock_core::keyspace::{self, Arrival, ServerChange, Step};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
@@ -70,50 +71,52 @@ fn on_keyspace_event(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
 }
 
 fn look_at(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
-    if matches!(event, b"restore" | b"copy_to" | b"rename_to" | b"move_to") {
-        // Opened for reading (a write-mode close would signal the key as modified again);
-        // only what Redis never sees changes: the timer slot, and the binding of grants that
-        // arrived without one (RESTORE, MIGRATE), which the timer then ends and replicates.
-        let mut k = Key::open(ctx, key, false);
-        let mut vacant = false;
-        let mut unnamed = false;
-        if let Found::Lock(mut lock) = block::lock_mut(&mut k) {
-            let state = lock.state();
-            if event == b"restore" {
-                engine::orphan_bound(state, true);
-            }
-            if matches!(event, b"rename_to" | b"move_to") {
-                // The binding followed the value: the index must find it under its new name.
-                for g in state.grants().iter() {
-                    if let Some(client) = g.bound_client() {
-                        bindings::moved(client, g.token, ctx.selected_db(), ffi::bytes(&key));
-                    }
-                }
-            }
-            let next = state.next_deadline();
-            vacant = next.is_none();
-            let block = lock.block();
-            drop(lock);
-            unnamed = expiry::rearm(ctx, key, block, next).is_err();
-        }
-        drop(k);
-        if unnamed {
-            // A block under a new name (RENAME, COPY, RESTORE) gets one that carries it.
-            let mut k = Key::open(ctx, key, true);
-            expiry::name_and_arm(ctx, key, &mut k, true);
-        }
-        if vacant {
-            // A COPY that left bound grants out may hold nothing: a look right after the
-            // command deletes it (the engine decides).
-            jobs::schedule(Job::Revisit((ctx.selected_db(), ffi::bytes(&key).to_vec())));
-        }
+    let plan = keyspace::on_key_event(event, server::is_master());
+    if let Some(how) = plan.arrival {
+        arrived(ctx, key, how);
     }
-    if waiters::blocked_now() > 0 {
+    if plan.revisit_if_waited && waiters::blocked_now() > 0 {
         let db = ctx.selected_db();
         let name = ffi::bytes(&key);
         if waiters::is_waited(db, name) {
             jobs::schedule(Job::Revisit((db, name.to_vec())));
         }
+    }
+}
+
+/// A lock value arrived under `key` (`how`): the engine adjusts it (`keyspace::arrive`), and
+/// what it says is carried out: the bindings follow the value, the timer is armed anew under
+/// the key's name, a vacant lock is looked at right after the command.
+fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival) {
+    // Opened for reading (a write-mode close would signal the key as modified again); only
+    // what Redis never sees changes: the timer slot, and the binding of grants that arrived
+    // without one (RESTORE, MIGRATE), which the timer then ends and replicates.
+    let mut k = Key::open(ctx, key, false);
+    let mut look_again = false;
+    let mut unnamed = false;
+    if let Found::Lock(mut lock) = block::lock_mut(&mut k) {
+        let state = lock.state();
+        let arrival = keyspace::arrive(state, how);
+        if arrival.rebind {
+            for g in state.grants().iter() {
+                if let Some(client) = g.bound_client() {
+                    bindings::moved(client, g.token, ctx.selected_db(), ffi::bytes(&key));
+                }
+            }
+        }
+        look_again = arrival.look_again;
+        let block = lock.block();
+        drop(lock);
+        unnamed = expiry::rearm(ctx, key, block, arrival.next).is_err();
+    }
+    drop(k);
+    if unnamed {
+        // A block under a new name (RENAME, COPY, RESTORE) gets one that carries it.
+        let mut k = Key::open(ctx, key, true);
+        expiry::name_and_arm(ctx, key, &mut k, true);
+    }
+    if look_again {
+        jobs::schedule(Job::Revisit((ctx.selected_db(), ffi::bytes(&key).to_vec())));
     }
 }
 
@@ -129,7 +132,7 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
     ) {
         server::assume_replication_consumed();
     }
-    match event {
+    let change = match event {
         ServerEvent::Cron => {
             let tick = CRON_TICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if tick.is_multiple_of(10) {
@@ -139,46 +142,46 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
             expiry::on_cron(ctx);
             waiters::time_out_due();
             cluster::broadcast_high_water(ctx);
+            return;
         }
-        ServerEvent::RoleChanged { now_master } => {
-            server::set_master(now_master);
-            if now_master {
-                expiry::arm_all(ctx);
-            } else {
-                // Redis disconnects blocked clients itself on demotion; make sure none is
-                // left waiting for a grant this server can no longer make.
-                waiters::fail_everyone("UNBLOCKED this server is now a replica");
-                // A replica arms nothing (it follows its master's effects), and its values
-                // may yet be freed by a full sync without a flush event first.
-                expiry::forget_db(None);
-            }
-        }
-        ServerEvent::Loading { ended: true } => {
-            server::refresh_role(ctx);
+        ServerEvent::RoleChanged { now_master } => ServerChange::RoleChanged { master: now_master },
+        ServerEvent::Loading { ended: true } => ServerChange::LoadingEnded,
+        ServerEvent::FlushStarting { db } => ServerChange::FlushStarting { db },
+        ServerEvent::FlushEnded => ServerChange::FlushEnded,
+        ServerEvent::SwapDb {
+            dbs: Some((first, second)),
+        } => ServerChange::DbsSwapped { first, second },
+        // A SWAPDB whose databases the server did not say: the timers and the waiters all
+        // the same (the bindings cannot follow).
+        ServerEvent::SwapDb { dbs: None } => {
             expiry::arm_all(ctx);
             revisit_all();
+            return;
         }
-        ServerEvent::FlushStarting { db } => expiry::forget_db(db),
-        ServerEvent::FlushEnded => revisit_all(),
-        ServerEvent::SwapDb { dbs } => {
-            if let Some((a, b)) = dbs {
-                bindings::swap_dbs(a, b);
-            }
-            expiry::arm_all(ctx);
-            revisit_all();
-        }
-        ServerEvent::ClientDisconnected { id } => {
-            // Its waits ended already (the blocked client's disconnect callback); its bound
-            // grants end from the event loop, right after this disconnection.
-            for key in bindings::take(id) {
-                jobs::schedule(Job::Close { key, client: id });
-            }
-        }
+        ServerEvent::ClientDisconnected { id } => ServerChange::ClientClosed { client: id },
         ServerEvent::Loading { ended: false }
         | ServerEvent::Persistence
         | ServerEvent::ReplicaChange
         | ServerEvent::Config
-        | ServerEvent::Other => {}
+        | ServerEvent::Other => return,
+    };
+    for step in keyspace::consequences(change) {
+        match step {
+            Step::SetMaster(master) => server::set_master(master),
+            Step::RefreshRole => server::refresh_role(ctx),
+            Step::ArmAll => expiry::arm_all(ctx),
+            Step::ForgetTimers(db) => expiry::forget_db(db),
+            Step::FailAllWaiters(why) => waiters::fail_everyone(why.as_str()),
+            Step::RevisitWaited => revisit_all(),
+            Step::SwapBindings(a, b) => bindings::swap_dbs(a, b),
+            // Its waits ended already (the blocked client's disconnect callback); its bound
+            // grants end from the event loop, right after this disconnection.
+            Step::CloseBoundGrants(client) => {
+                for key in bindings::take(client) {
+                    jobs::schedule(Job::Close { key, client });
+                }
+            }
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use crate::ffi::{self, BlockedClient, Ctx, RStr, Status};
 use crate::server::{self, config, stats};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::BlockRefused;
+use flock_core::queue;
 use flock_core::state::Mode;
 use flock_core::{WaitQueue, Waiter};
 use std::collections::HashMap;
@@ -191,10 +192,7 @@ pub fn block(
     let id = key_id(ctx, key);
     let mut guard = registry();
     let reg = guard.get();
-    let queue = reg.queue(id.0, &id.1);
-    let waiting = queue.map_or(0, WaitQueue::len);
-    let replaces = queue.is_some_and(|q| q.has_owner(args.owner));
-    if waiting >= config::max_waiters() && !replaces {
+    if !queue::admits(reg.queue(id.0, &id.1), args.owner, config::max_waiters()) {
         return Err(BlockRefused::TooMany);
     }
     // A command context that may block (see `can_block`), with the callbacks of `Waiting`.
@@ -205,13 +203,7 @@ pub fn block(
     let client_id = ctx.client_id();
     reg.next_id += 1;
     let waiter_id = reg.next_id;
-    // A timeout beyond ten years is no limit (a huge period would wrap in the server's
-    // timer arithmetic and fire at once).
-    let timeout_ms = if timeout_ms > flock_core::queue::MAX_BLOCK_TIMEOUT_MS {
-        0
-    } else {
-        timeout_ms
-    };
+    let timeout_ms = queue::block_timeout_ms(timeout_ms);
     let timer = if timeout_ms > 0 {
         let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
         // The timer's data is the waiter id.
@@ -340,12 +332,9 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    let mut look_again = false;
-    if let Some(q) = reg.queue_mut(b.key.0, &b.key.1) {
-        let was_front = q.is_front(waiter_id);
-        q.cancel(waiter_id);
-        look_again = was_front && !q.is_empty();
-    }
+    let look_again = reg
+        .queue_mut(b.key.0, &b.key.1)
+        .is_some_and(|q| q.leave(waiter_id));
     reg.drop_if_empty(b.key.0, &b.key.1);
     if look_again {
         jobs::schedule(Job::Revisit(b.key.clone()));

@@ -202,9 +202,11 @@ fn shared_and_permit_keys_survive_aof_restart_and_rewrite() {
     );
 }
 
-/// Copy the v1 fixtures (read-only files) into a fresh dir the server may write to.
-fn fixture_dir(what: &str) -> PathBuf {
-    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1"));
+/// Copy the fixtures of `version` (tests/fixtures/v1, v2: files earlier versions wrote) into
+/// a fresh dir the server may write to.
+fn fixture_dir_of(version: &str, what: &str) -> PathBuf {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(version);
+    let src = src.as_path();
     let dir = temp_dir(what);
     std::fs::copy(src.join("dump.rdb"), dir.join("dump.rdb")).expect("copy dump.rdb");
     std::fs::create_dir_all(dir.join("aof")).expect("mkdir aof");
@@ -226,6 +228,84 @@ fn fixture_dir(what: &str) -> PathBuf {
     p.set_readonly(false);
     std::fs::set_permissions(dir.join("dump.rdb"), p).expect("chmod");
     dir
+}
+
+fn fixture_dir(what: &str) -> PathBuf {
+    fixture_dir_of("v1", what)
+}
+
+#[test]
+fn the_v2_fixtures_still_load_every_kind() {
+    // tests/fixtures/v2/expected.json, as written by 911e741 (owners and tokens, oldest first).
+    let bin_owner: Vec<u8> = (0u8..40).collect();
+    let bin_owner = String::from_utf8_lossy(&bin_owner).into_owned();
+    let expected: [(&str, &str, i64, Vec<(String, i64)>); 4] = [
+        (
+            "fx2:x",
+            "exclusive",
+            0,
+            hv(&[("writer-1", 1796157490799778)]),
+        ),
+        (
+            "fx2:r",
+            "shared",
+            0,
+            hv(&[
+                ("reader-1", 1796157490800981),
+                ("reader-2", 1796157490801403),
+            ]),
+        ),
+        (
+            "fx2:p",
+            "permits",
+            3,
+            hv(&[("job-1", 1796157490801776), ("job-2", 1796157490802170)]),
+        ),
+        (
+            "fx2:bin",
+            "exclusive",
+            0,
+            vec![(bin_owner, 1796157490802626)],
+        ),
+    ];
+    let (bound_key, bound_token) = ("fx2:b", 1796157490803017i64);
+    let high_water = 1796157490803417i64;
+    for aof in [false, true] {
+        let mut b = Server::builder()
+            .module_args(&["max-ttl-ms", "315360000000"])
+            .dir(fixture_dir_of("v2", if aof { "v2-aof" } else { "v2-rdb" }));
+        if aof {
+            b = b.arg("appendonly", "yes").arg("appenddirname", "aof");
+        } else {
+            b = b.arg("dbfilename", "dump.rdb");
+        }
+        let srv = b.start();
+        let mut c = srv.conn();
+        let what = if aof { "v2 AOF" } else { "v2 RDB" };
+        for (key, mode, limit, want) in &expected {
+            assert_eq!(holder_tokens(&mut c, key), *want, "{what}: {key} holders");
+            let k = kinfo(&mut c, key);
+            assert_eq!(
+                (k.mode.as_str(), k.limit),
+                (*mode, *limit),
+                "{what}: {key} kind"
+            );
+            for (_, t) in want {
+                assert!(check(&mut c, key, *t) > 0, "{what}: {key} {t} live");
+            }
+        }
+        // The bound grant has no connection after a restart: not live (G11).
+        assert_eq!(
+            check(&mut c, bound_key, bound_token),
+            0,
+            "{what}: {bound_key}"
+        );
+        assert_eq!(exists(&mut c, "fx2:released"), 0, "{what}");
+        // Every new token is above every token in the file.
+        let t = grant_kind(&mut c, "fx2:released", "n", 10_000, &[]);
+        assert!(t > high_water, "{what}: {t} not above {high_water}");
+        srv.assert_log_clean();
+    }
 }
 
 #[test]
