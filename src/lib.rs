@@ -21,8 +21,9 @@
 //! - `commands/`: the one executor (`executor.rs`: opens the key as the store holds it, runs
 //!   an engine operation, carries out the outcome), replies (`reply.rs`), the command
 //!   handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`), FLOCK.STATS (`stats.rs`).
-//! - `registration/`: the module's init and everything it registers (`module.rs`), what each
-//!   command is (`command_info.rs`), the configs (`config.rs`), the data type's callbacks
+//! - `registration/`: the module's init and everything it registers (`module.rs`, with the
+//!   one command table: flock-core's descriptions paired with their handlers), the configs
+//!   (`config.rs`), the data type's callbacks
 //!   (`lock_type.rs`), keyspace and server events, due deadlines and deferred jobs
 //!   (`events.rs`).
 //!
@@ -61,7 +62,6 @@ mod commands {
 }
 
 mod registration {
-    pub mod command_info;
     pub mod config;
     pub mod events;
     pub mod lock_type;

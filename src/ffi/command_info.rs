@@ -1,8 +1,8 @@
-//! `RedisModule_SetCommandInfo` from safe descriptions ([`CommandDoc`]): the key spec and the
-//! COMMAND DOCS arrays in the layout the server reads. What each command is, is said in
-//! `registration/command_info.rs`.
+//! `RedisModule_SetCommandInfo` from the command table (`flock_core::commands`): the key
+//! spec and the COMMAND DOCS arrays in the layout the server reads.
 
 use super::handle::Ctx;
+use flock_core::commands::{ArgDoc, ArgKind, CommandSpec, KeyAccess, SINCE};
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -33,39 +33,14 @@ impl KeyFlags {
     }
 }
 
-/// What kind of argument COMMAND DOCS shows.
-#[derive(Clone, Copy)]
-pub enum ArgKind {
-    Key,
-    Str,
-    Int,
-    /// A keyword followed by its sub-arguments (`BLOCK timeout`).
-    Block,
-    /// A keyword alone (`SHARED`, `BOUND`).
-    PureToken,
-    /// One of its sub-arguments (`SHARED | LIMIT n`).
-    OneOf,
-}
-
-/// One argument as COMMAND DOCS describes it.
-pub struct ArgDoc {
-    pub name: &'static CStr,
-    pub kind: ArgKind,
-    pub token: Option<&'static CStr>,
-    pub optional: bool,
-    pub multiple: bool,
-    pub sub: &'static [ArgDoc],
-}
-
-/// One command: name, arity as Redis counts it, flags of the key at argv[1] (None: keep the
-/// legacy spec), summary, complexity, arguments (no summary: no docs).
-pub struct CommandDoc {
-    pub name: &'static CStr,
-    pub arity: c_int,
-    pub key: Option<KeyFlags>,
-    pub summary: Option<&'static CStr>,
-    pub complexity: &'static CStr,
-    pub args: &'static [ArgDoc],
+/// The key-spec flags of what a command does to its key.
+fn key_flags(access: KeyAccess) -> KeyFlags {
+    match access {
+        KeyAccess::Read => KeyFlags::RO.and(KeyFlags::ACCESS),
+        KeyAccess::Update => KeyFlags::RW.and(KeyFlags::ACCESS).and(KeyFlags::UPDATE),
+        KeyAccess::Delete => KeyFlags::RW.and(KeyFlags::ACCESS).and(KeyFlags::DELETE),
+        KeyAccess::Overwrite => KeyFlags::OW.and(KeyFlags::UPDATE),
+    }
 }
 
 /// One key spec: the key at argv[1], and nothing else.
@@ -163,13 +138,10 @@ fn raw_args(
     out
 }
 
-/// Set the arity, key spec and docs of every command of `commands` (`since`: the module
-/// version they appeared in). Must run in OnLoad, after the commands are created.
-pub fn describe_commands(
-    ctx: Ctx<'_>,
-    commands: &[CommandDoc],
-    since: &'static CStr,
-) -> Result<(), String> {
+/// Set the arity, key spec and docs of every command of `commands`. Must run in OnLoad,
+/// after the commands are created.
+pub fn describe_commands(ctx: Ctx<'_>, commands: &[&CommandSpec]) -> Result<(), String> {
+    let since = SINCE;
     // The version struct that redismodule.h defines as a static in the header, by hand: its
     // sizes tell the server how to read the arrays.
     let version = raw::RedisModuleCommandInfoVersion {
@@ -191,7 +163,9 @@ pub fn describe_commands(
         if cmd.is_null() {
             return Err(format!("{} is not registered", c.name.to_string_lossy()));
         }
-        let mut specs = c.key.map(|flags| [first_key(flags.0), end_of_specs()]);
+        let mut specs = c
+            .key
+            .map(|access| [first_key(key_flags(access).0), end_of_specs()]);
         let mut keep = Vec::new();
         let mut args = c.summary.map(|_| raw_args(c.args, &mut keep));
         let info = raw::RedisModuleCommandInfo {

@@ -55,7 +55,7 @@ pub use blocked::{BlockedClient, BlockedClientHandler};
 pub use call::{
     call_argv, call_cluster_nodes, command_keys, command_keys_with_flags, CallReply, KeysRequest,
 };
-pub use command_info::{describe_commands, ArgDoc, ArgKind, CommandDoc, KeyFlags};
+pub use command_info::{describe_commands, KeyFlags};
 pub use events::{subscribe, EventHandler, NotifyClasses, ServerEvent};
 pub use handle::{bytes, Ctx, RStr, RString, Status};
 pub use key::{notify, Key, KeyKind};

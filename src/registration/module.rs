@@ -1,17 +1,18 @@
-//! Registration, all in one place: the data type, the commands (with their flags and key
-//! positions; `command_info.rs` describes them), the configuration (`config::init`), the INFO
+//! Registration, all in one place: the data type, the commands (the one table: what each is
+//! comes from `flock_core::commands`, paired here with its handler), the configuration (`config::init`), the INFO
 //! section, the server and keyspace events, and the handlers the mechanisms call back (due
 //! deadlines, deferred jobs). `ffi/module.rs`'s OnLoad calls [`init`].
 
-use super::{command_info, config, events, lock_type};
+use super::{config, events, lock_type};
 use crate::commands::{fenced, handlers, stats as stats_command};
 use crate::ffi::{self, Ctx, RStr, Status};
 use crate::peers::cluster;
 use crate::server::{self, stats};
 use crate::store::{bindings, expiry};
 use crate::waiting::{jobs, waiters};
+use flock_core::commands::{self, CommandSpec};
 use redis_module::{Context, RedisString};
-use std::ffi::{c_int, CStr};
+use std::ffi::{c_int, CStr, CString};
 
 /// The module's init (OnLoad): `Err` refuses to load (the reason is in the log).
 pub fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
@@ -30,7 +31,7 @@ pub fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()
     ffi::handle_io_errors(load);
     expiry::set_due_handler(events::on_due);
     jobs::set_runner(events::run_job);
-    if let Err(e) = register_commands(ctx).and_then(|()| command_info::describe(ctx)) {
+    if let Err(e) = register_commands(ctx) {
         load.log_warning(&format!("refusing to load: {e}"));
         return Err(());
     }
@@ -64,75 +65,95 @@ handler!(Apply, handlers::apply);
 handler!(StatsGet, stats_command::get);
 handler!(StatsReset, stats_command::reset);
 
-/// `ffi::create_command` for one handler type.
-type Register = fn(Ctx<'_>, &CStr, &CStr, (c_int, c_int, c_int)) -> bool;
-/// `ffi::create_subcommand` for one handler type.
-type RegisterSub = fn(ffi::Container<'_>, &CStr, &CStr) -> bool;
+/// How a command of the table is registered.
+#[derive(Clone, Copy)]
+enum Registered {
+    /// A command with its handler (`ffi::create_command` of its handler type).
+    Command(fn(Ctx<'_>, &CStr, &CStr, (c_int, c_int, c_int)) -> bool),
+    /// A container of subcommands, with no handler of its own.
+    Container,
+    /// A subcommand of the container registered before it.
+    Sub(fn(ffi::Container<'_>, &CStr, &CStr) -> bool),
+}
 
-/// Register every command. Flags and key positions matter to cluster clients and ACLs.
+/// The one command table: every command as `flock_core::commands` describes it (name, flags,
+/// arity, key spec, COMMAND DOCS), with the handler that runs it.
+const COMMANDS: [(&CommandSpec, Registered); 12] = [
+    (
+        &commands::ACQUIRE,
+        Registered::Command(ffi::create_command::<Acquire>),
+    ),
+    (
+        &commands::RELEASE,
+        Registered::Command(ffi::create_command::<Release>),
+    ),
+    (
+        &commands::RENEW,
+        Registered::Command(ffi::create_command::<Renew>),
+    ),
+    (
+        &commands::CHECK,
+        Registered::Command(ffi::create_command::<Check>),
+    ),
+    (
+        &commands::INFO,
+        Registered::Command(ffi::create_command::<LockInfo>),
+    ),
+    (
+        &commands::HOLDERS,
+        Registered::Command(ffi::create_command::<Holders>),
+    ),
+    (
+        &commands::REVOKE,
+        Registered::Command(ffi::create_command::<Revoke>),
+    ),
+    (
+        &commands::FENCED,
+        Registered::Command(ffi::create_command::<fenced::Fenced>),
+    ),
+    (&commands::STATS, Registered::Container),
+    (
+        &commands::STATS_GET,
+        Registered::Sub(ffi::create_subcommand::<StatsGet>),
+    ),
+    (
+        &commands::STATS_RESET,
+        Registered::Sub(ffi::create_subcommand::<StatsReset>),
+    ),
+    (
+        &commands::APPLY,
+        Registered::Command(ffi::create_command::<Apply>),
+    ),
+];
+
+/// Register every command of [`COMMANDS`], then tell the server what each is (arity, key
+/// specs, docs). Flags and key positions matter to cluster clients and ACLs.
 fn register_commands(ctx: Ctx<'_>) -> Result<(), String> {
+    // The legacy range of the key at argv[1] (FLOCK.FENCED reports its keys itself).
     let first_key = (1, 1, 1);
-    let table: [(&CStr, Register, &CStr); 9] = [
-        (
-            c"flock.acquire",
-            ffi::create_command::<Acquire>,
-            c"write deny-oom",
-        ),
-        (
-            c"flock.release",
-            ffi::create_command::<Release>,
-            c"write fast",
-        ),
-        (c"flock.renew", ffi::create_command::<Renew>, c"write fast"),
-        (
-            c"flock.check",
-            ffi::create_command::<Check>,
-            c"readonly fast",
-        ),
-        (
-            c"flock.info",
-            ffi::create_command::<LockInfo>,
-            c"readonly fast",
-        ),
-        (
-            c"flock.holders",
-            ffi::create_command::<Holders>,
-            c"readonly",
-        ),
-        (
-            c"flock.revoke",
-            ffi::create_command::<Revoke>,
-            c"write fast",
-        ),
-        (c"flock.apply", ffi::create_command::<Apply>, c"write"),
-        (
-            c"flock.fenced",
-            ffi::create_command::<fenced::Fenced>,
-            c"write getkeys-api",
-        ),
-    ];
-    for (name, create, flags) in table {
-        if !create(ctx, name, flags, first_key) {
+    let mut container = None;
+    for (spec, how) in COMMANDS {
+        let name = spec.name;
+        let ok = match how {
+            Registered::Command(create) => create(ctx, name, spec.flags, first_key),
+            Registered::Container => {
+                container = ffi::create_container(ctx, name);
+                container.is_some()
+            }
+            Registered::Sub(create) => {
+                let sub = spec.subcommand().and_then(|s| CString::new(s).ok());
+                match (container, sub) {
+                    (Some(parent), Some(sub)) => create(parent, &sub, spec.flags),
+                    _ => false,
+                }
+            }
+        };
+        if !ok {
             return Err(format!("could not register {}", name.to_string_lossy()));
         }
     }
-    // FLOCK.STATS, a container of GET and RESET (so that an ACL can allow GET alone).
-    let Some(parent) = ffi::create_container(ctx, c"flock.stats") else {
-        return Err("could not register flock.stats".to_string());
-    };
-    let subs: [(&CStr, RegisterSub, &CStr); 2] = [
-        (c"get", ffi::create_subcommand::<StatsGet>, c"readonly fast"),
-        (c"reset", ffi::create_subcommand::<StatsReset>, c"fast"),
-    ];
-    for (name, create, flags) in subs {
-        if !create(parent, name, flags) {
-            return Err(format!(
-                "could not register flock.stats|{}",
-                name.to_string_lossy()
-            ));
-        }
-    }
-    Ok(())
+    let specs: Vec<&CommandSpec> = COMMANDS.iter().map(|(spec, _)| *spec).collect();
+    ffi::describe_commands(ctx, &specs)
 }
 
 /// The `INFO flock` section (fields appear as `flock_<name>`).
