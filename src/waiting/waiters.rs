@@ -264,9 +264,8 @@ pub enum Delivery {
     TimedOut,
 }
 
-/// Hand `token` to waiter `waiter_id` (taken off its queue by [`pop`]). False when the
-/// waiter is gone: the engine then gives the grant to the next one.
-/// Hand `token` to the waiter `waiter_id`: how long it waited (µs), or None when it is gone.
+/// Hand `token` to the waiter `waiter_id` (taken off its queue by [`pop_if`]): how long it
+/// waited (µs), or `None` when it is gone (the engine then gives the grant to the next one).
 pub fn deliver(waiter_id: u64, token: u64) -> Option<u64> {
     let mut guard = registry();
     let reg = guard.get();

@@ -15,8 +15,8 @@
 //! - [`args`]: argument parsing (Redis's integer rules) and the error texts of malformed calls.
 //! - [`commands`]: the command table: names, flags, arity, key specs, COMMAND DOCS.
 //! - [`settings`]: the module's configs: defaults, ranges and their one validation.
-//! - [`lock_stats`]: the building blocks of FLOCK.STATS (lock classes, histograms, TTL advice;
-//!   not wired into the commands yet).
+//! - [`lock_stats`]: FLOCK.STATS: lock classes, histograms, TTL advice (the module keeps
+//!   one table and records every grant's end in it).
 //! - [`deadlines`]: the deadline index behind the module's timers.
 //! - [`slots`]: Redis Cluster key slots and `CLUSTER NODES` parsing.
 //! - [`engine`]: every operation on a key: state and clock in, reply and effects out.

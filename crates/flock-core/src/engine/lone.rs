@@ -1,5 +1,5 @@
 //! The two operations most locks see, decided without building a [`LockState`]: ACQUIRE of a
-//! key that does not exist, and RELEASE of a key whose whole state is one grant (the host's
+//! key that does not exist, and RELEASE of a key whose whole state is one grant (the store's
 //! compact copy of it, read in place).
 //!
 //! Why: these two are the hot path of every lock, and on a key this simple the general
@@ -14,8 +14,8 @@ use crate::args::AcquireArgs;
 use crate::clock::Deadline;
 use crate::state::{Grant, LockState, Mode};
 
-/// A key's one grant, as a host keeps it when that grant is all the key is (see
-/// [`LockState::lone_grant`]): the fields of a [`Grant`], borrowed from the host's copy.
+/// A key's one grant, as the store keeps it when that grant is all the key is (see
+/// [`LockState::lone_grant`]): the fields of a [`Grant`], borrowed from the store's copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoneGrant<'a> {
     /// Exclusive or shared (a permit key is never lone).
@@ -92,13 +92,13 @@ pub(super) fn acquire_free(
 /// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release`] on its
 /// state,
 /// on a master, for a live grant made without BOUND, when nobody waits for the key. The
-/// holder's release ends the grant and the key (the host deletes it, as told); anyone
+/// holder's release ends the grant and the key (the key is deleted, as the effects say); anyone
 /// else's changes nothing and gets 0. `None`: another case (a lease that ran out must expire
 /// first, a bound grant must be unbound), for [`super::release`].
 ///
 /// Only the monotonic clock is asked for (`mono_us`, as in `Now::mono_us`): whether the lease
 /// runs and how long it was held are measured on it (G9), and nothing here needs the wall
-/// clock, which saves the host a clock read on the hottest path there is.
+/// clock, which saves the server a clock read on the hottest path there is.
 #[inline]
 pub(super) fn release_lone(
     lone: &LoneGrant<'_>,
