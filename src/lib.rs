@@ -67,3 +67,24 @@ mod registration {
     pub mod lock_type;
     pub mod module;
 }
+
+/// The module's entry point: Redis calls `RedisModule_OnLoad`, which runs the registration's
+/// init through `ffi::on_load` (the crate root is the one place that names both).
+fn on_load(
+    load: &redis_module::Context,
+    args: &[redis_module::RedisString],
+) -> redis_module::Status {
+    ffi::on_load::<registration::module::Flock>(load, args)
+}
+
+redis_module::redis_module! {
+    name: "flock",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    // The data type is created by the init (`create_lock_type`), first thing.
+    data_types: [],
+    init: on_load,
+    commands: [],
+    // Configs are registered by registration::config::init, which validates the load
+    // arguments first.
+}

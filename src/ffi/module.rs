@@ -1,40 +1,37 @@
 //! Loading and registration: `RedisModule_OnLoad` (the `redis_module!` macro), commands and
 //! subcommands, the INFO section, module configs, the cluster bus, and SCAN.
 //!
-//! OnLoad calls the module's init, `registration::module::init`: the one function above this
-//! folder that it names (the loader must reach it); every other callback is handed in by the
+//! OnLoad runs the module's init through [`OnLoad`], which the crate root names for it (so
+//! this folder names nothing above it); every other callback is handed in by the
 //! registration as a type parameter of the functions below.
 
 use super::call::KeysRequest;
 use super::handle::{argv_slice, Ctx, RStr, Status};
 use super::key::Key;
-use redis_module::{raw, redis_module, Context, RedisString};
+use redis_module::{raw, Context, RedisString};
 use std::ffi::CStr;
 use std::mem::ManuallyDrop;
 use std::os::raw::{c_char, c_int, c_uchar, c_void};
 use std::ptr::{self, NonNull};
 
-fn on_load(load: &Context, args: &[RedisString]) -> redis_module::Status {
+/// What `RedisModule_OnLoad` runs: the module's init (`Err` refuses to load, the reason is
+/// in the log). The crate root names it (`lib.rs` holds the `redis_module!` entry point), so
+/// nothing in this folder names the layers above it.
+pub trait OnLoad {
+    fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()>;
+}
+
+/// `RedisModule_OnLoad`'s body, for the `redis_module!` entry point: the init of `M` on the
+/// load context as a safe handle.
+pub fn on_load<M: OnLoad>(load: &Context, args: &[RedisString]) -> redis_module::Status {
     // SAFETY: the init context Redis passed to OnLoad, live while it runs.
     let Some(ctx) = (unsafe { Ctx::from_raw(load.ctx) }) else {
         return redis_module::Status::Err;
     };
-    match crate::registration::module::init(ctx, load, args) {
+    match M::init(ctx, load, args) {
         Ok(()) => redis_module::Status::Ok,
         Err(()) => redis_module::Status::Err,
     }
-}
-
-redis_module! {
-    name: "flock",
-    version: 1,
-    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
-    // The data type is created by the init (`create_lock_type`), first thing.
-    data_types: [],
-    init: on_load,
-    commands: [],
-    // Configs are registered by registration::config::init, which validates the load
-    // arguments first.
 }
 
 /// Ask Redis to flag RDB read errors rather than abort (`RdbReader` checks the flag).

@@ -14,8 +14,17 @@ use flock_core::commands::{self, CommandSpec};
 use redis_module::{Context, RedisString};
 use std::ffi::{c_int, CStr, CString};
 
+/// The module: what its OnLoad does.
+pub struct Flock;
+
+impl ffi::OnLoad for Flock {
+    fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
+        init(ctx, load, args)
+    }
+}
+
 /// The module's init (OnLoad): `Err` refuses to load (the reason is in the log).
-pub fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
+fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
     if !ffi::create_lock_type::<lock_type::FlockLock>(ctx) {
         return Err(());
     }

@@ -239,7 +239,9 @@ fn the_v2_fixtures_still_load_every_kind() {
     // tests/fixtures/v2/expected.json, as written by 911e741 (owners and tokens, oldest first).
     let bin_owner: Vec<u8> = (0u8..40).collect();
     let bin_owner = String::from_utf8_lossy(&bin_owner).into_owned();
-    let expected: [(&str, &str, i64, Vec<(String, i64)>); 4] = [
+    // (key, mode, limit, holders as (owner, token)).
+    type Lock<'a> = (&'a str, &'a str, i64, Vec<(String, i64)>);
+    let expected: [Lock; 4] = [
         (
             "fx2:x",
             "exclusive",

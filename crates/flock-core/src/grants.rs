@@ -16,7 +16,7 @@
 //!   a key with several grants pays for the list, the index and the hint in a box of its own.
 
 use crate::clock::{Deadline, Now};
-use crate::state::{Binding, Grant};
+use crate::grant::{Binding, Grant};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 

@@ -9,6 +9,7 @@
 //! - [`clock`]: the two clocks of a command ([`clock::Now`]) and deadlines on both.
 //! - [`tokens`]: the fencing token issuer and the token space.
 //! - [`queue`]: the waiters of one key.
+//! - [`grant`]: one grant (owner, token, lease, binding).
 //! - [`grants`]: the grants of one key (owner index, due hint).
 //! - [`state`]: the state of one lock key and its rules.
 //! - [`snapshot`]: the persisted form of a lock (RDB, AOF, digest, replication, FLOCK.APPLY).
@@ -41,6 +42,7 @@ pub mod deadlines;
 pub mod engine;
 pub mod errors;
 pub mod fence;
+pub mod grant;
 pub mod grants;
 pub mod keyspace;
 pub mod lock_stats;
