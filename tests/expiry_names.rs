@@ -1,5 +1,5 @@
 //! A lock's block carries its key's database and name, which is how a due deadline finds
-//! the key again (src/record.rs, src/expiry.rs). Leases run out under names of every length,
+//! the key again (src/ffi/block.rs, src/store/expiry.rs). Leases run out under names of every length,
 //! binary names, and wherever a lock went after it was armed: RENAME, MOVE, COPY, RESTORE,
 //! SWAPDB; and a flush that drops armed locks leaves the index sound.
 use flock_testkit::*;

@@ -58,7 +58,7 @@ impl ApplyArg<'_> {
 /// or a test's argument list. The sink adds `FLOCK.APPLY` ([`APPLY_COMMAND`]) and the key
 /// itself; [`encode_apply`] calls exactly one of the two methods once.
 ///
-/// Intended use in the glue (`src/replication.rs`): one sink per target (a context for
+/// In the module (`ffi/replicate.rs`): one sink per target (a context for
 /// `RedisModule_Replicate`, an AOF handle for `RedisModule_EmitAOF`), whose `short` matches
 /// the argument kinds to a format string, e.g. `[Word, Bytes, Int, Int]` to `"scbll"`,
 /// `[Word, Bytes, Int, Int, Word]` to `"scbllc"`, `[Word, Int, Int]` to `"scll"` (the only
@@ -106,8 +106,7 @@ pub const SHORT_SHAPES: [&[ArgKind]; 3] = [
 ];
 
 /// Write `FLOCK.APPLY key ...` for `snapshot` into `sink`: the one encoder of the effect
-/// command (replaces the word choice of `src/replication.rs`'s `emit!` and
-/// `StateFields::of`). Integers are passed as `i64` as the glue passes them (`as
+/// command. Integers are passed as `i64` as the glue passes them (`as
 /// c_longlong`): tokens are at most 2^53 - 1.
 pub fn encode_apply<S: ApplySink + ?Sized>(snapshot: Snapshot<'_>, sink: &mut S) {
     match snapshot {

@@ -62,8 +62,7 @@ impl Event {
         self.c_name().to_str().unwrap_or("flock")
     }
 
-    /// The same name as a C string, for `RedisModule_NotifyKeyspaceEvent`. Replaces
-    /// `src/effects.rs` `event_name`.
+    /// The same name as a C string, for `RedisModule_NotifyKeyspaceEvent`.
     pub fn c_name(self) -> &'static CStr {
         match self {
             Event::Acquired { .. } => c"flock.acquired",

@@ -50,11 +50,11 @@ fixed_errors! {
     TooManyWaiters => c"ERR too many clients wait for this key (flock.max-waiters)",
     /// `engine::ReplyError::CouldNotBlock`.
     CouldNotBlock => c"ERR could not block the client",
-    /// Redis would not store a new lock (`src/effects.rs` `send_no_lock`).
+    /// Redis would not store a new lock (`commands/reply.rs`).
     NotStored => c"ERR could not store the lock",
     /// A client called FLOCK.APPLY (`src/commands.rs`).
     ApplyInternal => c"ERR FLOCK.APPLY is internal: only replication and AOF loading may call it",
-    /// FENCED's inner command names its own lock key (`src/fenced.rs`).
+    /// FENCED's inner command names its own lock key (`commands/fenced.rs`).
     FencedOwnKey => c"ERR FLOCK.FENCED cannot touch its own lock key",
     /// A write under a shared token in FENCED.
     FencedSharedWrite => c"ERR FLOCK.FENCED with a shared grant runs read-only commands only",
@@ -76,7 +76,7 @@ fixed_errors! {
     WaitedKeyOtherType => c"ERR the lock key now holds a value of another type",
     /// A waiter's key moved to another cluster node (`engine::revisit_plan`).
     WaitedKeyMoved => c"TRYAGAIN the lock key moved to another node while you waited; retry",
-    /// Every waiter when this master becomes a replica (`src/events.rs`).
+    /// Every waiter when this master becomes a replica (`registration/events.rs`).
     UnblockedNowReplica => c"UNBLOCKED this server is now a replica",
 }
 
@@ -87,7 +87,7 @@ impl Fixed {
     }
 
     /// The error FENCED sends when `RedisModule_Call` could not start its inner command and
-    /// left `errno` at the code named here: replaces the errno match of `src/fenced.rs`.
+    /// left `errno` at the code named here.
     pub fn of_call_errno(errno: CallErrno) -> Fixed {
         match errno {
             CallErrno::NoEntry => Fixed::FencedUnknownCommand,
@@ -132,7 +132,7 @@ pub enum Formatted<'a> {
     OwnerHolds { mode: Mode, key: &'a [u8] },
     /// `key` admits grants of `mode` only (`engine::ReplyError::LimitMismatch`).
     LimitMismatch { mode: Mode, key: &'a [u8] },
-    /// FENCED with a token that is not a live grant of `key` (`src/fenced.rs`).
+    /// FENCED with a token that is not a live grant of `key` (`commands/fenced.rs`).
     FencedStale { token: u64, key: &'a [u8] },
     /// FENCED refuses `command`: `what` is [`crate::args::fenced_refusal`]'s answer.
     FencedRefuses { command: &'a [u8], what: &'a str },

@@ -21,7 +21,7 @@ use crate::state::{LockState, MAX_LIMIT};
 use crate::tokens::MAX_TOKEN;
 
 /// The RDB encoding version written ([`save_lock`]); [`load_lock`] reads it and every older
-/// one (1..=`ENCODING_VERSION`). The glue registers its type with it (`src/lock_type.rs`
+/// one (1..=`ENCODING_VERSION`). The glue registers its type with it (`registration/lock_type.rs`
 /// `ENCODING_VERSION`).
 pub const ENCODING_VERSION: i32 = 2;
 
@@ -51,9 +51,8 @@ pub trait DigestSink {
     fn end_sequence(&mut self);
 }
 
-/// Write `state` in the current encoding ([`ENCODING_VERSION`]). Replaces the body of
-/// `src/lock_type.rs` `rdb_save`: the glue's callback becomes a sink over its
-/// `RedisModuleIO` and one call of this.
+/// Write `state` in the current encoding ([`ENCODING_VERSION`]): the module's callback is a
+/// sink over its `RedisModuleIO` and one call of this.
 pub fn save_lock<S: RdbSink + ?Sized>(state: &LockState, sink: &mut S) {
     let (code, limit) = mode_code(state.mode);
     sink.save_unsigned(code);
@@ -75,8 +74,7 @@ pub fn save_lock<S: RdbSink + ?Sized>(state: &LockState, sink: &mut S) {
 
 /// Read one value written with encoding version `encver`, checked ([`LockImage::validate`]);
 /// `None` for an unknown version, a failed read, or a value no master could have written.
-/// Replaces `src/lock_type.rs` `read_v1`, `read_v2` and the version match of `rdb_load`
-/// (the glue keeps `engine::load` of the image and the record it makes).
+///.
 pub fn load_lock<S: RdbSource + ?Sized>(encver: i32, source: &mut S) -> Option<LockImage> {
     match encver {
         1 => load_v1(source),
@@ -132,15 +130,14 @@ fn load_v2<S: RdbSource + ?Sized>(r: &mut S) -> Option<LockImage> {
 }
 
 /// Write the aux data: the token high-water `mark` (the glue calls it for
-/// `REDISMODULE_AUX_BEFORE_RDB` only). Replaces the body of `src/lock_type.rs` `aux_save`.
+/// `REDISMODULE_AUX_BEFORE_RDB` only)..
 pub fn save_aux<S: RdbSink + ?Sized>(mark: u64, sink: &mut S) {
     sink.save_unsigned(mark);
 }
 
 /// Read the aux data written with encoding version `encver`: the token high-water mark to
 /// observe; `None` for an unknown version, a failed read or a mark above [`MAX_TOKEN`] (the
-/// glue answers `REDISMODULE_ERR`; it keeps its own check of `when`). Replaces the body of
-/// `src/lock_type.rs` `aux_load`.
+/// glue answers `REDISMODULE_ERR`; it keeps its own check of `when`).
 pub fn load_aux<S: RdbSource + ?Sized>(encver: i32, source: &mut S) -> Option<u64> {
     if !(1..=ENCODING_VERSION).contains(&encver) {
         return None;
@@ -151,7 +148,7 @@ pub fn load_aux<S: RdbSource + ?Sized>(encver: i32, source: &mut S) -> Option<u6
 /// The DEBUG DIGEST of `state`: the same on a master and its replicas when they agree on what
 /// travels. Exclusive keys add no mode (as v1 did); grants in token order (master and replica
 /// may keep them in different orders); the last token only for a key with delayed slots and no
-/// grant; the delayed slots' ends sorted. Replaces the body of `src/lock_type.rs` `digest`.
+/// grant; the delayed slots' ends sorted..
 pub fn digest_lock<S: DigestSink + ?Sized>(state: &LockState, sink: &mut S) {
     let (code, limit) = mode_code(state.mode);
     if code != 0 {

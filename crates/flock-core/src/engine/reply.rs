@@ -35,7 +35,7 @@ impl ReplyError {
     }
 
     /// The fixed text of this error, `None` for the texts that name the key (then
-    /// [`ReplyError::message`]). Replaces `src/effects.rs` `static_error_text`.
+    /// [`ReplyError::message`])..
     pub fn static_text(self) -> Option<&'static CStr> {
         self.reply(b"").static_text()
     }

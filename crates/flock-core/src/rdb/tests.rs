@@ -104,7 +104,7 @@ fn every_form_survives_save_and_load() {
 #[test]
 fn v2_layout_is_the_one_written_before() {
     use V::*;
-    // rdb_save of src/lock_type.rs: mode code, limit, last token, grants (owner, token,
+    // what the module writes: mode code, limit, last token, grants (owner, token,
     // deadline, bound) in token order, delays.
     let (_, state) = every_form()
         .into_iter()

@@ -1,5 +1,5 @@
 //! BOUND grants on the host's side: the bindings index as the module keeps it
-//! (`src/bindings.rs`: client id -> the (key, token) of its bound grants, fed by the engine's
+//! (`src/store/bindings.rs`: client id -> the (key, token) of its bound grants, fed by the engine's
 //! `Bind`/`Unbind` effects, taken whole when the connection closes), and what is checked of it
 //! after every step (G11).
 //!

@@ -155,7 +155,7 @@ pub(super) fn assert_same(
         assert_eq!(st.mode, mk.mode, "{}: mode", at());
     }
     assert_eq!(st.last_token, mk.last_token, "{}: last token", at());
-    // The module keeps a lone grant in a compact form of its own (`record.rs`): the grant's
+    // The module keeps a lone grant in a compact form of its own (`ffi/block.rs`): the grant's
     // fields must be the whole state.
     if let Some((mode, g)) = st.lone_grant() {
         let rebuilt = LockState::with_grant(
