@@ -13,7 +13,8 @@ use crate::ffi::block::{self, Found, KeyId, LockRecord, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
 use crate::peers::replication;
 use crate::server::{self, config, stats};
-use crate::store::{bindings, expiry};
+use crate::store::bindings;
+use crate::store::expiry::{self, Arming};
 use crate::waiting::waiters;
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{
@@ -242,7 +243,7 @@ fn run_free(
     let block = made.map_err(|_| NoLock::NotStored)?;
     if let Some(next) = next {
         // A block made here carries its name: nothing to compare, nothing to take out.
-        expiry::arm_new(block, next);
+        let _ = expiry::arm(ctx, key_name, block, next, Arming::Made);
     }
     Ok(out.reply)
 }
@@ -301,7 +302,7 @@ fn arm(
     next: Option<Option<Deadline>>,
 ) {
     if let Some(next) = next {
-        if expiry::arm(ctx, key_name, b, next).is_err() {
+        if expiry::arm(ctx, key_name, b, next, Arming::Update).is_err() {
             expiry::name_and_arm(ctx, key_name, key, false);
         }
     }

@@ -8,7 +8,7 @@ use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEv
 use crate::peers::cluster;
 use crate::server;
 use crate::store::bindings;
-use crate::store::expiry::{self, DueKey};
+use crate::store::expiry::{self, Arming, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
 use crate::waiting::waiters;
 use flock_core::engine::{self, RevisitPlan};
@@ -107,7 +107,7 @@ fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival) {
         look_again = arrival.look_again;
         let block = lock.block();
         drop(lock);
-        unnamed = expiry::rearm(ctx, key, block, arrival.next).is_err();
+        unnamed = expiry::arm(ctx, key, block, arrival.next, Arming::Moved).is_err();
     }
     drop(k);
     if unnamed {

@@ -67,22 +67,47 @@ pub enum NotArmed {
     Unnamed,
 }
 
+/// How a block is armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arming {
+    /// The lock changed: an entry already due no later stays (it fires, settles nothing and
+    /// arms the block again for its deadline then).
+    Update,
+    /// A block this command just made for its key: no entry yet, and its name is the key's,
+    /// so there is nothing to compare or take out.
+    Made,
+    /// The key was renamed, moved, swapped, restored or copied: a pending entry is replaced,
+    /// and the lock's FLOCK.STATS class is forgotten (its next event counts for the class of
+    /// the name it has now).
+    Moved,
+}
+
 /// Make `block`, the lock of `key` in the selected database of `ctx`, due at `next` (its
-/// next deadline; `None`: never), master only. An entry already due no later stays.
+/// next deadline; `None`: never), master only: the one way a lock's block is armed (after a
+/// scan, `arm_all`; with a new name first, `name_and_arm`).
 pub fn arm(
     ctx: Ctx<'_>,
     key: RStr<'_>,
     block: RecordPtr,
     next: Option<Deadline>,
+    how: Arming,
 ) -> Result<(), NotArmed> {
-    arm_with(ctx, key, block, next, false)
+    match how {
+        Arming::Update => arm_with(ctx, key, block, next, false),
+        Arming::Made => {
+            arm_made(block, next);
+            Ok(())
+        }
+        Arming::Moved => {
+            block.set_class(Default::default());
+            arm_with(ctx, key, block, next, true)
+        }
+    }
 }
 
-/// [`arm`] for a block just made for its key by this command (it has no entry yet, and its
-/// name is the key's): nothing to compare, nothing to take out first. A block without a name
-/// (a database number past 65535) is not armed, as [`arm`] would refuse it: a due entry could
-/// not find its key.
-pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
+/// [`Arming::Made`]. A block without a name (a database number past what a block holds) is
+/// not armed, as [`Arming::Update`] would refuse it: a due entry could not find its key.
+fn arm_made(block: RecordPtr, next: Option<Deadline>) {
     let Some(next) = next.filter(|_| server::is_master()) else {
         return;
     };
@@ -93,19 +118,6 @@ pub fn arm_new(block: RecordPtr, next: Option<Deadline>) {
     if e.index.insert(next.mono_us, block, &mut place) {
         ensure_alarm(&mut e, next.mono_us);
     }
-}
-
-/// Like [`arm`], but always replaces a pending entry (the key was renamed, moved, swapped).
-/// The lock's FLOCK.STATS class is forgotten too: its next event counts for the class of the
-/// name it has now.
-pub fn rearm(
-    ctx: Ctx<'_>,
-    key: RStr<'_>,
-    block: RecordPtr,
-    next: Option<Deadline>,
-) -> Result<(), NotArmed> {
-    block.set_class(Default::default());
-    arm_with(ctx, key, block, next, true)
 }
 
 fn arm_with(
@@ -289,7 +301,8 @@ pub fn on_cron(ctx: Ctx<'_>) {
 }
 
 /// Arm the lock of `key` (open for writing) for its next deadline, giving it a block named
-/// after the key first when its block does not carry that name. `replace`: as [`rearm`].
+/// after the key first when its block does not carry that name. `replace`: as
+/// [`Arming::Moved`].
 pub fn name_and_arm(ctx: Ctx<'_>, key_name: RStr<'_>, key: &mut Key, replace: bool) {
     let Found::Lock(mut lock) = block::lock_mut(key) else {
         return;
@@ -298,16 +311,16 @@ pub fn name_and_arm(ctx: Ctx<'_>, key_name: RStr<'_>, key: &mut Key, replace: bo
     let next = lock.state().next_deadline();
     drop(lock);
     let armed = if replace {
-        rearm(ctx, key_name, block, next)
+        arm(ctx, key_name, block, next, Arming::Moved)
     } else {
-        arm(ctx, key_name, block, next)
+        arm(ctx, key_name, block, next, Arming::Update)
     };
     if armed == Err(NotArmed::Unnamed) {
         let db = ctx.selected_db();
         // The key is open for writing; the index entry moves to the new block before the old
         // one is freed.
         if let Some(named) = block::rename_in(key, block, db, ffi::bytes(&key_name), transfer) {
-            if let Err(e) = rearm(ctx, key_name, named, next) {
+            if let Err(e) = arm(ctx, key_name, named, next, Arming::Moved) {
                 // Not reached but for a database number past 65,535.
                 redis_module::logging::log_warning(format!(
                     "flock: cannot arm the lock {:?} in database {db}: {e:?}",
@@ -356,7 +369,7 @@ fn arm_scanned(ctx: Ctx<'_>, keyname: RStr<'_>, key: &mut Key, unnamed: &mut Vec
         let next = lock.state().next_deadline();
         let block = lock.block();
         drop(lock);
-        if rearm(ctx, keyname, block, next) == Err(NotArmed::Unnamed) {
+        if arm(ctx, keyname, block, next, Arming::Moved) == Err(NotArmed::Unnamed) {
             unnamed.push(ffi::bytes(&keyname).to_vec());
         }
     };
