@@ -25,7 +25,7 @@ fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
 [ "$host" = "x86_64-unknown-linux-gnu" ] || { echo "dist-deps: the release build is for x86_64 Linux; this toolchain's host is $host"; exit 1; }
-if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed 2>/dev/null | grep -qx "$host"; then
+if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed 2>/dev/null | grep -x "$host" >/dev/null; then
   echo "dist-deps: the Rust std for $host is not installed (rustup target add $host)"
   exit 1
 fi

@@ -64,7 +64,9 @@ if [ "$(printf '%s\n%s\n' "$highest" "$GLIBC_FLOOR" | sort -V | tail -n 1)" != "
   objdump -T "$so" | awk -v f="$GLIBC_FLOOR" '/GLIBC_/' | sort -k5 -V | tail -n 20 >&2
   die "$so needs GLIBC_$highest, newer than $GLIBC_FLOOR"
 fi
-objdump -T "$so" | grep -q 'RedisModule_OnLoad' || die "$so exports no RedisModule_OnLoad"
+# (grep reads all of objdump's output: with pipefail, `grep -q` stopping early would make
+# objdump's SIGPIPE fail the check.)
+objdump -T "$so" | grep 'RedisModule_OnLoad' >/dev/null || die "$so exports no RedisModule_OnLoad"
 echo "dist: $so needs at most GLIBC_$highest"
 
 rm -rf "dist/$name" "$archive" "$archive.sha256"
