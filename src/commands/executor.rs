@@ -9,8 +9,8 @@
 //! ([`KeyFate`]): kept, a new state (written back in the form that fits), or a new key held
 //! by one grant (written in the compact form at once).
 
-use crate::ffi::block::{self, Found, KeyId, LockRecord, RecordPtr};
-use crate::ffi::{self, Ctx, Key, KeyKind, RStr};
+use crate::ffi::block::{self, Found, KeyId, LockRecord, Opened, RecordPtr};
+use crate::ffi::{self, Ctx, Key, RStr};
 use crate::peers::replication;
 use crate::server::{self, config, stats};
 use crate::store::bindings;
@@ -159,45 +159,43 @@ pub fn run(
     create: bool,
     op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
 ) -> Result<Reply<'static>, NoLock> {
-    match key.kind() {
-        KeyKind::Other => Err(NoLock::WrongType),
-        KeyKind::Empty if !create => Err(NoLock::Missing),
-        KeyKind::Empty => run_free(ctx, key_name, key, op),
-        KeyKind::Ours => match block::lone_of(key) {
-            Some((b, lone)) => {
-                let mut class = b.class();
-                let mut watched = None;
-                let out = {
-                    let mut cx = ServerCx::new();
-                    let mut w = KeyWaiters {
-                        ctx,
-                        key_name,
-                        class: &mut class,
-                        watched: &mut watched,
-                    };
-                    op(Stored::Lone(lone), &mut cx, &mut w)
+    match block::open(key) {
+        Opened::OtherType => Err(NoLock::WrongType),
+        Opened::Nothing if !create => Err(NoLock::Missing),
+        Opened::Nothing => run_free(ctx, key_name, key, op),
+        Opened::Other => run_full(ctx, key_name, key, op),
+        Opened::Lone(b, lone) => {
+            let mut class = b.class();
+            let mut watched = None;
+            let out = {
+                let mut cx = ServerCx::new();
+                let mut w = KeyWaiters {
+                    ctx,
+                    key_name,
+                    class: &mut class,
+                    watched: &mut watched,
                 };
-                let next = carry_out(ctx, key_name, &out, None, &mut class);
-                if out.effects.deletes_key() {
-                    key.delete();
-                    return Ok(out.reply);
-                }
-                match out.fate {
-                    KeyFate::Keep => {}
-                    KeyFate::Store(state) => {
-                        block::put(key, LockRecord { state, watched });
-                    }
-                    KeyFate::StoreLone { grant, mode } => {
-                        let state = LockState::with_grant(mode, grant);
-                        block::put(key, LockRecord { state, watched });
-                    }
-                }
-                b.set_class(class);
-                arm(ctx, key_name, key, b, next);
-                Ok(out.reply)
+                op(Stored::Lone(lone), &mut cx, &mut w)
+            };
+            let next = carry_out(ctx, key_name, &out, None, &mut class);
+            if out.effects.deletes_key() {
+                key.delete();
+                return Ok(out.reply);
             }
-            None => run_full(ctx, key_name, key, op),
-        },
+            match out.fate {
+                KeyFate::Keep => {}
+                KeyFate::Store(state) => {
+                    block::put(key, LockRecord { state, watched });
+                }
+                KeyFate::StoreLone { grant, mode } => {
+                    let state = LockState::with_grant(mode, grant);
+                    block::put(key, LockRecord { state, watched });
+                }
+            }
+            b.set_class(class);
+            arm(ctx, key_name, key, b, next);
+            Ok(out.reply)
+        }
     }
 }
 

@@ -553,13 +553,6 @@ pub fn check(state: Option<&LockState>, token: u64, now: Now) -> Reply<'static> 
     Reply::Int(state.map_or(0, |s| s.check(token, now)) as i64)
 }
 
-/// What FLOCK.FENCED may run under `token`: `None` when it is not a live grant of the key,
-/// else the mode of that grant (a shared one allows read-only commands only).
-pub fn fence(state: Option<&LockState>, token: u64, now: Now) -> Option<Mode> {
-    let state = state?;
-    state.live_grant(token, now).map(|_| state.mode)
-}
-
 /// `FLOCK.INFO key` (read-only; `None`: no lock key). `waiters`: requests waiting for it,
 /// `waiting_mode`: the mode of the shared ones among them.
 #[inline]

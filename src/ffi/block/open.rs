@@ -124,13 +124,29 @@ impl Key {
     }
 }
 
-/// The lock under `key` when its whole state is one grant (the compact form): its block
-/// and that grant, read in place. `None`: no key, another type, or any other state.
-pub fn lone_of(key: &Key) -> Option<(RecordPtr, LoneGrant<'_>)> {
+/// What an open key holds, told with one look at it (the executor's first step).
+pub enum Opened<'k> {
+    /// No key.
+    Nothing,
+    /// A value of another type.
+    OtherType,
+    /// A lock whose whole state is one grant (the compact form), read in place.
+    Lone(RecordPtr, LoneGrant<'k>),
+    /// A lock in any other form (see [`lock_mut`]).
+    Other,
+}
+
+/// What `key` holds (one kind check and one value read).
+#[inline]
+pub fn open(key: &Key) -> Opened<'_> {
     match block_of(key) {
+        Found::Nothing => Opened::Nothing,
+        Found::OtherType => Opened::OtherType,
         // SAFETY: a live block of the open key, unchanged while the key is borrowed.
-        Found::Lock(b) => unsafe { b.lone() }.map(|lone| (b, lone)),
-        _ => None,
+        Found::Lock(b) => match unsafe { b.lone() } {
+            Some(lone) => Opened::Lone(b, lone),
+            None => Opened::Other,
+        },
     }
 }
 

@@ -22,6 +22,7 @@
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
 use flock_core::engine::{self, Event, Reply, ReplyError};
+use flock_core::fence::{self, Access};
 use flock_core::state::Mode;
 use flock_core::{Now, TokenIssuer, WaitQueue};
 use flock_core::{MAX_OWNER_LEN, MAX_TOKEN};
@@ -348,9 +349,14 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                 );
                 // FENCED runs under a live grant only, read-only under a shared one (G5).
                 let live = model.keys[k].live(now).any(|g| g.token == t);
+                let want = match model.keys[k].mode {
+                    _ if !live => Access::Refused,
+                    Mode::Shared => Access::ReadOnly,
+                    Mode::Exclusive | Mode::Permits(_) => Access::ReadWrite,
+                };
                 assert_eq!(
-                    engine::fence(real.states[k].as_ref(), t, now),
-                    live.then_some(model.keys[k].mode),
+                    fence::access(real.states[k].as_ref(), t, now),
+                    want,
                     "step {steps}: FENCED key {k} token {t}"
                 );
             }
