@@ -354,16 +354,18 @@ fn carry_out(
                 stats::record(class, key, Measured::Renewed);
             }
             Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
-            Effect::Replicate => {
+            // Nothing to build when nothing consumes replication (no replica, no AOF).
+            Effect::Replicate if server::replication_consumed() => {
                 if let Some(s) = out.fate.snapshot_with(kept, &mut scratch) {
                     replication::state(ctx, key_name, s);
                 }
             }
-            Effect::ReplicateSoFar(n) => {
+            Effect::ReplicateSoFar(n) if server::replication_consumed() => {
                 if let Some(s) = out.effects.state_so_far(n).and_then(Snapshot::of) {
                     replication::state(ctx, key_name, s);
                 }
             }
+            Effect::Replicate | Effect::ReplicateSoFar(_) => {}
             Effect::ReplicateDelete => replication::delete(ctx, key_name),
             Effect::ReplicateVerbatim => replication::verbatim(ctx),
             // Done by the caller, once the effects are out.

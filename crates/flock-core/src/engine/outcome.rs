@@ -30,13 +30,14 @@ pub enum KeyFate {
     StoreLone { grant: Grant, mode: Mode },
 }
 
-/// The effects of one operation, in order. Eight fit inline (a grant of a free key has three
-/// or four, a release three); only a hand-off to many readers at once spills to the heap.
+/// The effects of one operation, in order. Four fit inline (a grant of a free key has three
+/// or four, a release three: the hot paths move as little as they can); an operation that
+/// ends leases or hands the key on spills to the heap.
 /// Beside them, the states an [`Effect::ReplicateSoFar`] sends (rare: only an operation that
 /// found leases to end or waiters to grant before its own step keeps one).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
-    list: SmallVec<[Effect; 8]>,
+    list: SmallVec<[Effect; 4]>,
     so_far: Vec<LockState>,
 }
 
