@@ -148,6 +148,31 @@ impl Waiters for KeyWaiters<'_> {
     }
 }
 
+/// Run `op` on `stored`, with the server as its context and the key's waiters (`class` and
+/// `watched`: what waiting changes beside the state).
+#[inline]
+fn run_op(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    stored: Stored<'_>,
+    class: &mut ClassRef,
+    watched: &mut Option<Box<KeyId>>,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Outcome {
+    let mut cx = ServerCx::new();
+    let mut w = KeyWaiters {
+        ctx,
+        key_name,
+        class,
+        watched,
+    };
+    if matches!(stored, Stored::Free) {
+        // Clients waiting for the name: the engine must see them (no free-key fast path).
+        w.watch_if_waited();
+    }
+    op(stored, &mut cx, &mut w)
+}
+
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
 /// `create` and the key does not exist, else `Missing`. Carries the outcome out and returns
 /// the reply to send.
@@ -167,30 +192,21 @@ pub fn run(
         Opened::Lone(b, lone) => {
             let mut class = b.class();
             let mut watched = None;
-            let out = {
-                let mut cx = ServerCx::new();
-                let mut w = KeyWaiters {
-                    ctx,
-                    key_name,
-                    class: &mut class,
-                    watched: &mut watched,
-                };
-                op(Stored::Lone(lone), &mut cx, &mut w)
-            };
-            let next = carry_out(ctx, key_name, &out, None, &mut class);
-            if out.effects.deletes_key() {
+            let out = run_op(
+                ctx,
+                key_name,
+                Stored::Lone(lone),
+                &mut class,
+                &mut watched,
+                op,
+            );
+            let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
+            if delete {
                 key.delete();
                 return Ok(out.reply);
             }
-            match out.fate {
-                KeyFate::Keep => {}
-                KeyFate::Store(state) => {
-                    block::put(key, LockRecord { state, watched });
-                }
-                KeyFate::StoreLone { grant, mode } => {
-                    let state = LockState::with_grant(mode, grant);
-                    block::put(key, LockRecord { state, watched });
-                }
+            if let Some(state) = out.fate.into_state() {
+                block::put(key, LockRecord { state, watched });
             }
             b.set_class(class);
             arm(ctx, key_name, key, b, next);
@@ -210,20 +226,9 @@ fn run_free(
 ) -> Result<Reply<'static>, NoLock> {
     let mut class = ClassRef::default();
     let mut watched = None;
-    let out = {
-        let mut cx = ServerCx::new();
-        let mut w = KeyWaiters {
-            ctx,
-            key_name,
-            class: &mut class,
-            watched: &mut watched,
-        };
-        // Clients waiting for the name: the engine must see them (no free-key fast path).
-        w.watch_if_waited();
-        op(Stored::Free, &mut cx, &mut w)
-    };
-    let next = carry_out(ctx, key_name, &out, None, &mut class);
-    if out.effects.deletes_key() {
+    let out = run_op(ctx, key_name, Stored::Free, &mut class, &mut watched, op);
+    let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
+    if delete {
         return Ok(out.reply);
     }
     let db = ctx.selected_db();
@@ -262,25 +267,16 @@ fn run_full(
     let mut class = b.class();
     let out = {
         let (state, watched) = lock.parts();
-        let mut cx = ServerCx::new();
-        let mut w = KeyWaiters {
-            ctx,
-            key_name,
-            class: &mut class,
-            watched,
-        };
-        op(Stored::Full(state), &mut cx, &mut w)
+        run_op(ctx, key_name, Stored::Full(state), &mut class, watched, op)
     };
-    let next = carry_out(ctx, key_name, &out, Some(lock.state()), &mut class);
-    if out.effects.deletes_key() {
+    let (next, delete) = carry_out(ctx, key_name, &out, Some(lock.state()), &mut class);
+    if delete {
         lock.discard();
         key.delete();
         return Ok(out.reply);
     }
-    match out.fate {
-        KeyFate::Keep => {}
-        KeyFate::Store(state) => *lock.state() = state,
-        KeyFate::StoreLone { grant, mode } => *lock.state() = LockState::with_grant(mode, grant),
+    if let Some(state) = out.fate.into_state() {
+        *lock.state() = state;
     }
     // The state goes back into its block (in the form that fits it now).
     drop(lock);
@@ -306,8 +302,9 @@ fn arm(
     }
 }
 
-/// Carry out the effects of `out` on the key `key_name`, in order, but the timer: the last
-/// `Arm` is returned, for after the key's state is stored (a new key has no block before).
+/// Carry out the effects of `out` on the key `key_name`, in order, but the timer and the
+/// deletion: the last `Arm`, and whether the key is to be deleted, are returned for after the
+/// key's state is settled (a new key has no block before).
 /// `kept`: the state the operation left in place (a full block's), which a replication sends
 /// when the fate keeps it.
 #[inline(always)]
@@ -317,9 +314,10 @@ fn carry_out(
     out: &Outcome,
     kept: Option<&LockState>,
     class: &mut ClassRef,
-) -> Option<Option<Deadline>> {
+) -> (Option<Option<Deadline>>, bool) {
     let key = ffi::bytes(&key_name);
     let mut next = None;
+    let mut delete = false;
     let mut scratch = None;
     for &effect in out.effects.as_slice() {
         match effect {
@@ -369,7 +367,7 @@ fn carry_out(
             Effect::ReplicateDelete => replication::delete(ctx, key_name),
             Effect::ReplicateVerbatim => replication::verbatim(ctx),
             // Done by the caller, once the effects are out.
-            Effect::DeleteKey => {}
+            Effect::DeleteKey => delete = true,
             Effect::Arm(at) => next = Some(at),
             Effect::Bind { client, token } => {
                 bindings::bind(client, token, ctx.selected_db(), key);
@@ -379,5 +377,5 @@ fn carry_out(
             }
         }
     }
-    next
+    (next, delete)
 }

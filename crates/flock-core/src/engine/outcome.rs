@@ -91,6 +91,15 @@ pub struct Outcome {
 }
 
 impl KeyFate {
+    /// The key's state when the fate is a new one (`None`: [`KeyFate::Keep`]).
+    pub fn into_state(self) -> Option<LockState> {
+        match self {
+            KeyFate::Keep => None,
+            KeyFate::Store(state) => Some(state),
+            KeyFate::StoreLone { grant, mode } => Some(LockState::with_grant(mode, grant)),
+        }
+    }
+
     /// What [`Effect::Replicate`] sends, given the stored state the operation left when the
     /// fate is [`KeyFate::Keep`] (`kept`). A lone grant of a shared key is sent whole, as a
     /// state of one grant (`STATE`). `None`: nothing to send (a state of no grant and no

@@ -108,10 +108,8 @@ fn execute(
         let kept = slot.as_ref();
         host.log_effect(e, || snapshot_text(fate.snapshot_with(kept, &mut scratch)));
     }
-    match fate {
-        KeyFate::Keep => {}
-        KeyFate::Store(state) => *slot = Some(state),
-        KeyFate::StoreLone { grant, mode } => *slot = Some(LockState::with_grant(mode, grant)),
+    if let Some(state) = fate.into_state() {
+        *slot = Some(state);
     }
     if effects.deletes_key() {
         *slot = None;

@@ -223,13 +223,9 @@ impl Server {
                 Effect::Count(_) | Effect::ReplicateVerbatim => {}
             }
         }
-        let reply = out.reply.clone();
-        match out.fate {
-            KeyFate::Keep => {}
-            KeyFate::Store(ref state) => self.states[k] = Some(state.clone()),
-            KeyFate::StoreLone { ref grant, mode } => {
-                self.states[k] = Some(LockState::with_grant(mode, grant.clone()))
-            }
+        let reply = out.reply;
+        if let Some(state) = out.fate.into_state() {
+            self.states[k] = Some(state);
         }
         if deleted {
             self.states[k] = None;
