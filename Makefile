@@ -46,7 +46,7 @@ integration-test: build
 
 # The clients (clients/*), each in its own test runner, against servers with the module.
 client-test: build
-	FLOCK_MODULE=$(MODULE) $(CARGO_TEST) -p flock-client
+	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
 	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
 	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash clients/python/test.sh
 
