@@ -252,8 +252,10 @@ fn run_free(
 }
 
 /// [`run`] on a key whose block holds any state but a lone grant: the engine changes it in
-/// place, and the block takes the form that fits it afterwards.
-#[inline]
+/// place, and the block takes the form that fits it afterwards. Out of line: neither hot path
+/// (ACQUIRE of a free key, RELEASE of a lone grant) comes here, and inlined it would spread
+/// their code over more cache lines.
+#[inline(never)]
 fn run_full(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
@@ -321,61 +323,90 @@ fn carry_out(
     let mut scratch = None;
     for &effect in out.effects.as_slice() {
         match effect {
-            Effect::Notify(e) => {
-                let measured = match e {
-                    Event::Acquired { ttl_ms } => {
-                        stats::GRANTS.incr();
-                        Measured::Granted { ttl_ms }
-                    }
-                    Event::Released { held_ms } => {
-                        stats::RELEASES.incr();
-                        Measured::Released { held_ms }
-                    }
-                    Event::Expired => {
-                        stats::EXPIRATIONS.incr();
-                        Measured::Expired
-                    }
-                    Event::Revoked => {
-                        stats::REVOKES.incr();
-                        Measured::Revoked
-                    }
-                    Event::Closed => {
-                        stats::BOUND_CLOSED.incr();
-                        Measured::Closed
-                    }
-                };
-                stats::record(class, key, measured);
+            Effect::Notify(e @ Event::Acquired { ttl_ms }) => {
+                stats::GRANTS.incr();
+                stats::record(class, key, Measured::Granted { ttl_ms });
                 ffi::notify(ctx, e.c_name(), key_name);
             }
-            Effect::Count(Count::Renewed) => {
-                stats::RENEWALS.incr();
-                stats::record(class, key, Measured::Renewed);
+            Effect::Notify(e @ Event::Released { held_ms }) => {
+                stats::RELEASES.incr();
+                stats::record(class, key, Measured::Released { held_ms });
+                ffi::notify(ctx, e.c_name(), key_name);
             }
-            Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
             // Nothing to build when nothing consumes replication (no replica, no AOF).
             Effect::Replicate if server::replication_consumed() => {
                 if let Some(s) = out.fate.snapshot_with(kept, &mut scratch) {
                     replication::state(ctx, key_name, s);
                 }
             }
-            Effect::ReplicateSoFar(n) if server::replication_consumed() => {
-                if let Some(s) = out.effects.state_so_far(n).and_then(Snapshot::of) {
-                    replication::state(ctx, key_name, s);
-                }
-            }
-            Effect::Replicate | Effect::ReplicateSoFar(_) => {}
+            Effect::Replicate | Effect::ReplicateSoFar(_) if !server::replication_consumed() => {}
             Effect::ReplicateDelete => replication::delete(ctx, key_name),
-            Effect::ReplicateVerbatim => replication::verbatim(ctx),
             // Done by the caller, once the effects are out.
             Effect::DeleteKey => delete = true,
             Effect::Arm(at) => next = Some(at),
-            Effect::Bind { client, token } => {
-                bindings::bind(client, token, ctx.selected_db(), key);
-            }
-            Effect::Unbind { client, token } => {
-                bindings::unbind(client, token, ctx.selected_db(), key)
-            }
+            rare => carry_out_rare(ctx, key_name, out, rare, class),
         }
     }
     (next, delete)
+}
+
+/// The effects the hot ACQUIRE and RELEASE never have, out of line so that [`carry_out`],
+/// inlined into every operation, stays short (see [`Effect`] for what each one does).
+#[cold]
+#[inline(never)]
+fn carry_out_rare(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    out: &Outcome,
+    effect: Effect,
+    class: &mut ClassRef,
+) {
+    let key = ffi::bytes(&key_name);
+    match effect {
+        Effect::Notify(e) => {
+            let measured = match e {
+                Event::Acquired { ttl_ms } => {
+                    stats::GRANTS.incr();
+                    Measured::Granted { ttl_ms }
+                }
+                Event::Released { held_ms } => {
+                    stats::RELEASES.incr();
+                    Measured::Released { held_ms }
+                }
+                Event::Expired => {
+                    stats::EXPIRATIONS.incr();
+                    Measured::Expired
+                }
+                Event::Revoked => {
+                    stats::REVOKES.incr();
+                    Measured::Revoked
+                }
+                Event::Closed => {
+                    stats::BOUND_CLOSED.incr();
+                    Measured::Closed
+                }
+            };
+            stats::record(class, key, measured);
+            ffi::notify(ctx, e.c_name(), key_name);
+        }
+        Effect::Count(Count::Renewed) => {
+            stats::RENEWALS.incr();
+            stats::record(class, key, Measured::Renewed);
+        }
+        Effect::Count(Count::Contended) => stats::CONTENDED.incr(),
+        Effect::ReplicateSoFar(n) => {
+            if let Some(s) = out.effects.state_so_far(n).and_then(Snapshot::of) {
+                replication::state(ctx, key_name, s);
+            }
+        }
+        Effect::ReplicateVerbatim => replication::verbatim(ctx),
+        Effect::Bind { client, token } => {
+            bindings::bind(client, token, ctx.selected_db(), key);
+        }
+        Effect::Unbind { client, token } => {
+            bindings::unbind(client, token, ctx.selected_db(), key)
+        }
+        // Handled by `carry_out` itself.
+        Effect::Replicate | Effect::ReplicateDelete | Effect::DeleteKey | Effect::Arm(_) => {}
+    }
 }

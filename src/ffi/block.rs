@@ -725,6 +725,7 @@ impl RecordPtr {
     ///
     /// # Safety
     /// `self` must be a live block, not changed while the result lives.
+    #[inline]
     unsafe fn lone<'a>(self) -> Option<LoneGrant<'a>> {
         // SAFETY: by the caller; the compact body is valid in the compact form (narrow or
         // wide as the block is, a wide block's ext after the head), its owner is

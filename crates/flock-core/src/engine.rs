@@ -788,8 +788,25 @@ pub fn acquire(
             };
         }
     }
+    acquire_general(stored, &mut env, w, fx, args, can_block, bind_to)
+}
+
+/// [`acquire`] past its fast path. Out of line and cold: kept away from the hot ACQUIRE of a
+/// free key, whose code then stays a few cache lines long (the general path is many times
+/// its size, and inlined it spread the hot instructions over twice the I1 cache lines).
+#[cold]
+#[inline(never)]
+fn acquire_general(
+    stored: Stored<'_>,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    mut fx: Effects,
+    args: &AcquireArgs<'_>,
+    can_block: bool,
+    bind_to: Option<u64>,
+) -> Outcome {
     let (reply, fate) = with_state(stored, |state| {
-        acquire_state(state, &mut env, w, &mut fx, args, can_block, bind_to)
+        acquire_state(state, env, w, &mut fx, args, can_block, bind_to)
     });
     Outcome {
         reply,
@@ -818,6 +835,20 @@ pub fn release(
             };
         }
     }
+    release_general(stored, cx, w, fx, owner, token)
+}
+
+/// [`release`] past its fast path: out of line and cold, as [`acquire_general`] is.
+#[cold]
+#[inline(never)]
+fn release_general(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    mut fx: Effects,
+    owner: &[u8],
+    token: Option<u64>,
+) -> Outcome {
     let mut env = cx.env();
     let (reply, fate) = with_state(stored, |state| {
         release_state(state, &mut env, w, &mut fx, owner, token)

@@ -64,6 +64,7 @@ impl Effects {
         self.so_far.get(usize::from(n))
     }
 
+    #[inline]
     pub fn as_slice(&self) -> &[Effect] {
         &self.list
     }
