@@ -403,9 +403,7 @@ fn carry_out_rare(
         Effect::Bind { client, token } => {
             bindings::bind(client, token, ctx.selected_db(), key);
         }
-        Effect::Unbind { client, token } => {
-            bindings::unbind(client, token, ctx.selected_db(), key)
-        }
+        Effect::Unbind { client, token } => bindings::unbind(client, token, ctx.selected_db(), key),
         // Handled by `carry_out` itself.
         Effect::Replicate | Effect::ReplicateDelete | Effect::DeleteKey | Effect::Arm(_) => {}
     }
