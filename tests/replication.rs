@@ -445,3 +445,46 @@ fn move_leaves_the_client_and_the_replica_link_in_their_database() {
     assert_eq!(call(&mut r, &["SELECT", "1"]), Reply::Status("OK".into()));
     assert_eq!(call(&mut r, &["EXISTS", "plain", "lk"]), Reply::Int(2));
 }
+
+#[test]
+fn a_raised_token_mark_reaches_the_replicas_without_a_grant() {
+    // DEBUG RELOAD ends a load on the master, which raises its token mark (G3: a restart is a
+    // promotion of what was saved); the mark goes to the replica as `FLOCK.APPLY MARK` from
+    // the next cron tick, with no grant to carry it, and without the command that caused it.
+    let m = Server::start();
+    let r = Server::start_replica_of(&m);
+    let (mut mc, mut rc) = (m.conn(), r.conn());
+    let t = grant(&mut mc, "k", "w", 30_000);
+    assert_eq!(release(&mut mc, "k", "w"), 1);
+    wait_replica(&mut mc);
+    let before = info_i64(&mut mc, "flock", "flock_token_high_water");
+    assert!(before >= t);
+    assert_eq!(
+        call(&mut mc, &["DEBUG", "RELOAD"]).string().as_deref(),
+        Some("OK")
+    );
+    let raised = info_i64(&mut mc, "flock", "flock_token_high_water");
+    assert!(
+        raised >= before + (1 << 24),
+        "the mark {raised} was not raised past {before} by the reload"
+    );
+    let heard = poll_until(Duration::from_secs(5), || {
+        info_i64(&mut rc, "flock", "flock_token_high_water") == raised
+    });
+    assert!(
+        heard,
+        "the replica's mark {} did not reach the master's {raised}",
+        info_i64(&mut rc, "flock", "flock_token_high_water")
+    );
+    assert_eq!(
+        info_field(&mut rc, "replication", "role").as_deref(),
+        Some("slave"),
+        "the replica ran something else than the mark"
+    );
+    r.assert_log_clean();
+    assert!(
+        !r.log().contains("sending an error to its"),
+        "{}",
+        r.log_tail(20)
+    );
+}

@@ -230,6 +230,17 @@ pub fn apply(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
         return ffi::reply_error_static(ctx, Fixed::ApplyInternal.text());
     }
     with_bytes(args, |argv| {
+        if let Some(mark) = args::parse_apply_mark(argv) {
+            return match mark {
+                Ok(token) => {
+                    server::tokens().observe(token);
+                    // A replica passes it on to its own replicas and AOF.
+                    replication::verbatim(ctx);
+                    ffi::reply_simple(ctx, c"OK")
+                }
+                Err(e) => reply_arg_error(ctx, e),
+            };
+        }
         let image = match args::parse_apply(argv) {
             Ok(image) => image,
             Err(e) => return reply_arg_error(ctx, e),

@@ -38,6 +38,9 @@ pub enum ServerEvent {
     },
     /// A persistence event (a fork for RDB or AOF).
     Persistence,
+    /// A fork child was born (seen in the parent, after an AOF rewrite opened its new incr
+    /// file).
+    ForkBorn,
     /// A replica connected or went away.
     ReplicaChange,
     /// A config changed.
@@ -103,6 +106,11 @@ unsafe fn decode(event: raw::RedisModuleEvent, subevent: u64, data: *mut c_void)
             ended: subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED,
         },
         raw::REDISMODULE_EVENT_PERSISTENCE => ServerEvent::Persistence,
+        raw::REDISMODULE_EVENT_FORK_CHILD
+            if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN =>
+        {
+            ServerEvent::ForkBorn
+        }
         raw::REDISMODULE_EVENT_REPLICA_CHANGE => ServerEvent::ReplicaChange,
         raw::REDISMODULE_EVENT_CONFIG => ServerEvent::Config,
         raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_START => {
@@ -164,6 +172,7 @@ pub fn subscribe<H: EventHandler>(ctx: Ctx<'_>, classes: NotifyClasses) {
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_SWAPDB,
         raw::REDISMODULE_EVENT_PERSISTENCE,
+        raw::REDISMODULE_EVENT_FORK_CHILD,
         raw::REDISMODULE_EVENT_REPLICA_CHANGE,
         raw::REDISMODULE_EVENT_CONFIG,
         raw::REDISMODULE_EVENT_CRON_LOOP,

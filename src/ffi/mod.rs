@@ -65,7 +65,9 @@ pub use module::{
     register_cluster_receiver, register_info, scan_db, send_cluster_message, ClusterReceiver,
     Command, Container, InfoCtx, InfoHandler, OnLoad,
 };
-pub use replicate::{emit_aof, replicate_delete, replicate_state, replicate_verbatim};
+pub use replicate::{
+    emit_aof, replicate_delete, replicate_mark, replicate_state, replicate_verbatim,
+};
 pub use reply::{
     reply_array, reply_bulk, reply_error_static, reply_error_string, reply_int, reply_map,
     reply_null, reply_simple, wrong_arity,

@@ -4,7 +4,7 @@
 
 use super::handle::{Ctx, RStr, RString};
 use super::lock_type::Aof;
-use flock_core::apply::{encode_apply, ApplyArg, ApplySink, APPLY_COMMAND};
+use flock_core::apply::{encode_apply, ApplyArg, ApplySink, APPLY_COMMAND, MARK};
 use flock_core::Snapshot;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_longlong};
@@ -141,6 +141,15 @@ pub fn replicate_state(ctx: Ctx<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
 pub fn replicate_delete(ctx: Ctx<'_>, key: RStr<'_>) {
     // SAFETY: a live context and key name; "s" takes one string handle.
     unsafe { api!(RedisModule_Replicate, 0; ctx.ptr(), c"DEL".as_ptr(), c"s".as_ptr(), key.ptr()) };
+}
+
+/// Replicate the server's token mark (`FLOCK.APPLY MARK token`: no key).
+pub fn replicate_mark(ctx: Ctx<'_>, token: u64) {
+    // SAFETY: a live context; "cl" takes a C string and a long long.
+    unsafe {
+        api!(RedisModule_Replicate, 0; ctx.ptr(), APPLY_COMMAND.as_ptr(), c"cl".as_ptr(),
+            MARK.as_ptr(), token as c_longlong)
+    };
 }
 
 /// Pass the command being run on as it is.

@@ -9,11 +9,37 @@
 use crate::ffi::{self, Aof, Ctx, RStr};
 use crate::server;
 use flock_core::Snapshot;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Replicate (to replicas and the AOF) that `key` is now as `snapshot` says.
 pub fn state(ctx: Ctx<'_>, key: RStr<'_>, snapshot: Snapshot<'_>) {
     if server::replication_consumed() {
         ffi::replicate_state(ctx, key, snapshot);
+    }
+}
+
+/// A token mark waits to be sent ([`mark_soon`]).
+static MARK_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Send the token mark to replicas and the AOF from the next cron tick ([`send_pending_mark`]):
+/// replicas and the AOF then know it even when no key carries it.
+///
+/// Why not at once: the events that ask for it (a promotion, the end of loading, a fork) can
+/// fire inside a command (REPLICAOF NO ONE, DEBUG RELOAD, BGREWRITEAOF, BGSAVE), and Redis then
+/// propagates that command along with what the module replicates (tried on Redis 7.0: a
+/// BGREWRITEAOF wrapped with the mark in MULTI/EXEC in the new AOF). From the cron the mark goes
+/// alone. Until then the mark travels anyway with every grant made (its token is above it).
+pub fn mark_soon() {
+    MARK_PENDING.store(true, Ordering::Relaxed);
+}
+
+/// From the cron: send the mark [`mark_soon`] asked for, if any (`FLOCK.APPLY MARK`). Sent
+/// whether or not anything consumes replication now: it is rare, and a replica that attaches
+/// later gets the mark with its full sync (RDB aux data) anyway.
+pub fn send_pending_mark(ctx: Ctx<'_>) {
+    if MARK_PENDING.swap(false, Ordering::Relaxed) && server::is_master() {
+        let mark = server::tokens().high_water();
+        ffi::replicate_mark(ctx, mark);
     }
 }
 

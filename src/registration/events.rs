@@ -6,7 +6,8 @@ use crate::commands::executor;
 use crate::ffi::block::{self, Found, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
 use crate::peers::cluster;
-use crate::server;
+use crate::peers::replication;
+use crate::server::{self, config};
 use crate::store::bindings;
 use crate::store::expiry::{self, Arming, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
@@ -138,12 +139,14 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
             if tick.is_multiple_of(10) {
                 server::recheck_replication(ctx);
             }
+            replication::send_pending_mark(ctx);
             jobs::run_queued(ctx);
             expiry::on_cron(ctx);
             waiters::time_out_due();
             cluster::broadcast_high_water(ctx);
             return;
         }
+        ServerEvent::ForkBorn => ServerChange::ForkStarted,
         ServerEvent::RoleChanged { now_master } => ServerChange::RoleChanged { master: now_master },
         ServerEvent::Loading { ended: true } => ServerChange::LoadingEnded,
         ServerEvent::FlushStarting { db } => ServerChange::FlushStarting { db },
@@ -169,6 +172,7 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
         match step {
             Step::SetMaster(master) => server::set_master(master),
             Step::RefreshRole => server::refresh_role(ctx),
+            Step::RaiseTokenMark | Step::ReplicateTokenMark => token_mark(step),
             Step::ArmAll => expiry::arm_all(ctx),
             Step::ForgetTimers(db) => expiry::forget_db(db),
             Step::FailAllWaiters(why) => waiters::fail_everyone(why.as_str()),
@@ -182,6 +186,29 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
                 }
             }
         }
+    }
+}
+
+/// The module was loaded: the steps of a start (before any data is loaded).
+pub fn on_start() {
+    for step in keyspace::consequences(ServerChange::Started) {
+        token_mark(step);
+    }
+}
+
+/// [`Step::RaiseTokenMark`] and [`Step::ReplicateTokenMark`], on a master.
+fn token_mark(step: Step) {
+    if !server::is_master() {
+        return;
+    }
+    match step {
+        Step::RaiseTokenMark => {
+            let margin_us = config::promotion_margin_ms().saturating_mul(1000);
+            let now = server::now();
+            server::tokens().promote(now, margin_us);
+        }
+        Step::ReplicateTokenMark => replication::mark_soon(),
+        _ => {}
     }
 }
 

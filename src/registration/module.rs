@@ -47,6 +47,7 @@ fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
     ffi::register_info::<Info>(ctx);
     ffi::subscribe::<events::Events>(ctx, events::SUBSCRIBED);
     cluster::init(ctx);
+    events::on_start();
     Ok(())
 }
 
@@ -179,7 +180,13 @@ impl ffi::InfoHandler for Info {
                 h.max(),
             ]
         });
-        let fields: [(&CStr, u64); 19] = [
+        // One look at the issuer (its lock is not reentrant: one guard per statement).
+        let (mark, headroom) = {
+            let now = server::now();
+            let tokens = server::tokens();
+            (tokens.high_water(), tokens.headroom(now))
+        };
+        let fields: [(&CStr, u64); 20] = [
             (c"grants", stats::GRANTS.get()),
             (c"releases", stats::RELEASES.get()),
             (c"expirations", stats::EXPIRATIONS.get()),
@@ -195,7 +202,9 @@ impl ffi::InfoHandler for Info {
             // Bound grants ended because their connection closed (or had none on this master).
             (c"bound_closed", stats::BOUND_CLOSED.get()),
             (c"bound_grants", bindings::count() as u64),
-            (c"token_high_water", server::tokens().high_water()),
+            (c"token_high_water", mark),
+            // Tokens left below 2^53 (what promotions' margins and the clock have not used).
+            (c"token_headroom", headroom),
             (
                 c"replicating_effects",
                 server::replication_consumed() as u64,

@@ -48,6 +48,7 @@ pub static MAX_TTL_MS: Value = Value::new(&settings::MAX_TTL);
 pub static MAX_WAITERS: Value = Value::new(&settings::MAX_WAITERS);
 pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
 pub static MAX_HOLDERS: Value = Value::new(&settings::MAX_HOLDERS);
+pub static PROMOTION_MARGIN_MS: Value = Value::new(&settings::PROMOTION_MARGIN);
 pub static STATS_MAX_CLASSES: Value = Value::new(&settings::STATS_MAX_CLASSES);
 
 /// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
@@ -63,6 +64,7 @@ pub fn value_of(setting: &Setting) -> Option<&'static Value> {
         &MAX_WAITERS,
         &LOCK_DELAY_MS,
         &MAX_HOLDERS,
+        &PROMOTION_MARGIN_MS,
         &STATS_MAX_CLASSES,
     ]
     .into_iter()
@@ -87,6 +89,11 @@ pub fn lock_delay_ms() -> u64 {
 /// `flock.max-holders`: most live shared grants on one key, and the largest LIMIT.
 pub fn max_holders() -> u32 {
     MAX_HOLDERS.get() as u32
+}
+
+/// `flock.promotion-margin-ms`: how far above the clock a promoted master starts its tokens.
+pub fn promotion_margin_ms() -> u64 {
+    PROMOTION_MARGIN_MS.get() as u64
 }
 
 /// `flock.stats-max-classes`: most lock classes FLOCK.STATS keeps.

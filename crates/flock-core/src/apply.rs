@@ -9,6 +9,12 @@
 //!   ([`Snapshot::Delayed`]);
 //! - `STATE` followed by [`crate::snapshot::state_fields`]: any other key ([`Snapshot::Full`]).
 //!
+//! And one form without a key: `FLOCK.APPLY MARK token`, the server's token mark (sent when a
+//! promoted or restarted master raises it, and when a fork starts an AOF rewrite, so that the
+//! mark travels in every persisted form and to every replica; see
+//! [`crate::tokens::TokenIssuer::promote`]). No key form has a single argument after the key,
+//! so the two cannot be taken for each other.
+//!
 //! The encoder ([`encode_apply`]) decides every word; the host only turns the arguments into
 //! its own call. For `GRANT` and `DELAY` the arguments are a fixed small array of
 //! [`ApplyArg`] (nothing is allocated: this is a write command's hot path); `STATE` comes as
@@ -27,6 +33,9 @@ pub const BOUND: &CStr = c"BOUND";
 pub const DELAY: &CStr = c"DELAY";
 /// The word of the form that carries a whole state.
 pub const STATE: &CStr = c"STATE";
+
+/// The word of the keyless form that carries the token mark (`FLOCK.APPLY MARK token`).
+pub const MARK: &CStr = c"MARK";
 
 /// The most arguments a short form (`GRANT ... BOUND`) has after the key.
 pub const MAX_SHORT_ARGS: usize = 5;

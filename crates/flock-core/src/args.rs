@@ -299,6 +299,20 @@ pub fn parse_apply(argv: &[&[u8]]) -> Result<LockImage, ArgError> {
     })
 }
 
+/// `FLOCK.APPLY MARK token`: the token mark a master sent (see [`crate::apply::MARK`]).
+/// `None`: not this form (a key's form, for [`parse_apply`]).
+pub fn parse_apply_mark(argv: &[&[u8]]) -> Option<Result<u64, ArgError>> {
+    match argv {
+        [_, word, token] if word.eq_ignore_ascii_case(b"MARK") => Some(
+            parse_token(token).and_then(|t| match t <= crate::tokens::MAX_TOKEN {
+                true => Ok(t),
+                false => Err(ArgError::Token),
+            }),
+        ),
+        _ => None,
+    }
+}
+
 /// The fields of `FLOCK.APPLY key STATE ...` after `STATE`.
 fn parse_state(fields: &[&[u8]]) -> Result<LockImage, ArgError> {
     let count = |b: &[u8]| -> Result<usize, ArgError> {

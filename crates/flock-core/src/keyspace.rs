@@ -96,6 +96,10 @@ pub fn copy_of(state: &LockState) -> LockState {
 /// A change of the server that matters to locks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerChange {
+    /// The module was loaded (the server is starting, or MODULE LOAD): nothing is loaded yet.
+    Started,
+    /// A fork child was born (BGSAVE, or an AOF rewrite: a new AOF incr file has begun).
+    ForkStarted,
     /// This server became a master (`true`) or a replica.
     RoleChanged { master: bool },
     /// Loading (RDB, AOF, a full sync) ended.
@@ -117,6 +121,15 @@ pub enum Step {
     SetMaster(bool),
     /// Read the role from the server (it may have changed while loading).
     RefreshRole,
+    /// A master only: raise the token mark past every token the old master (or this server
+    /// before its restart) can have issued unheard of, and replicate it
+    /// ([`crate::tokens::TokenIssuer::promote`], margin `flock.promotion-margin-ms`), before
+    /// any grant.
+    RaiseTokenMark,
+    /// A master only: send the token mark to replicas and the AOF (`FLOCK.APPLY MARK`), so that
+    /// it travels even where no key carries a token (an AOF rewritten after every lock was
+    /// released, without an RDB preamble).
+    ReplicateTokenMark,
     /// Arm every lock of every database for its next deadline, after ending the bound grants
     /// that have no connection here (a master only: a replica arms nothing).
     ArmAll,
@@ -137,7 +150,20 @@ pub enum Step {
 /// The steps of a [`ServerChange`], in order.
 pub fn consequences(change: ServerChange) -> Vec<Step> {
     match change {
-        ServerChange::RoleChanged { master: true } => vec![Step::SetMaster(true), Step::ArmAll],
+        // Before the first grant: tokens above the old master's, lost ones included.
+        // Before anything is loaded: a restart from no file at all, or from an AOF that loads
+        // no key (no loading events then), still starts above the clock by the margin.
+        // Replicated once loading ends (nothing can be propagated before).
+        ServerChange::Started => vec![Step::RaiseTokenMark],
+        // The new AOF incr file (a rewrite) begins with the mark; to a replica it is a mark
+        // it already has.
+        ServerChange::ForkStarted => vec![Step::ReplicateTokenMark],
+        ServerChange::RoleChanged { master: true } => vec![
+            Step::SetMaster(true),
+            Step::RaiseTokenMark,
+            Step::ReplicateTokenMark,
+            Step::ArmAll,
+        ],
         // Redis disconnects blocked clients itself on demotion; none must be left waiting
         // for a grant this server can no longer make. A replica arms nothing (it follows its
         // master's effects), and its values may yet be freed by a full sync without a flush
@@ -147,7 +173,14 @@ pub fn consequences(change: ServerChange) -> Vec<Step> {
             Step::FailAllWaiters(Fixed::UnblockedNowReplica),
             Step::ForgetTimers(None),
         ],
-        ServerChange::LoadingEnded => vec![Step::RefreshRole, Step::ArmAll, Step::RevisitWaited],
+        // A restart is a promotion of what was persisted: its last grants may be lost too.
+        ServerChange::LoadingEnded => vec![
+            Step::RefreshRole,
+            Step::RaiseTokenMark,
+            Step::ReplicateTokenMark,
+            Step::ArmAll,
+            Step::RevisitWaited,
+        ],
         ServerChange::FlushStarting { db } => vec![Step::ForgetTimers(db)],
         ServerChange::FlushEnded => vec![Step::RevisitWaited],
         ServerChange::DbsSwapped { first, second } => vec![
@@ -254,12 +287,14 @@ mod tests {
     }
 
     server_cases! {
-        promotion_arms_every_lock: ServerChange::RoleChanged { master: true }
-            => [Step::SetMaster(true), Step::ArmAll];
+        promotion_raises_the_token_mark_and_arms_every_lock: ServerChange::RoleChanged { master: true }
+            => [Step::SetMaster(true), Step::RaiseTokenMark, Step::ReplicateTokenMark, Step::ArmAll];
+        a_start_raises_the_token_mark: ServerChange::Started => [Step::RaiseTokenMark];
+        a_fork_sends_the_token_mark: ServerChange::ForkStarted => [Step::ReplicateTokenMark];
         demotion_fails_waiters_and_forgets_timers: ServerChange::RoleChanged { master: false }
             => [Step::SetMaster(false), Step::FailAllWaiters(Fixed::UnblockedNowReplica), Step::ForgetTimers(None)];
         loading_ended_arms_and_revisits: ServerChange::LoadingEnded
-            => [Step::RefreshRole, Step::ArmAll, Step::RevisitWaited];
+            => [Step::RefreshRole, Step::RaiseTokenMark, Step::ReplicateTokenMark, Step::ArmAll, Step::RevisitWaited];
         flushdb_forgets_its_timers: ServerChange::FlushStarting { db: Some(3) }
             => [Step::ForgetTimers(Some(3))];
         flushall_forgets_every_timer: ServerChange::FlushStarting { db: None }

@@ -44,6 +44,17 @@ pub const MAX_HOLDERS: Setting = Setting {
     max: crate::state::MAX_LIMIT as i64,
 };
 
+/// How far above `max(token mark, clock)` a master starts its tokens after a promotion or a
+/// restart ([`crate::tokens::TokenIssuer::promote`]): the most two servers' clocks may differ
+/// with tokens still growing across a failover.
+pub const PROMOTION_MARGIN: Setting = Setting {
+    name: "promotion-margin-ms",
+    default: 86_400_000,
+    min: 1,
+    // Thirty days.
+    max: 2_592_000_000,
+};
+
 pub const STATS_MAX_CLASSES: Setting = Setting {
     name: "stats-max-classes",
     default: 256,
@@ -52,11 +63,12 @@ pub const STATS_MAX_CLASSES: Setting = Setting {
 };
 
 /// Every setting, in the order of the README's Configuration table.
-pub const ALL: [&Setting; 5] = [
+pub const ALL: [&Setting; 6] = [
     &MAX_TTL,
     &MAX_WAITERS,
     &LOCK_DELAY,
     &MAX_HOLDERS,
+    &PROMOTION_MARGIN,
     &STATS_MAX_CLASSES,
 ];
 

@@ -130,3 +130,37 @@ fn v2_aof_effects_are_written_the_same_today() {
         5
     );
 }
+
+#[test]
+fn the_keyless_mark_form_reads_back_and_no_key_form_is_taken_for_it() {
+    use crate::args::{parse_apply, parse_apply_mark, ArgError};
+    let mark = |words: &[&str]| {
+        let argv: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
+        parse_apply_mark(&argv)
+    };
+    assert_eq!(
+        mark(&["FLOCK.APPLY", "MARK", "1796000000000000"]),
+        Some(Ok(1_796_000_000_000_000))
+    );
+    assert_eq!(mark(&["FLOCK.APPLY", "mark", "7"]), Some(Ok(7)));
+    // Not a token, or past 2^53: refused, never a mark.
+    assert_eq!(
+        mark(&["FLOCK.APPLY", "MARK", "0"]),
+        Some(Err(ArgError::Token))
+    );
+    assert_eq!(
+        mark(&["FLOCK.APPLY", "MARK", "x"]),
+        Some(Err(ArgError::Token))
+    );
+    assert_eq!(
+        mark(&["FLOCK.APPLY", "MARK", "9007199254740992"]),
+        Some(Err(ArgError::Token))
+    );
+    // A key named MARK with one of the key forms is not the mark form.
+    assert_eq!(mark(&["FLOCK.APPLY", "MARK", "DELAY", "5", "1000"]), None);
+    let delay: Vec<&[u8]> = ["FLOCK.APPLY", "MARK", "DELAY", "5", "1000"]
+        .iter()
+        .map(|w| w.as_bytes())
+        .collect();
+    assert!(parse_apply(&delay).is_ok());
+}
