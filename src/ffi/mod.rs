@@ -61,9 +61,9 @@ pub use handle::{bytes, Ctx, RStr, RString, Status};
 pub use key::{notify, Key, KeyKind};
 pub use lock_type::{create_lock_type, Aof, Digest, LockTypeMethods, RdbReader, RdbWriter};
 pub use module::{
-    create_command, create_container, create_subcommand, handle_io_errors, load_configs, on_load,
-    register_cluster_receiver, register_info, scan_db, send_cluster_message, ClusterReceiver,
-    Command, Container, InfoCtx, InfoHandler, OnLoad,
+    create_command, create_container, create_subcommand, load_configs, on_load,
+    register_cluster_receiver, register_info, scan_db, send_cluster_message, set_options,
+    ClusterReceiver, Command, Container, InfoCtx, InfoHandler, OnLoad,
 };
 pub use replicate::{
     emit_aof, replicate_delete, replicate_mark, replicate_state, replicate_verbatim,

@@ -34,9 +34,15 @@ pub fn on_load<M: OnLoad>(load: &Context, args: &[RedisString]) -> redis_module:
     }
 }
 
-/// Ask Redis to flag RDB read errors rather than abort (`RdbReader` checks the flag).
-pub fn handle_io_errors(load: &Context) {
-    load.set_module_options(raw::ModuleOptions::HANDLE_IO_ERRORS);
+/// The module's options: Redis flags RDB read errors rather than abort (`RdbReader` checks the
+/// flag), and a replica may load a full sync asynchronously (`repl-diskless-load swapdb`,
+/// serving reads from its old data meanwhile). The latter holds because on a replica nothing
+/// the module keeps beside the keys points into them: no timer is armed, nobody waits, no
+/// binding is kept (see tests/async_load.rs), and the token mark only grows.
+pub fn set_options(load: &Context) {
+    load.set_module_options(
+        raw::ModuleOptions::HANDLE_IO_ERRORS | raw::ModuleOptions::HANDLE_REPL_ASYNC_LOAD,
+    );
 }
 
 /// Apply redis.conf's lines for the registered configs; false when one was refused.

@@ -37,7 +37,7 @@ fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
         return Err(());
     }
     server::init(ctx);
-    ffi::handle_io_errors(load);
+    ffi::set_options(load);
     expiry::set_due_handler(events::on_due);
     jobs::set_runner(events::run_job);
     if let Err(e) = register_commands(ctx) {
