@@ -6,9 +6,9 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
-import { Flock, FlockError, LockLostError, LockNotDurableError } from "redis-flock";
+import { Flock, FlockError, keySlot, LockLostError, LockNotDurableError } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Server, sleep, valkeyServer } from "./servers.js";
+import { Cluster, Server, sleep, valkeyServer } from "./servers.js";
 import { libKey } from "./suite.js";
 
 /** Polls an observer's condition (never the client under test) until it holds. */
@@ -361,6 +361,39 @@ export function durableSuite(lib: Lib): void {
       assert.equal(guard.lost, false, "the plain lease kept renewing");
       assert.equal(await guard.release(), true);
       assert.equal(await lone.admin.exists(k), 0);
+    });
+
+    test("rule 10 on a cluster: the WAIT reaches the key's master right after the ACQUIRE, also after the slot moved", async () => {
+      const cluster = await Cluster.start();
+      const cc = await lib.cluster(cluster.nodes[0].port);
+      try {
+        const cf = new Flock(cc);
+        const k = `{durable-${libKey(lib)}}:lock`;
+        const slot = keySlot(k);
+        const waits = async () => Promise.all(cluster.nodes.map(async (x) => (await calls(x))["wait"] ?? 0));
+        const src = await cluster.ownerOf(slot);
+        // No replicas in this cluster: not durable, released, and the WAIT ran on the key's master.
+        await assert.rejects(cf.acquire(k, { ttlMs: 3000, replicas: 1, durableTimeoutMs: 200 }), notDurable({ acknowledged: 0, asked: 1 }));
+        assert.deepEqual(await waits(), cluster.nodes.map((x) => (x === src ? 1 : 0)));
+        assert.equal(await src.admin.exists(k), 0);
+        // Move the (empty) slot: the pool's cluster connection still routes to the old master,
+        // is told MOVED, and sends ACQUIRE + WAIT again to the new one.
+        const dst = cluster.nodes.find((x) => x !== src)!;
+        const dstId = await cluster.nodeId(dst);
+        for (const node of [dst, src, ...cluster.nodes.filter((x) => x !== src && x !== dst)]) {
+          await node.admin.call("CLUSTER", "SETSLOT", slot, "NODE", dstId);
+        }
+        await assert.rejects(cf.acquire(k, { ttlMs: 3000, replicas: 1, durableTimeoutMs: 200 }), notDurable({ acknowledged: 0, asked: 1 }));
+        // The old master answered the ACQUIRE with MOVED (and ran the WAIT behind it, whose
+        // count was dropped); the new one ran both.
+        assert.ok(Number(/errorstat_MOVED:count=(\d+)/.exec(await src.admin.info("errorstats"))?.[1] ?? 0) >= 1, "redirected");
+        assert.deepEqual(await waits(), cluster.nodes.map((x) => (x === src ? 2 : x === dst ? 1 : 0)));
+        assert.equal((await calls(dst))["flock.acquire"], 1);
+        assert.equal(await dst.admin.exists(k), 0);
+      } finally {
+        await lib.close(cc);
+        cluster.kill();
+      }
     });
   });
 }
