@@ -344,8 +344,12 @@ export class Lease implements AsyncDisposable {
         let r: unknown;
         if (d) {
           acked = await d.run(cmd, Math.min(d.timeoutMs, Math.max(1, Math.floor(this.#deadline - now()))));
-          // A WAIT lost with its connection counted nothing: try again (the RENEW is idempotent).
-          if (acked.waitError !== undefined && !isReplyError(acked.waitError)) throw acked.waitError;
+          // A WAIT lost with its connection counted nothing: try again (the RENEW is idempotent;
+          // it renewed on the master, though, past the deadline we keep).
+          if (acked.waitError !== undefined && !isReplyError(acked.waitError)) {
+            if (acked.reply !== null && acked.reply !== undefined) this.#serverAhead = true;
+            throw acked.waitError;
+          }
           r = acked.reply;
         } else {
           r = await this.#conn.call(cmd);
