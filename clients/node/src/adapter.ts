@@ -14,14 +14,25 @@ export interface Conn {
   close(): Promise<void>;
   /** Calls `cb` once when the connection fails or closes (BOUND leases); returns an unsubscribe. */
   onDown(cb: (err?: unknown) => void): () => void;
+  /**
+   * Sends `cmds` back to back on one connection, before any reply (pipelined), so that each runs
+   * right after the one before on the same server connection: on a cluster, the connection to
+   * the master of the first command's key (its second argument), following a slot move before
+   * any reply counts. Resolves with each command's outcome, in order.
+   */
+  pipeline(cmds: Arg[][]): Promise<PromiseSettledResult<unknown>[]>;
 }
 
 export interface Adapter {
   readonly library: "ioredis" | "ioredis-cluster" | "node-redis" | "node-redis-cluster";
   /** The caller's client. */
   readonly main: Conn;
-  /** A new connection of its own (rule 8): a duplicate() of the client, connected. */
-  dedicated(opts: { bound: boolean }): Promise<Conn>;
+  /**
+   * A new connection of its own (rule 8): a duplicate() of the client, connected. `noResend`:
+   * commands in flight when the connection drops fail rather than being sent again on the next
+   * connection (ioredis' autoResendUnfulfilledCommands), so a pipeline never straddles two.
+   */
+  dedicated(opts: { bound: boolean; noResend?: boolean }): Promise<Conn>;
 }
 
 import { createRequire } from "node:module";
@@ -99,6 +110,8 @@ function ioredisDown(emitter: AnyClient, events: string[]): Conn["onDown"] {
 function ioredisConn(c: AnyClient, owned: boolean): Conn {
   return {
     call: (args) => c.call(...(args as [string, ...Arg[]])),
+    // Written in one go to the one stream (or queued in order while it connects).
+    pipeline: (cmds) => Promise.allSettled(cmds.map((args) => c.call(...(args as [string, ...Arg[]])))),
     close: async () => {
       if (owned) c.disconnect();
     },
@@ -135,22 +148,60 @@ function ioredisCommandClass(c: AnyClient): any {
 }
 
 function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
+  const call = (args: Arg[]): Promise<unknown> => {
+    // ioredis does not know the key position of module commands and would send them to a
+    // random node (then follow MOVED). Give the command its slot so it goes to the right master.
+    const Command = ioredisCommandClass(c);
+    if (!Command) return c.call(...(args as [string, ...Arg[]]));
+    const [name, ...rest] = args;
+    const cmd = new Command(String(name), rest, { replyEncoding: "utf8" });
+    cmd.slot = keySlot(String(rest[0]));
+    return c.sendCommand(cmd);
+  };
   return {
-    call: (args) => {
-      // ioredis does not know the key position of module commands and would send them to a
-      // random node (then follow MOVED). Give the command its slot so it goes to the right master.
-      const Command = ioredisCommandClass(c);
-      if (!Command) return c.call(...(args as [string, ...Arg[]]));
-      const [name, ...rest] = args;
-      const cmd = new Command(String(name), rest, { replyEncoding: "utf8" });
-      cmd.slot = keySlot(String(rest[0]));
-      return c.sendCommand(cmd);
-    },
+    call,
+    // On the node connection itself: the cluster client would follow a MOVED for the first
+    // command and leave the second on the old node.
+    pipeline: (cmds) =>
+      clusterPipeline(cmds, call, async (key) => {
+        const nodeKey = c.slots?.[keySlot(key)]?.[0];
+        return nodeKey ? (c.connectionPool?.getInstanceByKey?.(nodeKey) ?? null) : null;
+      }, (node, args) => node.call(...(args as [string, ...Arg[]]))),
     close: async () => {
       if (owned) c.disconnect();
     },
     onDown: ioredisDown(c, ["-node", "node error", "close", "end"]),
   };
+}
+
+/**
+ * A pipeline on the connection to the master of the first command's key. A MOVED or ASK for the
+ * first command (the slot moved, or is moving) is followed by a routed FLOCK.CHECK, which lets
+ * the cluster client learn the slot's owner, and the whole pipeline goes again there.
+ */
+async function clusterPipeline(
+  cmds: Arg[][],
+  routed: (args: Arg[]) => Promise<unknown>,
+  nodeOf: (key: string) => Promise<any>,
+  send: (node: any, args: Arg[]) => Promise<unknown>,
+): Promise<PromiseSettledResult<unknown>[]> {
+  const key = String(cmds[0][1]);
+  let delay = 10;
+  for (let attempt = 1; ; attempt++) {
+    let node = await nodeOf(key);
+    if (!node) {
+      await routed(["FLOCK.CHECK", key, 1]); // connects, or throws why it cannot
+      node = await nodeOf(key);
+      if (!node) throw new Error(`no connection to the master of slot ${keySlot(key)}`);
+    }
+    const out = await Promise.allSettled(cmds.map((args) => send(node, args)));
+    const first = out[0];
+    const redirected = first.status === "rejected" && /^(MOVED|ASK) /.test(String((first.reason as Error)?.message));
+    if (!redirected || attempt >= 8) return out;
+    await routed(["FLOCK.CHECK", key, 1]).catch(() => {});
+    await new Promise<void>((r) => setTimeout(r, delay).unref());
+    delay = Math.min(delay * 2, 200);
+  }
 }
 
 // ---------------------------------------------------------------- node-redis (v4, v5)
@@ -191,6 +242,7 @@ function nodeRedisDown(c: AnyClient, events: string[]): Conn["onDown"] {
 function nodeRedisConn(c: AnyClient, owned: boolean): Conn {
   return {
     call: (args) => c.sendCommand(str(args)),
+    pipeline: (cmds) => Promise.allSettled(cmds.map((args) => c.sendCommand(str(args)))),
     close: async () => {
       if (owned) await nodeRedisClose(c);
     },
@@ -199,8 +251,14 @@ function nodeRedisConn(c: AnyClient, owned: boolean): Conn {
 }
 
 function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
+  const call = (args: Arg[]): Promise<unknown> => c.sendCommand(String(args[1]), false, str(args));
   return {
-    call: (args) => c.sendCommand(String(args[1]), false, str(args)),
+    call,
+    pipeline: (cmds) =>
+      clusterPipeline(cmds, call, async (key) => {
+        const master = c.getSlotMaster(keySlot(key));
+        return master ? ((await c.nodeClient(master)) ?? null) : null;
+      }, (node, args) => node.sendCommand(str(args))),
     close: async () => {
       if (owned) await nodeRedisClose(c);
     },
@@ -216,13 +274,15 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis-cluster",
       main: ioredisClusterConn(c, false),
-      async dedicated({ bound }) {
+      async dedicated({ bound, noResend }) {
         const d = bound
           ? c.duplicate([], {
               clusterRetryStrategy: () => null,
               redisOptions: { ...(c.options?.redisOptions ?? {}), retryStrategy: () => null, autoResendUnfulfilledCommands: false },
             })
-          : c.duplicate();
+          : noResend
+            ? c.duplicate([], { redisOptions: { ...(c.options?.redisOptions ?? {}), autoResendUnfulfilledCommands: false } })
+            : c.duplicate();
         d.on("error", () => {});
         return ioredisClusterConn(d, true);
       },
@@ -232,10 +292,10 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis",
       main: ioredisConn(c, false),
-      async dedicated({ bound }) {
+      async dedicated({ bound, noResend }) {
         const d = bound
           ? c.duplicate({ retryStrategy: () => null, autoResendUnfulfilledCommands: false, lazyConnect: false })
-          : c.duplicate({ lazyConnect: false });
+          : c.duplicate({ lazyConnect: false, ...(noResend ? { autoResendUnfulfilledCommands: false } : {}) });
         d.on("error", () => {});
         return ioredisConn(d, true);
       },

@@ -64,3 +64,56 @@ export class FencedError extends FlockError {
     this.token = token;
   }
 }
+
+/**
+ * A durable grant or renewal (`replicas`, `fsync`) fell short: fewer replicas than asked (or,
+ * with `fsync`, not the local AOF) acknowledged it within `durableTimeoutMs`. From `acquire` the
+ * grant was released before this was thrown; from `lease.renew()` the lease is still live with
+ * the deadline it had before (the renewal did not extend what the client believes).
+ */
+export class LockNotDurableError extends FlockError {
+  readonly key: string;
+  readonly token: number;
+  /** "acquire": the grant was released; "renew": the lease keeps its earlier deadline. */
+  readonly operation: "acquire" | "renew";
+  /** Replicas that acknowledged the write (WAIT's reply; WAITAOF's second number with fsync). */
+  readonly acknowledged: number;
+  /** Replicas asked for (the `replicas` option). */
+  readonly asked: number;
+  /** Whether the local AOF fsync was asked for (`fsync: true`). */
+  readonly fsync: boolean;
+  /** With `fsync`: whether the master's own AOF had it on disk (WAITAOF's first number). */
+  readonly fsynced: boolean;
+  readonly timeoutMs: number;
+  constructor(init: {
+    key: string;
+    token: number;
+    operation: "acquire" | "renew";
+    acknowledged: number;
+    asked: number;
+    fsync: boolean;
+    fsynced: boolean;
+    timeoutMs: number;
+  }) {
+    const parts: string[] = [];
+    if (init.asked > 0 && init.acknowledged < init.asked) {
+      parts.push(`${init.acknowledged} of ${init.asked} replica${init.asked === 1 ? "" : "s"} acknowledged it`);
+    }
+    if (init.fsync && !init.fsynced) parts.push("the AOF fsync did not complete");
+    const what = init.operation === "acquire" ? "grant" : "renewal";
+    const then =
+      init.operation === "acquire" ? "the grant was released" : "the lease keeps the deadline of its last durable renewal";
+    super(
+      `${what} of ${JSON.stringify(init.key)} (token ${init.token}) is not durable: ` +
+        `${parts.join(" and ") || "not acknowledged"} within ${init.timeoutMs} ms; ${then}`,
+    );
+    this.key = init.key;
+    this.token = init.token;
+    this.operation = init.operation;
+    this.acknowledged = init.acknowledged;
+    this.asked = init.asked;
+    this.fsync = init.fsync;
+    this.fsynced = init.fsynced;
+    this.timeoutMs = init.timeoutMs;
+  }
+}

@@ -8,6 +8,8 @@ export {
   LockLostError,
   LeaseTooShortError,
   FencedError,
+  LockNotDurableError,
   type LossReason,
 } from "./errors.js";
 export { keySlot } from "./adapter.js";
+export type { Durability } from "./durable.js";

@@ -1,8 +1,9 @@
 import "./polyfill.js";
 import { performance } from "node:perf_hooks";
-import type { Conn } from "./adapter.js";
+import type { Arg, Conn } from "./adapter.js";
 import { isClosedClientError, isReplyError, replyCode } from "./adapter.js";
-import { FencedError, LeaseTooShortError, LockLostError, type LossReason } from "./errors.js";
+import type { Acked, Durability } from "./durable.js";
+import { FencedError, FlockError, LeaseTooShortError, LockLostError, LockNotDurableError, type LossReason } from "./errors.js";
 
 const now = () => performance.now();
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
@@ -24,6 +25,8 @@ export interface LeaseInit {
   bound: boolean;
   renew: boolean;
   kind: LeaseKind;
+  /** Durable renewals (rule 10): RENEW + WAIT through `run`, on a connection of Flock's pool. */
+  durable?: (Durability & { run(cmd: Arg[], timeoutMs: number): Promise<Acked> }) | null;
 }
 
 /**
@@ -57,6 +60,9 @@ export class Lease implements AsyncDisposable {
   #renewSeq = 0;
   #appliedSeq = 0;
   #unDown: (() => void) | null = null;
+  #durable: LeaseInit["durable"];
+  /** A renewal that fell short still renewed on the master: its grant outlives our deadline. */
+  #serverAhead = false;
 
   /** @internal use Flock.acquire() */
   constructor(init: LeaseInit) {
@@ -71,6 +77,7 @@ export class Lease implements AsyncDisposable {
     this.#ttl = init.ttlMs;
     this.#deadline = init.sentAt + init.ttlMs;
     this.#watchdog = init.renew;
+    this.#durable = init.durable ?? null;
     if (init.bound) {
       this.#unDown = init.conn.onDown(() => {
         if (!this.#released && !this.#releasing) this.#lose("connection-closed", true);
@@ -165,9 +172,17 @@ export class Lease implements AsyncDisposable {
     if (this.lost) throw this.#lostError();
     if (this.released) throw new LockLostError(this.key, this.token, "released");
     if (ttlMs !== undefined) this.#ttl = ttlMs;
-    const ok = await this.#renewOnce(this.#ttl);
-    if (!ok) throw this.#lostError();
+    const r = await this.#renewOnce(this.#ttl);
+    if (r === false) throw this.#lostError();
+    // A durable renewal that fell short: the lease is live, with the deadline it had.
+    if (r !== true) throw r;
     this.#scheduleRenew();
+  }
+
+  /** The durability of this lease's grant and renewals (rule 10), or null for a plain lease. */
+  get durability(): Readonly<Durability> | null {
+    const d = this.#durable;
+    return d ? { replicas: d.replicas, fsync: d.fsync, timeoutMs: d.timeoutMs } : null;
   }
 
   /**
@@ -257,6 +272,11 @@ export class Lease implements AsyncDisposable {
     if (this.#lostReason !== null) return;
     this.#lostReason = reason;
     this.#stopTimers();
+    if (reason === "expired" && this.#serverAhead && !this.#gone && !this.released) {
+      // A renewal that fell short extended the grant on the master past the deadline we kept:
+      // hand it back rather than leave the key held by nobody.
+      void this.#conn.call(["FLOCK.RELEASE", this.key, this.owner, this.token]).catch(() => {});
+    }
     this.#ctl.abort(new LockLostError(this.key, this.token, reason));
   }
 
@@ -279,25 +299,35 @@ export class Lease implements AsyncDisposable {
     this.#expiryTimer.unref();
   }
 
-  #scheduleRenew(): void {
+  #scheduleRenew(inMs = Math.floor(this.#ttl / 3)): void {
     if (!this.#watchdog || this.#lostReason !== null || this.released) return;
     if (this.#renewTimer) clearTimeout(this.#renewTimer);
     this.#renewTimer = setTimeout(() => {
       this.#renewTimer = null;
       void this.#watchdogTick();
-    }, Math.max(1, Math.floor(this.#ttl / 3)));
+    }, Math.max(1, Math.floor(inMs)));
     this.#renewTimer.unref();
   }
 
   async #watchdogTick(): Promise<void> {
-    if (await this.#renewOnce(this.#ttl)) this.#scheduleRenew();
+    const started = now();
+    const r = await this.#renewOnce(this.#ttl);
+    if (r === true) this.#scheduleRenew();
+    else if (r !== false) {
+      // A durable renewal fell short: the deadline stays where it was; try again a renewal
+      // period after this one was sent (at once when the WAIT took that long). The lease is
+      // lost when the deadline comes first.
+      this.#scheduleRenew(Math.floor(this.#ttl / 3) - (now() - started));
+    }
   }
 
   /**
    * One token-qualified RENEW, retried on connection errors but never sent at or past the local
-   * deadline. Resolves true when renewed, false when the lease is (now) lost.
+   * deadline. Resolves true when renewed, false when the lease is (now) lost. A durable renewal
+   * is RENEW + WAIT (WAITAOF), its WAIT no longer than the time left; when too few acknowledged
+   * it resolves with a LockNotDurableError and leaves the deadline where it was.
    */
-  async #renewOnce(ttl: number): Promise<boolean> {
+  async #renewOnce(ttl: number): Promise<boolean | LockNotDurableError | FlockError> {
     let delay = Math.max(5, Math.min(50, Math.floor(ttl / 10)));
     for (;;) {
       if (this.#lostReason !== null || this.released) return false;
@@ -308,7 +338,22 @@ export class Lease implements AsyncDisposable {
       }
       const seq = ++this.#renewSeq;
       try {
-        const r = await this.#conn.call(["FLOCK.RENEW", this.key, this.owner, ttl, this.token]);
+        const cmd: Arg[] = ["FLOCK.RENEW", this.key, this.owner, ttl, this.token];
+        const d = this.#durable;
+        let acked: Acked | null = null;
+        let r: unknown;
+        if (d) {
+          acked = await d.run(cmd, Math.min(d.timeoutMs, Math.max(1, Math.floor(this.#deadline - now()))));
+          // A WAIT lost with its connection counted nothing: try again (the RENEW is idempotent;
+          // it renewed on the master, though, past the deadline we keep).
+          if (acked.waitError !== undefined && !isReplyError(acked.waitError)) {
+            if (acked.reply !== null && acked.reply !== undefined) this.#serverAhead = true;
+            throw acked.waitError;
+          }
+          r = acked.reply;
+        } else {
+          r = await this.#conn.call(cmd);
+        }
         if (this.released) return false;
         if (r === null || r === undefined) {
           this.#lose("renew-refused", true);
@@ -319,6 +364,17 @@ export class Lease implements AsyncDisposable {
           // rather than hold a lock nobody uses (the lease stays lost: loss is final).
           void this.#conn.call(["FLOCK.RELEASE", this.key, this.owner, this.token]).catch(() => {});
           return false;
+        }
+        if (acked && !acked.ok) {
+          this.#serverAhead = true;
+          if (acked.waitError !== undefined) {
+            const msg = acked.waitError instanceof Error ? acked.waitError.message : String(acked.waitError);
+            return new FlockError(`the server refused ${d!.fsync ? "WAITAOF" : "WAIT"} after RENEW: ${msg}`, { cause: acked.waitError });
+          }
+          return new LockNotDurableError({
+            key: this.key, token: this.token, operation: "renew", acknowledged: acked.acknowledged,
+            asked: d!.replicas, fsync: d!.fsync, fsynced: acked.fsynced, timeoutMs: d!.timeoutMs,
+          });
         }
         if (seq > this.#appliedSeq) {
           this.#appliedSeq = seq;

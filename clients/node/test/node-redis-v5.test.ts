@@ -1,6 +1,8 @@
+import { durableSuite } from "./durable.js";
 import { kindsSuite } from "./kinds.js";
 import { libs } from "./libs.js";
 import { coreSuite } from "./suite.js";
 
 coreSuite(libs["node-redis-v5"]);
 kindsSuite(libs["node-redis-v5"]);
+durableSuite(libs["node-redis-v5"]);

