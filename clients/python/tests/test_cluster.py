@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 import redis_flock.aio as aio
-from redis_flock import Flock
+from redis_flock import Flock, LockNotDurableError
 
-from conftest import SOON_S, wait_until
+from conftest import SOON_S, Monitor, wait_until
 
 
 def lock_info(node, key):
@@ -107,3 +108,55 @@ def test_cluster_async_wait_survives_a_slot_move(cluster):
         await rc.aclose()
 
     asyncio.run(main())
+
+
+def test_cluster_durable_grant_waits_on_the_keys_node(cluster):
+    """replicas=1 on masters without replicas: the WAIT follows the ACQUIRE on the key's own
+    node (a WAIT anywhere else would count another node's replicas), the grant is released."""
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
+    flock = Flock(rc)
+    seen = set()
+
+    def check(key, acquire):
+        node = cluster.node_of_slot(rc.keyslot(key))
+        seen.add(node.port)
+        mon = Monitor(node)
+        try:
+            with pytest.raises(LockNotDurableError) as ei:
+                acquire()
+        finally:
+            mon.close()
+        assert (ei.value.acknowledged, ei.value.requested) == (0, 1)
+        assert mon.commands[mon.index(f"FLOCK.ACQUIRE {key}") + 1] == "WAIT 1 50"
+        assert mon.count(f"FLOCK.RELEASE {key}") == 1
+        with node.client() as c:
+            assert c.exists(key) == 0
+
+    try:
+        for i in range(4):
+            key = f"{{d{i}}}:lock"
+            check(key, lambda: flock.acquire(key, 3000, replicas=1, durable_timeout_ms=50))
+    finally:
+        rc.close()
+
+    async def main():
+        arc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
+                                socket_timeout=SOON_S)
+        aflock = aio.Flock(arc)
+        loop = asyncio.get_running_loop()
+        try:
+            for i in range(4):
+                key = f"{{ad{i}}}:lock"
+
+                def acquire():
+                    fut = asyncio.run_coroutine_threadsafe(
+                        aflock.acquire(key, 3000, replicas=1, durable_timeout_ms=50), loop)
+                    return fut.result(SOON_S)
+
+                # the observer's checks block: they run in a thread, the client on the loop
+                await loop.run_in_executor(None, check, key, acquire)
+        finally:
+            await arc.aclose()
+
+    asyncio.run(main())
+    assert len(seen) > 1

@@ -9,7 +9,14 @@
 
 The asyncio client is ``redis_flock.aio.Flock``.
 """
-from ._core import FencedError, FlockError, LeaseTooShortError, LockBusyError, LockLostError
+from ._core import (
+    FencedError,
+    FlockError,
+    LeaseTooShortError,
+    LockBusyError,
+    LockLostError,
+    LockNotDurableError,
+)
 from ._sync import Flock, Lease
 
 __all__ = [
@@ -20,5 +27,6 @@ __all__ = [
     "LockLostError",
     "LeaseTooShortError",
     "FencedError",
+    "LockNotDurableError",
 ]
 __version__ = "0.1.0"

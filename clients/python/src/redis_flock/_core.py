@@ -47,6 +47,7 @@ __all__ = [
     "LockLostError",
     "LeaseTooShortError",
     "FencedError",
+    "LockNotDurableError",
 ]
 
 log = logging.getLogger("redis_flock")
@@ -75,6 +76,29 @@ class LeaseTooShortError(LockLostError):
 
 class FencedError(FlockError):
     """FLOCK.FENCED refused the lease's token as stale; nothing ran and the lease is lost."""
+
+
+class LockNotDurableError(FlockError):
+    """``replicas=`` / ``fsync=`` (rule 10): fewer replicas than asked acknowledged the grant
+    (or, with ``fsync=True``, the local AOF did not fsync it) within ``durable_timeout_ms``.
+
+    From ``acquire()`` / ``lock()``: the grant was released (token-qualified) and no lease is
+    handed over. From ``lease.renew()``: the server renewed, but the lease's local deadline
+    stays where the last acknowledged renewal put it; the lease is still held.
+
+    ``acknowledged``: how many replicas acknowledged; ``requested``: how many were asked;
+    ``fsync``: whether the local AOF fsync was asked; ``fsynced``: whether it happened (None
+    when it was not asked, or when the server answered with an error)."""
+
+    def __init__(self, message: str, key: Any = None, acknowledged: int = 0,
+                 requested: int = 0, fsync: bool = False,
+                 fsynced: Optional[bool] = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.acknowledged = acknowledged
+        self.requested = requested
+        self.fsync = fsync
+        self.fsynced = fsynced
 
 
 Number = Union[int, float]
@@ -199,6 +223,115 @@ def busy_error(key: Any, wait_ms: Optional[Number]) -> LockBusyError:
                          + (f" within {wait_ms} ms" if wait_ms else " (held by another owner)"))
 
 
+# --- durable grants (rule 10) ------------------------------------------------------------------
+
+class Durability:
+    """A lease's ``replicas=`` / ``fsync=``: the command that follows its ACQUIRE and each of
+    its RENEWs on the same connection (``WAIT replicas ms``, or ``WAITAOF 1 replicas ms`` with
+    fsync), and how that command's reply is judged. WAIT and WAITAOF count what the connection
+    itself wrote, so they must follow the granting (or renewing) command on its connection:
+    that is also the one connection that reaches the key's node in a cluster."""
+
+    __slots__ = ("replicas", "fsync", "timeout_ms")
+
+    def __init__(self, replicas: int, fsync: bool, timeout_ms: Optional[int]) -> None:
+        self.replicas = replicas
+        self.fsync = fsync
+        #: durable_timeout_ms as given; None: a third of the ttl of each grant or renewal
+        self.timeout_ms = timeout_ms
+
+    def wait_ms(self, ttl_ms: int, cap_ms: Optional[int] = None) -> int:
+        """How long the server waits for the acknowledgements: durable_timeout_ms (default a
+        third of ttl_ms), at most cap_ms (a renewal: no longer than the lease's local deadline,
+        after which its answer no longer matters), at least 1 (0 would mean no limit)."""
+        ms = self.timeout_ms if self.timeout_ms is not None else ttl_ms // 3
+        if cap_ms is not None and cap_ms < ms:
+            ms = cap_ms
+        return ms if ms >= 1 else 1
+
+    def command(self, wait_ms: int) -> Tuple[Any, ...]:
+        if self.fsync:
+            return ("WAITAOF", 1, self.replicas, wait_ms)
+        return ("WAIT", self.replicas, wait_ms)
+
+    def shortfall(self, key: Any, reply: Any, wait_ms: int, renewal: bool
+                  ) -> Optional[LockNotDurableError]:
+        """None when the WAIT / WAITAOF reply says the grant (renewal) is durable as asked;
+        else the error that says how far it fell short."""
+        what = "renewal" if renewal else "grant"
+        then = ("the lease's local deadline stays where the last acknowledged renewal put it"
+                if renewal else "the grant was released")
+        name = "WAITAOF" if self.fsync else "WAIT"
+        if isinstance(reply, Exception):
+            return LockNotDurableError(
+                f"{what} of {key!r} is not durable: {name} failed: {reply}; {then}",
+                key, 0, self.replicas, self.fsync, None)
+        fsynced: Optional[bool] = None
+        try:
+            if self.fsync:
+                local, acked = int(reply[0]), int(reply[1])
+                fsynced = local >= 1
+            else:
+                acked = int(reply)
+        except (TypeError, ValueError, IndexError):
+            return LockNotDurableError(
+                f"{what} of {key!r} is not durable: {name} answered {reply!r}; {then}",
+                key, 0, self.replicas, self.fsync, None)
+        if acked >= self.replicas and fsynced is not False:
+            return None
+        parts = []
+        if self.replicas:
+            parts.append(f"{acked} of {self.replicas} replicas "
+                         f"{'fsynced' if self.fsync else 'acknowledged'}")
+        if fsynced is False:
+            parts.append("the local AOF was not fsynced")
+        return LockNotDurableError(
+            f"{what} of {key!r} is not durable: {' and '.join(parts)} within {wait_ms} ms; "
+            f"{then}", key, acked, self.replicas, self.fsync, fsynced)
+
+
+def durability(replicas: Any, fsync: Any, durable_timeout_ms: Any, ttl_ms: int, bound: bool
+               ) -> Optional[Durability]:
+    """Checks an acquire's replicas / fsync / durable_timeout_ms (after acquire_command checked
+    its ttl): a Durability, or None for a plain lease. Raises ValueError before anything is
+    sent."""
+    if type(replicas) is int and replicas == 0 and fsync is False and durable_timeout_ms is None:
+        return None  # a plain lease (the usual case)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"replicas must be a non-negative integer, not {replicas!r}")
+    if not isinstance(fsync, bool):
+        raise ValueError(f"fsync must be True or False, not {fsync!r}")
+    if durable_timeout_ms is not None:
+        if isinstance(durable_timeout_ms, bool) or not isinstance(durable_timeout_ms, int) \
+                or durable_timeout_ms < 1:
+            raise ValueError("durable_timeout_ms must be None or a positive integer of "
+                             f"milliseconds, not {durable_timeout_ms!r}")
+        if durable_timeout_ms >= ttl_ms:
+            raise ValueError(f"durable_timeout_ms ({durable_timeout_ms}) must be shorter than "
+                             f"ttl_ms ({ttl_ms}): a lease handed over after its ttl is no lease")
+    if replicas == 0 and not fsync:
+        return None
+    if bound:
+        raise ValueError("bound=True cannot be durable (replicas= / fsync=True): a BOUND grant "
+                         "ends at any promotion by design")
+    return Durability(replicas, fsync, durable_timeout_ms)
+
+
+#: Asked once per client before its first fsync=True acquire: nil on a server without WAITAOF
+#: (Redis before 7.2).
+WAITAOF_PROBE = ("COMMAND", "INFO", "WAITAOF")
+
+
+def has_waitaof(reply: Any) -> bool:
+    """WAITAOF_PROBE's reply: whether the server knows WAITAOF."""
+    return isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
+
+
+def no_waitaof_error(key: Any) -> FlockError:
+    return FlockError(f"fsync=True needs WAITAOF (Redis 7.2 or later, or Valkey), and this "
+                      f"server has none: nothing was sent for {key!r}")
+
+
 # --- the ops a plan yields, and what each one's result is ---------------------------------------
 
 class Checkout(NamedTuple):
@@ -222,6 +355,17 @@ class Send(NamedTuple):
     slot: Any
     args: Tuple[Any, ...]
     timeout: Optional[float]
+    asking: bool
+
+
+class SendAll(NamedTuple):
+    """Several commands written at once on the slot's connection (ASKING first when asking),
+    their replies read in order, all within timeout (as Send's, but never None). Result: the
+    list of the replies, a redis error reply in its place as the exception instance (not
+    raised: the replies after it are read all the same); a network error is raised."""
+    slot: Any
+    commands: Tuple[Tuple[Any, ...], ...]
+    timeout: float
     asking: bool
 
 
@@ -294,6 +438,52 @@ def routed_call(key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None
             raise ConnectionError(f"flock: too many redirects for {args[0]}")
 
 
+def routed_all(key: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
+               addr: Addr = None, attempts: int = 1) -> Plan:
+    """routed_call for a few commands pipelined on one connection of key's node (the first one
+    names key; the rest, such as WAIT, are keyless and must run on that same connection): a
+    redirect or TRYAGAIN of the first is followed, and all of them are sent again there.
+    Returns (the replies as SendAll's result, the address they came from)."""
+    asking = False
+    redirects = 0
+    failures = 0
+    while True:
+        slot = yield Checkout(key, addr)
+        try:
+            replies = yield SendAll(slot, commands, timeout, asking)
+        except NETWORK_ERRORS:
+            failures += 1
+            if failures >= attempts:
+                raise
+            continue
+        finally:
+            yield GiveBack(slot)
+        first = replies[0]
+        if isinstance(first, MovedError):
+            addr, asking = (first.host, int(first.port)), False
+        elif isinstance(first, AskError):
+            addr, asking = (first.host, int(first.port)), True
+        elif isinstance(first, REROUTE_ERRORS):
+            addr, asking = None, False
+            yield Sleep(reroute_pause_s(redirects))
+        else:
+            return replies, addr
+        redirects += 1
+        if redirects > MAX_REDIRECTS:
+            raise ConnectionError(f"flock: too many redirects for {commands[0][0]}")
+
+
+def give_up_grant(slot: Any, key: Any, owner: str, token: int, asking: bool) -> Plan:
+    """RELEASE key owner token of a grant that is not durable, on the connection that got it
+    (token-qualified: a newer grant of the same owner is never ended). A failure is only
+    logged: the error that the caller raises next says what matters."""
+    try:
+        yield Send(slot, release_args(key, owner, token), None, asking)
+    except Exception as e:
+        log.warning("flock: release of the grant of %r that was not durable failed (%s); it "
+                    "ends with its ttl", key, e)
+
+
 def release_quietly(key: Any, owner: str, token: Optional[int], addr: Addr,
                     slot: Any = None) -> Plan:
     """RELEASE for a lease nobody releases any more (garbage-collected unreleased, or a wait
@@ -335,7 +525,9 @@ def acquire_command(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bo
     start), the first try is one routed call of the command on the shared pool with
     ``attempts=2`` (a free key: one round trip, waiting or not; a retry after a lost reply is
     safe: the same owner gets the same token, G4), its reply passed to on_acquire_reply().
-    When that answers WAIT, or at once for BOUND, it runs acquire_wait_plan()."""
+    When that answers WAIT, or at once for BOUND, it runs acquire_wait_plan(). A durable
+    acquire (``durability()`` answered a Durability) skips the shared-pool try: it runs
+    acquire_wait_plan() at once, which pipelines the WAIT on its own connection."""
     ttl = check_ttl(ttl_ms)
     wait_s = wait_seconds(wait_ms)
     extra = kind_args(shared, limit, bound)
@@ -353,17 +545,26 @@ def on_acquire_reply(command: Tuple[Any, ...], wait_s: Optional[float], token: A
 
 
 def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: float,
-                      bound: bool, own_owner: bool) -> Plan:
+                      bound: bool, own_owner: bool, durable: Optional[Durability] = None
+                      ) -> Plan:
     """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
     lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK (a
     slot moved while waiting) to the slot's new owner (rule 5). A Grant, or None when not
-    granted within wait_s (counted from start); own_owner: the owner is the client's own."""
+    granted within wait_s (counted from start); own_owner: the owner is the client's own.
+
+    durable (rule 10; never with bound): the first try is ``ACQUIRE`` and ``WAIT`` /
+    ``WAITAOF`` pipelined on the connection, without BLOCK (a free key: one round trip plus
+    the acknowledgements); a wait then goes on with ``ACQUIRE ... BLOCK``, and the RENEW that
+    follows its grant (rule 1) is pipelined with the WAIT: on the same connection, so it
+    counts the grant and the renewal both. A grant that too few acknowledged is released
+    (token-qualified, on that connection) and LockNotDurableError raised."""
     key, owner, ttl = command[1], command[2], command[3]
     end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
     addr: Addr = None
     asking = False
     redirects = 0
     failures = 0
+    plain_first = durable is not None  # a durable wait tries without BLOCK first
     while True:
         left = end - monotonic()
         if wait_s is not None and left <= 0:
@@ -371,11 +572,21 @@ def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
         slot = yield Checkout(key, addr)
         keep = False
         try:
-            if wait_s is None:
+            if wait_s is None or plain_first:
                 sent = monotonic()
-                token = yield Send(slot, command, None, asking)
+                if durable is None:
+                    token = yield Send(slot, command, None, asking)
+                else:
+                    wait_ms = durable.wait_ms(ttl)
+                    token, ack = yield SendAll(slot, (command, durable.command(wait_ms)),
+                                               wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S, asking)
+                    if isinstance(token, Exception):
+                        raise token  # a redirect is followed below; only a grant counts
                 if token is None:
-                    return None
+                    if wait_s is None:
+                        return None
+                    plain_first = False
+                    continue  # taken: wait for it with BLOCK
             else:
                 token = yield Send(slot, command + ("BLOCK", block_ms(left)),
                                    left + BLOCK_REPLY_MARGIN_S, asking)
@@ -384,10 +595,22 @@ def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                 # Rule 1: the wait may have outlasted the ttl. Renew at once, token-qualified,
                 # and count from this RENEW.
                 sent = monotonic()
-                again = yield Send(slot, ("FLOCK.RENEW", key, owner, ttl, token), ttl / 1000.0,
-                                   asking)
+                renew = ("FLOCK.RENEW", key, owner, ttl, token)
+                if durable is None:
+                    again = yield Send(slot, renew, ttl / 1000.0, asking)
+                else:
+                    wait_ms = durable.wait_ms(ttl)
+                    again, ack = yield SendAll(slot, (renew, durable.command(wait_ms)),
+                                               ttl / 1000.0, asking)
+                    if isinstance(again, Exception):
+                        raise again
                 if again is None:
                     continue  # expired before we could use it: wait again
+            if durable is not None:
+                short = durable.shortfall(key, ack, wait_ms, False)
+                if short is not None:
+                    yield from give_up_grant(slot, key, owner, int(token), asking)
+                    raise short
             keep = bound
             return key, owner, int(token), ttl, sent, addr, slot if bound else None
         except MovedError as e:
@@ -451,8 +674,11 @@ class LeaseCore:
 
     _state: Any = NO_LOCK
 
-    def __init__(self, grant: Grant, renew: bool) -> None:
+    def __init__(self, grant: Grant, renew: bool, durable: Optional[Durability] = None) -> None:
         self.key, self.owner, token, ttl_ms, sent, self._addr, slot = grant
+        #: replicas= / fsync= (rule 10): each RENEW is followed by WAIT / WAITAOF, and only an
+        #: acknowledged one moves the local deadline (None: a plain lease)
+        self._durable = durable
         self.token: int = token
         self.ttl_ms = ttl_ms
         self.bound = slot is not None
@@ -607,6 +833,68 @@ class LeaseCore:
         if lost and raise_lost:
             raise self._lost_error()
         return not lost
+
+    @property
+    def replicas(self) -> int:
+        """How many replicas acknowledge each grant and renewal before it counts (0: none)."""
+        return 0 if self._durable is None else self._durable.replicas
+
+    @property
+    def fsync(self) -> bool:
+        """Whether each grant and renewal counts only once the AOF has it on disk."""
+        return self._durable is not None and self._durable.fsync
+
+    def _durable_renew_commands(self, ttl: int, raise_lost: bool
+                                ) -> Optional[Tuple[Tuple[Tuple[Any, ...], ...], float, float,
+                                                    int]]:
+        """A durable lease's renewal (rule 10), as _renew_command: (the RENEW and the WAIT /
+        WAITAOF that follows it on the same connection, timeout, sent, the WAIT's ms), or None.
+        The WAIT never outlasts the local deadline (its answer would come too late to count).
+        The driver sends them with routed_all() and passes the replies to
+        _on_durable_renew_replies()."""
+        command = self._renew_command(ttl, raise_lost)
+        if command is None:
+            return None
+        args, timeout, sent = command
+        durable = self._durable
+        assert durable is not None
+        wait_ms = durable.wait_ms(ttl, int(timeout * 1000.0))
+        return (args, durable.command(wait_ms)), timeout, sent, wait_ms
+
+    def _on_durable_renew_replies(self, replies: Any, sent: float, ttl: int, wait_ms: int,
+                                  raise_lost: bool) -> bool:
+        """The replies of a durable renewal. Acknowledged as asked: as _on_renew_reply (the
+        local deadline counts from this renewal). Renewed but too few acknowledged: the local
+        deadline stays where it was (never later than this renewal's own ttl, should that be
+        the shorter), the lease stays live; renew() raises LockNotDurableError, the watchdog
+        tries again at its next tick. True: live (renewed or not), False: lost (or
+        released)."""
+        reply, ack = replies[0], replies[1]
+        if isinstance(reply, Exception):
+            raise reply
+        short = None
+        if reply is not None:
+            durable = self._durable
+            assert durable is not None
+            short = durable.shortfall(self.key, ack, wait_ms, True)
+        if short is None:
+            return self._on_renew_reply(reply, sent, ttl, raise_lost)
+        with self._state:
+            if self._released:
+                return False
+            if not self._lost:
+                # the master holds the grant until at least sent + ttl: a shorter ttl than the
+                # lease had shortens what the client may believe, a longer one extends nothing
+                self._deadline = min(self._deadline, sent + ttl / 1000.0)
+            lost = self._lost
+        if lost:
+            if raise_lost:
+                raise self._lost_error()
+            return False
+        if raise_lost:
+            raise short
+        log.warning("flock: %s", short)
+        return True
 
     def _on_watchdog_renewed(self, ok: bool, sent: float) -> bool:
         """The watchdog's renewal (begun at sent) ended: ok as _on_renew_reply answered. True

@@ -25,9 +25,11 @@ from ._core import (
     NO_LOCK,
     ROUTE_ERRORS,
     WAIT,
+    WAITAOF_PROBE,
     Addr,
     Checkout,
     Disconnect,
+    Durability,
     Forget,
     GiveBack,
     Grant,
@@ -35,18 +37,23 @@ from ._core import (
     Number,
     Plan,
     Send,
+    SendAll,
     Sleep,
     acquire_command,
     acquire_wait_plan,
     busy_error,
     check_ttl,
+    durability,
+    has_waitaof,
     log,
     monotonic,
+    no_waitaof_error,
     on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
     revoke_args,
+    routed_all,
     routed_call,
     socket_timeout_of,
 )
@@ -69,6 +76,27 @@ def _roundtrip(conn: Any, args: Tuple[Any, ...], timeout: Optional[float], askin
         _read(conn, timeout)
     conn.send_command(*args)
     return _read(conn, timeout)
+
+
+def _send_all(conn: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
+              asking: bool) -> List[Any]:
+    """``_core.SendAll``: the commands in one write, their replies (an error reply in its
+    place) read within timeout in all."""
+    if asking:
+        commands = (("ASKING",),) + commands
+    conn.send_packed_command(conn.pack_commands(commands))
+    end = monotonic() + timeout
+    out: List[Any] = []
+    for _ in commands:
+        try:
+            out.append(_read(conn, end - monotonic()))
+        except ResponseError as e:
+            out.append(e)
+    if asking:
+        if isinstance(out[0], Exception):
+            raise out[0]
+        del out[0]
+    return out
 
 
 def _get_connection(pool: Any) -> Any:
@@ -95,6 +123,8 @@ class _Transport:
         self.cluster = isinstance(client, RedisCluster)
         #: the client's socket_timeout (None: none): bounds release()'s wait for a renewal
         self.socket_timeout = socket_timeout_of(client)
+        #: whether the server has WAITAOF (fsync=True); None: not asked yet
+        self.waitaof: Optional[bool] = None
 
     def _pool(self, key: Any, addr: Addr) -> Any:
         if not self.cluster:
@@ -140,6 +170,8 @@ class _Transport:
         kind = type(op)
         if kind is Send:
             return _roundtrip(op.slot.conn, op.args, op.timeout, op.asking)
+        if kind is SendAll:
+            return _send_all(op.slot.conn, op.commands, op.timeout, op.asking)
         if kind is Checkout:
             return self.checkout(op.key, op.addr)
         if kind is GiveBack:
@@ -312,9 +344,10 @@ class Lease(LeaseCore):
     """One grant of one lock. ``key``, ``owner`` and ``token`` name it; ``lost`` says whether it
     is gone; ``remaining_ms()`` how long it certainly still runs (rule 1)."""
 
-    def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
+    def __init__(self, flock: "Flock", grant: Grant, renew: bool,
+                 durable: Optional[Durability] = None) -> None:
         self._state = threading.Lock()  # the core's state: watchdog threads share it
-        super().__init__(grant, renew)
+        super().__init__(grant, renew, durable)
         self._t = flock._t
         self._io = threading.Lock()  # one RENEW at a time (and the bound connection)
         #: made by the first wait_lost() (most leases never have one): set once lost or released
@@ -374,18 +407,33 @@ class Lease(LeaseCore):
 
     def renew(self, ttl_ms: Optional[int] = None) -> None:
         """Renews now with a token-qualified RENEW (and the watchdog goes on with the new ttl).
-        Raises LockLostError when the grant is gone or the local deadline has passed."""
+        Raises LockLostError when the grant is gone or the local deadline has passed. A durable
+        lease (replicas= / fsync=) raises LockNotDurableError when too few acknowledged the
+        renewal: it is still held, its local deadline where it was."""
         ttl = self.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         with self._io:
             self._renew_once(ttl, True)
 
     def _renew_once(self, ttl: int, raise_lost: bool) -> bool:
         """One RENEW (the caller holds _io): True renewed, False lost (or released)."""
+        if self._durable is not None:
+            return self._renew_durably(ttl, raise_lost)
         command = self._renew_command(ttl, raise_lost)
         if command is None:
             return False
         args, timeout, sent = command
         return self._on_renew_reply(self._io_call(*args, timeout=timeout), sent, ttl, raise_lost)
+
+    def _renew_durably(self, ttl: int, raise_lost: bool) -> bool:
+        """One RENEW pipelined with its WAIT / WAITAOF on a connection of the grant's node."""
+        commands = self._durable_renew_commands(ttl, raise_lost)
+        if commands is None:
+            return False
+        pair, timeout, sent, wait_ms = commands
+        replies, addr = self._t.run(routed_all(self.key, pair, timeout, self._addr))
+        if addr is not None:  # redirected: the grant's commands go there from now on
+            self._addr = addr
+        return self._on_durable_renew_replies(replies, sent, ttl, wait_ms, raise_lost)
 
     def _tick(self) -> None:
         """The watchdog's renewal (on a worker thread)."""
@@ -512,27 +560,50 @@ class Flock:
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-             renew: bool = True, owner: Optional[str] = None) -> _LockContext:
+             renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
+             fsync: bool = False, durable_timeout_ms: Optional[int] = None) -> _LockContext:
         """``with flock.lock(key, ttl_ms) as lease:`` acquires (LockBusyError when not granted
         within wait_ms), and always releases on leaving; leaving raises LockLostError when the
         lease was lost meanwhile, unless the block raised (its error goes on unchanged)."""
         return _LockContext(self, (key, ttl_ms), dict(
-            wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner))
+            wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner,
+            replicas=replicas, fsync=fsync, durable_timeout_ms=durable_timeout_ms))
 
     def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                 shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-                renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
+                renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
+                fsync: bool = False, durable_timeout_ms: Optional[int] = None
+                ) -> Optional[Lease]:
         """A Lease, or None when not granted within wait_ms (None or 0: one try; math.inf:
-        no limit)."""
+        no limit).
+
+        replicas=n / fsync=True (rule 10): the lease is handed over only once n replicas
+        acknowledged the grant (WAIT) / the AOF has it on disk (WAITAOF), within
+        durable_timeout_ms (default a third of the ttl); else the grant is released and
+        LockNotDurableError raised."""
         command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        durable = durability(replicas, fsync, durable_timeout_ms, command[3], bound)
         sent = monotonic()
         grant = WAIT
-        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+        if durable is not None:
+            if durable.fsync:
+                self._check_waitaof(key)
+                sent = monotonic()
+        elif not bound:  # the first try: one call on the shared pool (see acquire_command)
             reply, addr = self._t.call(key, command, None, None, 2)
             grant = on_acquire_reply(command, wait_s, reply, sent, addr)
         if grant is WAIT:
-            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound, owner is None))
-        return None if grant is None else Lease(self, grant, renew)
+            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound, owner is None,
+                                                  durable))
+        return None if grant is None else Lease(self, grant, renew, durable)
+
+    def _check_waitaof(self, key: Any) -> None:
+        """fsync=True needs WAITAOF: asked of the server once per client (COMMAND INFO)."""
+        if self._t.waitaof is None:
+            reply, _ = self._t.call(key, WAITAOF_PROBE, None, None, 2)
+            self._t.waitaof = has_waitaof(reply)
+        if not self._t.waitaof:
+            raise no_waitaof_error(key)
 
     def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         """FLOCK.RELEASE key owner [token] from any process (a supervisor's takeover)."""

@@ -23,7 +23,7 @@ import inspect
 import math
 import threading
 import weakref
-from typing import Any, Dict, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -33,9 +33,11 @@ from ._core import (
     NETWORK_ERRORS,
     ROUTE_ERRORS,
     WAIT,
+    WAITAOF_PROBE,
     Addr,
     Checkout,
     Disconnect,
+    Durability,
     FencedError,
     FlockError,
     Forget,
@@ -45,21 +47,27 @@ from ._core import (
     LeaseTooShortError,
     LockBusyError,
     LockLostError,
+    LockNotDurableError,
     Number,
     Plan,
     Send,
+    SendAll,
     Sleep,
     acquire_command,
     acquire_wait_plan,
     busy_error,
     check_ttl,
+    durability,
+    has_waitaof,
     log,
     monotonic,
+    no_waitaof_error,
     on_acquire_reply,
     release_args,
     release_quietly,
     renewal_wait_s,
     revoke_args,
+    routed_all,
     routed_call,
     socket_timeout_of,
 )
@@ -72,6 +80,7 @@ __all__ = [
     "LockLostError",
     "LeaseTooShortError",
     "FencedError",
+    "LockNotDurableError",
 ]
 
 #: tasks started in the background (a strong reference, so that they are not collected)
@@ -108,6 +117,27 @@ async def _roundtrip(conn: Any, args: Tuple[Any, ...], timeout: Optional[float],
         await _read(conn, timeout)
     await conn.send_command(*args)
     return await _read(conn, timeout)
+
+
+async def _send_all(conn: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
+                    asking: bool) -> List[Any]:
+    """``_core.SendAll``: the commands in one write, their replies (an error reply in its
+    place) read within timeout in all."""
+    if asking:
+        commands = (("ASKING",),) + commands
+    await conn.send_packed_command(conn.pack_commands(commands))
+    end = monotonic() + timeout
+    out: List[Any] = []
+    for _ in commands:
+        try:
+            out.append(await _read(conn, end - monotonic()))
+        except ResponseError as e:
+            out.append(e)
+    if asking:
+        if isinstance(out[0], Exception):
+            raise out[0]
+        del out[0]
+    return out
 
 
 async def _get_connection(pool: Any) -> Any:
@@ -149,6 +179,8 @@ class _Transport:
         self.cluster = isinstance(client, RedisCluster)
         #: the client's socket_timeout (None: none): bounds release()'s wait for a renewal
         self.socket_timeout = socket_timeout_of(client)
+        #: whether the server has WAITAOF (fsync=True); None: not asked yet
+        self.waitaof: Optional[bool] = None
 
     async def checkout(self, key: Any, addr: Addr) -> _Slot:
         if not self.cluster:
@@ -201,6 +233,8 @@ class _Transport:
         kind = type(op)
         if kind is Send:
             return await _roundtrip(op.slot.conn, op.args, op.timeout, op.asking)
+        if kind is SendAll:
+            return await _send_all(op.slot.conn, op.commands, op.timeout, op.asking)
         if kind is Checkout:
             return await self.checkout(op.key, op.addr)
         if kind is GiveBack:
@@ -279,9 +313,10 @@ async def _watch(ref: "weakref.ref[Lease]") -> None:
 class Lease(LeaseCore):
     """One grant of one lock (asyncio). See the sync ``redis_flock.Lease``."""
 
-    def __init__(self, flock: "Flock", grant: Grant, renew: bool) -> None:
+    def __init__(self, flock: "Flock", grant: Grant, renew: bool,
+                 durable: Optional[Durability] = None) -> None:
         self._state = threading.Lock()  # never contended: cheaper than NO_LOCK (see LeaseCore)
-        super().__init__(grant, renew)
+        super().__init__(grant, renew, durable)
         self._t = flock._t
         self._io = asyncio.Lock()  # one RENEW at a time (and the bound connection)
         self._lost_evt: Optional[asyncio.Event] = None  # made by the first wait_lost()
@@ -351,12 +386,25 @@ class Lease(LeaseCore):
 
     async def _renew_once(self, ttl: int, raise_lost: bool) -> bool:
         """One RENEW (the caller holds _io): True renewed, False lost (or released)."""
+        if self._durable is not None:
+            return await self._renew_durably(ttl, raise_lost)
         command = self._renew_command(ttl, raise_lost)
         if command is None:
             return False
         args, timeout, sent = command
         return self._on_renew_reply(await self._io_call(*args, timeout=timeout), sent, ttl,
                                     raise_lost)
+
+    async def _renew_durably(self, ttl: int, raise_lost: bool) -> bool:
+        """One RENEW pipelined with its WAIT / WAITAOF on a connection of the grant's node."""
+        commands = self._durable_renew_commands(ttl, raise_lost)
+        if commands is None:
+            return False
+        pair, timeout, sent, wait_ms = commands
+        replies, addr = await self._t.run(routed_all(self.key, pair, timeout, self._addr))
+        if addr is not None:  # redirected: the grant's commands go there from now on
+            self._addr = addr
+        return self._on_durable_renew_replies(replies, sent, ttl, wait_ms, raise_lost)
 
     async def _tick(self) -> None:
         """The watchdog task's renewal; the task reads _next_due and _watching afterwards."""
@@ -484,24 +532,42 @@ class Flock:
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-             renew: bool = True, owner: Optional[str] = None) -> _LockContext:
+             renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
+             fsync: bool = False, durable_timeout_ms: Optional[int] = None) -> _LockContext:
         """``async with flock.lock(key, ttl_ms) as lease:`` (see the sync ``Flock.lock``)."""
         return _LockContext(self, (key, ttl_ms), dict(
-            wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner))
+            wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner,
+            replicas=replicas, fsync=fsync, durable_timeout_ms=durable_timeout_ms))
 
     async def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                       shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-                      renew: bool = True, owner: Optional[str] = None) -> Optional[Lease]:
+                      renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
+                      fsync: bool = False, durable_timeout_ms: Optional[int] = None
+                      ) -> Optional[Lease]:
+        """See the sync ``Flock.acquire`` (durable grants included)."""
         command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        durable = durability(replicas, fsync, durable_timeout_ms, command[3], bound)
         sent = monotonic()
         grant = WAIT
-        if not bound:  # the first try: one call on the shared pool (see acquire_command)
+        if durable is not None:
+            if durable.fsync:
+                await self._check_waitaof(key)
+                sent = monotonic()
+        elif not bound:  # the first try: one call on the shared pool (see acquire_command)
             reply, addr = await self._t.call(key, command, None, None, 2)
             grant = on_acquire_reply(command, wait_s, reply, sent, addr)
         if grant is WAIT:
             grant = await self._t.run(acquire_wait_plan(command, wait_s, sent, bound,
-                                                        owner is None))
-        return None if grant is None else Lease(self, grant, renew)
+                                                        owner is None, durable))
+        return None if grant is None else Lease(self, grant, renew, durable)
+
+    async def _check_waitaof(self, key: Any) -> None:
+        """fsync=True needs WAITAOF: asked of the server once per client (COMMAND INFO)."""
+        if self._t.waitaof is None:
+            reply, _ = await self._t.call(key, WAITAOF_PROBE, None, None, 2)
+            self._t.waitaof = has_waitaof(reply)
+        if not self._t.waitaof:
+            raise no_waitaof_error(key)
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         return bool(await self.client.execute_command(*release_args(key, owner, token)))
