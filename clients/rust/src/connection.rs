@@ -1,13 +1,14 @@
 //! Connections: what `Flock` is given ([`Target`]), one connection of either kind (`Conn`),
 //! and the factory's shared command connection with its reconnection (`Shared`), which also
-//! opens the dedicated connections that BLOCK waits and bound leases run on (rule 8).
+//! opens the dedicated connections that BLOCK waits and bound leases run on (rule 8), and
+//! keeps the pool of connections that durable round trips borrow (rule 10).
 
 use std::sync::Mutex;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, Value};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
@@ -50,7 +51,19 @@ impl Conn {
             Conn::Cluster(c) => cmd.query_async(c).await,
         }
     }
+
+    /// A pipeline sent as one write; on a cluster it goes to the node of its first key.
+    pub(crate) async fn pipe(&mut self, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => pipe.query_async(c).await,
+            Conn::Cluster(c) => pipe.query_async(c).await,
+        }
+    }
 }
+
+/// How many idle connections the durable pool keeps; more are opened when more durable round
+/// trips run at once, and closed after.
+const DURABLE_IDLE: usize = 8;
 
 /// The shared command connection: one multiplexed connection (replaced when it fails) or one
 /// cluster connection (which reconnects by itself).
@@ -63,6 +76,14 @@ pub(crate) struct Shared {
     /// it counts the generations.
     single_gate: tokio::sync::Mutex<u64>,
     cluster: OnceCell<ClusterConnection>,
+    /// Idle connections for durable round trips (rule 10). A WAIT blocks the connection it
+    /// runs on until enough replicas acknowledged or its timeout passed, so it never runs on
+    /// the shared connection (it would hold up every other lease's renewals): each round trip
+    /// borrows one of these, or a new one, and gives it back after a reply.
+    durable: Mutex<Vec<Conn>>,
+    /// Whether the server has WAITAOF: asked once per factory; `Some(version)` when it has
+    /// not (the server's version, for the error).
+    pub(crate) no_waitaof: OnceCell<Option<String>>,
 }
 
 impl Shared {
@@ -73,6 +94,8 @@ impl Shared {
             single: Mutex::new(None),
             single_gate: tokio::sync::Mutex::new(0),
             cluster: OnceCell::new(),
+            durable: Mutex::new(Vec::new()),
+            no_waitaof: OnceCell::new(),
         }
     }
 
@@ -137,6 +160,25 @@ impl Shared {
                     .get_async_connection_with_config(redis::cluster::ClusterConfig::new())
                     .await?,
             )),
+        }
+    }
+
+    /// A connection for one durable round trip: an idle one of the pool, else a new one
+    /// without a response timeout (the caller bounds the round trip).
+    pub(crate) async fn borrow(&self) -> redis::RedisResult<Conn> {
+        let idle = lock(&self.durable).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => self.dedicated().await,
+        }
+    }
+
+    /// A connection back to the durable pool, after a round trip that was answered (one that
+    /// failed or was cut off is dropped instead: a reply may still be on its way).
+    pub(crate) fn give_back(&self, conn: Conn) {
+        let mut idle = lock(&self.durable);
+        if idle.len() < DURABLE_IDLE {
+            idle.push(conn);
         }
     }
 

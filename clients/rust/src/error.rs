@@ -22,6 +22,17 @@ pub enum Error {
     /// A fenced command was refused because the token is no longer the live grant; the lease
     /// is marked lost. The text is the server's.
     Fenced(String),
+    /// A durable grant or renewal (`replicas(n)`, `fsync(true)`, rule 10) was not acknowledged
+    /// by enough replicas (or the AOF) within the durable timeout. A grant is then released
+    /// again; a renewal leaves the local deadline where the last acknowledged one put it.
+    NotDurable {
+        /// Replicas that acknowledged (WAIT's count, or WAITAOF's replica count).
+        acknowledged: u32,
+        /// Replicas asked for (`replicas(n)`).
+        asked: u32,
+        /// With `fsync(true)`: whether the master's AOF had it on disk; `None` without fsync.
+        fsynced: Option<bool>,
+    },
     /// Any other error from redis-rs or the server (connection, syntax, WRONGTYPE, ...).
     Redis(RedisError),
 }
@@ -35,6 +46,22 @@ impl fmt::Display for Error {
                 write!(f, "lease too short: {} ms left", remaining.as_millis())
             }
             Error::Fenced(msg) => write!(f, "fenced command refused: {msg}"),
+            Error::NotDurable {
+                acknowledged,
+                asked,
+                fsynced,
+            } => {
+                write!(
+                    f,
+                    "not durable: {acknowledged} of {asked} replicas acknowledged within the \
+                     durable timeout"
+                )?;
+                match fsynced {
+                    Some(true) => f.write_str(", the master's AOF has it on disk"),
+                    Some(false) => f.write_str(", the master's AOF did not fsync it"),
+                    None => Ok(()),
+                }
+            }
             Error::Redis(e) => write!(f, "redis error: {e}"),
         }
     }

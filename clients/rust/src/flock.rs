@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::connection::{Shared, Target};
+use crate::durable::{require_waitaof, round_trip, settle};
 use crate::error::{invalid, Error, Result};
 use crate::lease::{Lease, LeaseHandle};
 use crate::options::{ttl_ms, LockOptions, Mode, Wait};
@@ -89,6 +90,12 @@ impl Flock {
             cmd.arg("BOUND");
         }
         let ttl_d = Duration::from_millis(ttl);
+        // Rule 10: checked before anything is sent (bound with replicas/fsync, the durable
+        // timeout, WAITAOF for fsync).
+        let durable = opts.durability(ttl_d)?;
+        if durable.is_some_and(|d| d.fsync) {
+            require_waitaof(&self.shared).await?;
+        }
 
         if opts.bound {
             // A bound lease lives on a connection of its own, which it keeps.
@@ -99,8 +106,17 @@ impl Flock {
                 Some(t) => (t, sent),
                 None if wait == Wait::None => return Ok(None),
                 None => {
-                    match wait_for(&self.shared, &key, &owner, ttl, &cmd, wait, Some(&mut conn))
-                        .await?
+                    match wait_for(
+                        &self.shared,
+                        &key,
+                        &owner,
+                        ttl,
+                        &cmd,
+                        wait,
+                        Some(&mut conn),
+                        None,
+                    )
+                    .await?
                     {
                         Some(x) => x,
                         None => return Ok(None),
@@ -115,6 +131,7 @@ impl Flock {
                 ttl_d,
                 sent,
                 opts,
+                None,
                 LeaseConn::Dedicated(conn),
             )));
         }
@@ -123,11 +140,42 @@ impl Flock {
         // waiter-free free key is granted at once). ACQUIRE of the same owner is idempotent
         // (G4), so a connection failure is retried; the lease is counted from the send of the
         // attempt that was answered.
-        let (token, sent) = self.shared.retrying::<Option<u64>>(&cmd).await?;
+        // A durable try carries its WAIT/WAITAOF in the same pipeline, on a connection of the
+        // durable pool (a WAIT blocks its connection); only a grant counts, and one that too
+        // few acknowledged is released again.
+        let (token, sent) = match &durable {
+            None => self.shared.retrying::<Option<u64>>(&cmd).await?,
+            Some(d) => {
+                let r = round_trip::<Option<u64>>(
+                    &self.shared,
+                    &cmd,
+                    d,
+                    d.timeout_for(ttl_d),
+                    true,
+                    None,
+                )
+                .await?;
+                if let Some(t) = r.reply {
+                    settle(&self.shared, &key, &owner, t, d, r.ack).await?;
+                }
+                (r.reply, r.sent)
+            }
+        };
         let (token, sent) = match token {
             Some(t) => (t, sent),
             None if wait == Wait::None => return Ok(None),
-            None => match wait_for(&self.shared, &key, &owner, ttl, &cmd, wait, None).await? {
+            None => match wait_for(
+                &self.shared,
+                &key,
+                &owner,
+                ttl,
+                &cmd,
+                wait,
+                None,
+                durable.as_ref(),
+            )
+            .await?
+            {
                 Some(x) => x,
                 None => return Ok(None),
             },
@@ -140,6 +188,7 @@ impl Flock {
             ttl_d,
             sent,
             opts,
+            durable,
             LeaseConn::Shared,
         )))
     }

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::connection::Shared;
 use crate::error::{Error, Result};
-use crate::options::{ttl_ms, LockOptions, Mode};
-use crate::state::{LeaseConn, Sent, State, Timing};
+use crate::options::{ttl_ms, Durable, LockOptions, Mode};
+use crate::state::{LeaseConn, Renewal, Sent, State, Timing};
 use crate::sync::lock;
 use crate::watchdog::keeper;
 
@@ -116,7 +116,10 @@ impl LeaseHandle {
         }
     }
     /// Renew now with a token-qualified RENEW, for `ttl` (default: the current ttl, which a
-    /// given `ttl` replaces for the watchdog too). `Error::Lost` when the grant is gone.
+    /// given `ttl` replaces for the watchdog too). `Error::Lost` when the grant is gone. On a
+    /// durable lease (rule 10) `Error::NotDurable` when too few replicas acknowledged the
+    /// renewal in time: the lease stays live and its local deadline stays where the last
+    /// acknowledged grant or renewal put it.
     pub async fn renew(&self, ttl: Option<Duration>) -> Result<()> {
         if self.st.is_lost() || lock(&self.st.timing).released {
             return Err(Error::Lost);
@@ -125,23 +128,20 @@ impl LeaseHandle {
             Some(t) => Duration::from_millis(ttl_ms(t)?),
             None => lock(&self.st.timing).ttl,
         };
-        let cmd = self.st.renew_cmd(ttl);
         let deadline = lock(&self.st.timing).deadline;
-        match self
-            .st
-            .send::<Option<u64>>(&cmd, !self.st.bound, Some(deadline))
-            .await
-        {
-            Sent::Reply(Some(_), sent, _) => {
+        match self.st.renew_once(ttl, deadline, !self.st.bound).await {
+            Renewal::Renewed(sent) => {
                 self.st.renewed(sent, ttl);
                 self.st.wake.notify_one();
                 Ok(())
             }
-            Sent::Reply(None, _, _) => {
+            Renewal::Nil => {
                 self.st.mark_lost();
                 Err(Error::Lost)
             }
-            Sent::Failed(e) => {
+            // Rule 10: renewed on the master, too few acknowledged: the deadline stays.
+            Renewal::Short(e) => Err(e),
+            Renewal::Failed(e) => {
                 if Instant::now() >= deadline || self.st.bound {
                     self.st.mark_lost();
                     return Err(Error::Lost);
@@ -199,7 +199,8 @@ impl std::ops::Deref for Lease {
 
 impl Lease {
     /// A lease for a grant the server just made, counted from `sent` (rule 1), with its
-    /// watchdog started (rule 2).
+    /// watchdog started (rule 2); `durable` is what its renewals must have acknowledged
+    /// (rule 10, checked from `opts` by the caller).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         shared: Arc<Shared>,
@@ -209,6 +210,7 @@ impl Lease {
         ttl: Duration,
         sent: Instant,
         opts: LockOptions,
+        durable: Option<Durable>,
         conn: LeaseConn,
     ) -> Lease {
         let (lost_tx, _) = watch::channel(false);
@@ -218,6 +220,7 @@ impl Lease {
             token,
             mode: opts.mode,
             bound: opts.bound,
+            durable,
             shared,
             conn: tokio::sync::Mutex::new(conn),
             timing: Mutex::new(Timing {

@@ -2,9 +2,10 @@
 #![forbid(unsafe_code)]
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
-// Imports point one way: in the order error, options, sync, retry, connection, state,
-// watchdog, lease, queue, flock, each module uses only modules before it.
+// Imports point one way: in the order error, options, sync, retry, connection, durable,
+// state, watchdog, lease, queue, flock, each module uses only modules before it.
 mod connection;
+mod durable;
 mod error;
 mod flock;
 mod lease;

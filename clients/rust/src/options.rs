@@ -1,6 +1,6 @@
 //! What a caller asks for: the lease length, how long to wait, the kind of grant (exclusive,
-//! shared, permits), bound or not, the watchdog, the owner. Plain values: nothing here talks
-//! to a server.
+//! shared, permits), bound or not, the watchdog, the owner, and how durable the grant must be
+//! before it is handed over (rule 10). Plain values: nothing here talks to a server.
 
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ pub enum Mode {
 
 /// Options of `lock`, `acquire` and `with_lock`. `LockOptions::new(ttl)` or a bare
 /// `Duration` (via `From`) gives the defaults: one try, exclusive, unbound, watchdog on, a
-/// random 128-bit owner.
+/// random 128-bit owner, not durable (no replicas, no fsync waited for).
 #[derive(Clone, Debug)]
 pub struct LockOptions {
     pub(crate) ttl: Duration,
@@ -43,6 +43,9 @@ pub struct LockOptions {
     pub(crate) bound: bool,
     pub(crate) renew: bool,
     pub(crate) owner: Option<String>,
+    pub(crate) replicas: u32,
+    pub(crate) fsync: bool,
+    pub(crate) durable_timeout: Option<Duration>,
 }
 
 impl LockOptions {
@@ -55,6 +58,9 @@ impl LockOptions {
             bound: false,
             renew: true,
             owner: None,
+            replicas: 0,
+            fsync: false,
+            durable_timeout: None,
         }
     }
     /// The lease length.
@@ -90,6 +96,92 @@ impl LockOptions {
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
+    }
+    /// A durable grant (rule 10): the lease is handed over only after at least `n` replicas
+    /// acknowledged the grant (`WAIT n timeout`, pipelined with the ACQUIRE on the same
+    /// connection), and every renewal counts only once `n` replicas acknowledged it. When
+    /// fewer acknowledge within the durable timeout, the grant is released and the result is
+    /// [`Error::NotDurable`](crate::Error::NotDurable). 0 (the default): not waited for.
+    /// Refused with `bound(true)`: a bound grant ends at any promotion by design.
+    pub fn replicas(mut self, n: u32) -> Self {
+        self.replicas = n;
+        self
+    }
+    /// A grant handed over only after the master's AOF has it on disk (`WAITAOF 1 n
+    /// timeout`, with `n` the [`replicas`](Self::replicas): with `fsync(true)` those must have
+    /// it in their own AOF on disk too). Needs a server with WAITAOF (Redis 7.2 or later,
+    /// Valkey) and `appendonly yes`; on a server without WAITAOF the request is refused
+    /// before anything is sent. Refused with `bound(true)`.
+    pub fn fsync(mut self, fsync: bool) -> Self {
+        self.fsync = fsync;
+        self
+    }
+    /// How long a durable grant or renewal waits for its acknowledgments (whole
+    /// milliseconds, at least 1 ms, less than the ttl; default a third of the ttl). Only used
+    /// with [`replicas`](Self::replicas) or [`fsync`](Self::fsync). A renewal never waits
+    /// past the lease's local deadline.
+    pub fn durable_timeout(mut self, timeout: Duration) -> Self {
+        self.durable_timeout = Some(timeout);
+        self
+    }
+
+    /// The durability asked for, checked against the rest of the options: `None` when the
+    /// grant need not be durable.
+    pub(crate) fn durability(&self, ttl: Duration) -> Result<Option<Durable>> {
+        if self.replicas == 0 && !self.fsync {
+            return Ok(None);
+        }
+        if self.bound {
+            return Err(invalid(
+                "a bound grant cannot be durable (replicas, fsync): it ends at any promotion",
+                String::new(),
+            ));
+        }
+        let timeout = match self.durable_timeout {
+            None => None,
+            Some(t) => {
+                let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+                if ms == 0 {
+                    return Err(invalid(
+                        "durable_timeout must be at least 1 ms",
+                        format!("{t:?}"),
+                    ));
+                }
+                let t = Duration::from_millis(ms);
+                if t >= ttl {
+                    return Err(invalid(
+                        "durable_timeout must be less than the ttl",
+                        format!("{t:?} with a ttl of {ttl:?}"),
+                    ));
+                }
+                Some(t)
+            }
+        };
+        Ok(Some(Durable {
+            replicas: self.replicas,
+            fsync: self.fsync,
+            timeout,
+        }))
+    }
+}
+
+/// What a durable grant waits for (rule 10): `replicas` acknowledgments, and with `fsync` the
+/// master's AOF fsync (`WAITAOF 1 replicas`), each within the durable timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Durable {
+    pub(crate) replicas: u32,
+    pub(crate) fsync: bool,
+    /// The caller's durable timeout; `None`: a third of the current ttl.
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Durable {
+    /// The durable timeout for a grant or renewal of `ttl`: the caller's, else a third of the
+    /// ttl; at least 1 ms (`WAIT n 0` would wait for ever).
+    pub(crate) fn timeout_for(&self, ttl: Duration) -> Duration {
+        self.timeout
+            .unwrap_or(ttl / 3)
+            .max(Duration::from_millis(1))
     }
 }
 

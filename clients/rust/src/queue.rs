@@ -1,7 +1,7 @@
 //! Waiting for a held lock in the server's FIFO queue (`BLOCK`, rule 5), never by polling: on
 //! a connection of its own (rule 8), asked again after a cluster slot move (`TRYAGAIN`) or a
 //! response timeout of the caller's cluster client, and a grant counted from the RENEW that
-//! follows it (rule 1).
+//! follows it (rule 1), which for a durable grant carries the WAIT (rule 10).
 
 use std::time::Duration;
 
@@ -9,13 +9,19 @@ use redis::Cmd;
 use tokio::time::Instant;
 
 use crate::connection::{Conn, Shared};
+use crate::durable::{round_trip, settle};
 use crate::error::Result;
-use crate::options::Wait;
+use crate::options::{Durable, Wait};
 use crate::retry::{backoff, is_connection_error, is_transient, is_tryagain, RETRIES};
 
 /// Wait in the server's queue with BLOCK on a dedicated connection (rule 8), across
 /// TRYAGAIN (rule 5); a grant is renewed at once with a token-qualified RENEW and counted
-/// from that RENEW (rule 1). Returns the token and the send instant of that RENEW.
+/// from that RENEW (rule 1). A durable grant's RENEW is pipelined with its WAIT/WAITAOF
+/// (rule 10), on the connection the wait ran on (handed to the durable pool and borrowed
+/// back): the replicas acknowledge the RENEW and, with it, the grant that came before it in
+/// the replication stream; too few, and the grant is released and the error is
+/// `Error::NotDurable`. Returns the token and the send instant of that RENEW.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn wait_for(
     shared: &Shared,
     key: &str,
@@ -24,6 +30,7 @@ pub(crate) async fn wait_for(
     base: &Cmd,
     wait: Wait,
     bound_conn: Option<&mut Conn>,
+    durable: Option<&Durable>,
 ) -> Result<Option<(u64, Instant)>> {
     let until = match wait {
         Wait::For(d) => Some(Instant::now() + d),
@@ -75,6 +82,38 @@ pub(crate) async fn wait_for(
                 // from this RENEW.
                 let mut renew = redis::cmd("FLOCK.RENEW");
                 renew.arg(key).arg(owner).arg(ttl).arg(token);
+                if let Some(d) = durable {
+                    // The wait's connection goes to the durable pool, where the round trip
+                    // takes it (or a new one, on a retry).
+                    if let Some(c) = own.take() {
+                        shared.give_back(c);
+                    }
+                    let ttl_d = Duration::from_millis(ttl);
+                    match round_trip::<Option<u64>>(
+                        shared,
+                        &renew,
+                        d,
+                        d.timeout_for(ttl_d),
+                        true,
+                        None,
+                    )
+                    .await
+                    {
+                        Ok(r) => match r.reply {
+                            Some(_) => {
+                                settle(shared, key, owner, token, d, r.ack).await?;
+                                return Ok(Some((token, r.sent)));
+                            }
+                            None => continue,
+                        },
+                        Err(e) => {
+                            let mut rel = redis::cmd("FLOCK.RELEASE");
+                            rel.arg(key).arg(owner).arg(token);
+                            let _ = shared.query::<i64>(&rel).await;
+                            return Err(e.into());
+                        }
+                    }
+                }
                 let renewed = match bound_conn.as_deref_mut() {
                     Some(c) => {
                         let sent = Instant::now();

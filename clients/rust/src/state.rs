@@ -1,7 +1,7 @@
 //! The state a lease's handles, its watchdog and its release share: the local lease clock
-//! (rule 1), the lost flag (rule 3), the connection it talks on (rule 8), and the sending of
-//! its commands with the retries each allows. The public face is in `lease`, the renewing in
-//! `watchdog`; both build on this.
+//! (rule 1), the lost flag (rule 3), the connection it talks on (rule 8), the sending of its
+//! commands with the retries each allows, and one renewal, durable or not (rule 10). The
+//! public face is in `lease`, the renewing in `watchdog`; both build on this.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,8 +11,9 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::connection::{Conn, Shared};
+use crate::durable::round_trip;
 use crate::error::{Error, Result};
-use crate::options::Mode;
+use crate::options::{Durable, Mode};
 use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
 use crate::sync::lock;
 
@@ -42,6 +43,8 @@ pub(crate) struct State {
     pub(crate) token: u64,
     pub(crate) mode: Mode,
     pub(crate) bound: bool,
+    /// Rule 10: what a renewal must have acknowledged before it counts; `None`: not durable.
+    pub(crate) durable: Option<Durable>,
     /// The factory's connections (the shared one, and new ones for a bound lease's waits).
     pub(crate) shared: Arc<Shared>,
     /// An async mutex: a bound lease's connection is used across awaits.
@@ -58,6 +61,18 @@ pub(crate) enum Sent<T> {
     /// The reply, the send instant of the attempt that got it, and whether that attempt was a
     /// retry (a RELEASE answered 0 after a retry counts as released: the first may have run).
     Reply(T, Instant, bool),
+    Failed(RedisError),
+}
+
+/// What became of a renewal sent by [`State::renew_once`].
+pub(crate) enum Renewal {
+    /// Renewed (and, when durable, acknowledged): counts from this send instant.
+    Renewed(Instant),
+    /// The grant is gone (RENEW answered nil).
+    Nil,
+    /// Renewed on the master but not acknowledged by enough replicas (or the AOF) within the
+    /// durable timeout: `Error::NotDurable`. It does not count: the deadline stays.
+    Short(Error),
     Failed(RedisError),
 }
 
@@ -168,6 +183,40 @@ impl State {
                 }
                 Err(e) => return Sent::Failed(e),
             }
+        }
+    }
+
+    /// One renewal for `ttl`, cut off at `deadline` (the local one): a token-qualified RENEW,
+    /// and for a durable lease RENEW pipelined with its WAIT/WAITAOF, whose timeout never
+    /// reaches past the deadline. It changes nothing: the caller moves the deadline on
+    /// `Renewed`.
+    pub(crate) async fn renew_once(
+        &self,
+        ttl: Duration,
+        deadline: Instant,
+        retry: bool,
+    ) -> Renewal {
+        let cmd = self.renew_cmd(ttl);
+        let Some(d) = self.durable else {
+            return match self.send::<Option<u64>>(&cmd, retry, Some(deadline)).await {
+                Sent::Reply(Some(_), sent, _) => Renewal::Renewed(sent),
+                Sent::Reply(None, _, _) => Renewal::Nil,
+                Sent::Failed(e) => Renewal::Failed(e),
+            };
+        };
+        let wait = d
+            .timeout_for(ttl)
+            .min(deadline.saturating_duration_since(Instant::now()));
+        match round_trip::<Option<u64>>(&self.shared, &cmd, &d, wait, retry, Some(deadline)).await {
+            Ok(r) => match (r.reply, r.ack) {
+                (None, _) => Renewal::Nil,
+                (Some(_), Ok(ack)) => match ack.judge(&d) {
+                    Ok(()) => Renewal::Renewed(r.sent),
+                    Err(e) => Renewal::Short(e),
+                },
+                (Some(_), Err(e)) => Renewal::Failed(e),
+            },
+            Err(e) => Renewal::Failed(e),
         }
     }
 

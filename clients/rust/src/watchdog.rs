@@ -1,18 +1,21 @@
 //! The watchdog (rule 2): the one task per lease that renews it in the background and marks
-//! it lost when its local deadline passes.
+//! it lost when its local deadline passes; a durable lease's renewal counts only once
+//! acknowledged (rule 10).
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::retry::{backoff, is_transient};
-use crate::state::{Sent, State};
+use crate::state::{Renewal, State};
 use crate::sync::lock;
 
 /// The watchdog (rule 2) and the lease clock: renews at a third of the ttl with a
 /// token-qualified RENEW, stops for good at the first nil, retries connection failures but
 /// never sends a RENEW once the local deadline passed, and marks the lease lost when its
-/// local deadline passes. With `renew` off it only watches the deadline.
+/// local deadline passes. With `renew` off it only watches the deadline. On a durable lease a
+/// renewal that too few replicas acknowledged leaves the deadline and is sent again after a
+/// pause (each one waits at most the durable timeout, cut at the deadline).
 pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
     loop {
         let (deadline, ttl, last_sent, released) = {
@@ -43,7 +46,6 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
             continue;
         }
         let ttl = lock(&st.timing).ttl;
-        let cmd = st.renew_cmd(ttl);
         // Retries until the local deadline; every attempt is cut off at it.
         let mut attempt = 0u32;
         loop {
@@ -53,29 +55,30 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
                 st.mark_lost();
                 return;
             }
-            match st
-                .send::<Option<u64>>(&cmd, !st.bound, Some(deadline))
-                .await
-            {
-                Sent::Reply(Some(_), sent, _) => {
+            match st.renew_once(ttl, deadline, !st.bound).await {
+                Renewal::Renewed(sent) => {
                     st.renewed(sent, ttl);
                     break;
                 }
-                Sent::Reply(None, _, _) => {
+                Renewal::Nil => {
                     st.mark_lost();
                     return;
                 }
-                Sent::Failed(e) => {
+                Renewal::Short(_) => {
+                    // Rule 10: renewed on the master but too few acknowledged: it does not
+                    // count. Again after a pause, until the deadline runs out.
+                    attempt += 1;
+                }
+                Renewal::Failed(e) => {
                     if st.bound || Instant::now() >= deadline || !is_transient(&e) {
                         st.mark_lost();
                         return;
                     }
                     attempt += 1;
-                    let pause =
-                        backoff(attempt).min(deadline.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(pause).await;
                 }
             }
+            let pause = backoff(attempt).min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
         }
     }
 }

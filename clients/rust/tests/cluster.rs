@@ -1,10 +1,11 @@
 //! A Redis Cluster of 3 masters (the testkit's, made by `redis-cli --cluster create`, with a
 //! replica each): a client waits for a lock while its slot moves to another master; the wait
-//! completes on the new node.
+//! completes on the new node. A durable grant's WAIT goes to the key's master, whose replica
+//! holds the grant when the lease is handed over.
 
 use std::time::Duration;
 
-use flock_client::{Flock, LockOptions, Wait};
+use flock_client::{Error, Flock, LockOptions, Wait};
 use flock_testkit::aio::{info_i64, q, wait_until};
 use flock_testkit::Cluster;
 use redis::cluster::ClusterClient;
@@ -95,4 +96,100 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     lease.release().await.expect("release");
     let exists: i64 = q(&mut dst, &["EXISTS", key]).await;
     assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_grant_is_acknowledged_by_the_replica_of_its_keys_master() {
+    let cluster = tokio::task::block_in_place(Cluster::start);
+    let flock = Flock::new(ClusterClient::new(cluster.urls()).expect("cluster client"));
+    let mut any = cluster.nodes[0].srv.async_conn().await;
+    // One key on each of the three masters.
+    let mut keys: Vec<(String, u16)> = Vec::new();
+    for i in 0..100 {
+        let key = format!("{{d{i}}}:lock");
+        let slot = q::<i64>(&mut any, &["CLUSTER", "KEYSLOT", &key]).await as u16;
+        let id = &cluster.master_of(slot).id;
+        if !keys.iter().any(|(_, s)| &cluster.master_of(*s).id == id) {
+            keys.push((key, slot));
+        }
+        if keys.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(keys.len(), 3, "a key on each master");
+    for (key, slot) in &keys {
+        let master = cluster.master_of(*slot);
+        let replica = cluster.replica_of(master);
+        let mut mc = master.srv.async_conn().await;
+        let mut rc = replica.srv.async_conn().await;
+        let _: String = q(&mut rc, &["READONLY"]).await;
+
+        let lease = flock
+            .lock(key.as_str(), LockOptions::new(MS(5000)).replicas(1))
+            .await
+            .expect("durable lock on the cluster");
+        let t = lease.token().to_string();
+        let on_replica: i64 = q(&mut rc, &["FLOCK.CHECK", key, &t]).await;
+        assert!(
+            on_replica > 0,
+            "the replica of {key}'s master holds the grant"
+        );
+        // A durable renewal, routed the same way.
+        lease.renew(Some(MS(9000))).await.expect("durable renew");
+        let on_replica: i64 = q(&mut rc, &["FLOCK.CHECK", key, &t]).await;
+        assert!(
+            on_replica > 5000,
+            "the replica has the renewal: {on_replica}"
+        );
+        lease.release().await.expect("release");
+
+        // Each master has one replica: two are too many, and the grant is released.
+        let res = flock
+            .acquire(
+                key.as_str(),
+                LockOptions::new(MS(5000))
+                    .replicas(2)
+                    .durable_timeout(MS(200)),
+            )
+            .await;
+        assert!(
+            matches!(
+                res,
+                Err(Error::NotDurable {
+                    acknowledged: 1,
+                    asked: 2,
+                    ..
+                })
+            ),
+            "{res:?}"
+        );
+        let exists: i64 = q(&mut mc, &["EXISTS", key]).await;
+        assert_eq!(exists, 0);
+
+        // The WAIT went to this master: with its replica stopped, nobody acknowledges (the
+        // other masters' replicas, live, would).
+        replica.srv.signal("STOP");
+        let res = flock
+            .acquire(
+                key.as_str(),
+                LockOptions::new(MS(5000))
+                    .replicas(1)
+                    .durable_timeout(MS(200)),
+            )
+            .await;
+        replica.srv.signal("CONT");
+        assert!(
+            matches!(
+                res,
+                Err(Error::NotDurable {
+                    acknowledged: 0,
+                    asked: 1,
+                    ..
+                })
+            ),
+            "{res:?}"
+        );
+        let exists: i64 = q(&mut mc, &["EXISTS", key]).await;
+        assert_eq!(exists, 0);
+    }
 }

@@ -1,0 +1,128 @@
+//! What a durable grant costs (rule 10): `lock()` + `release()` with `replicas(1)` against the
+//! same without, on loopback, against a master with one replica.
+//!
+//!   FLOCK_MODULE=target/release/libredis_flock.so \
+//!     cargo run --release -p flock-client --example durable_cost [-- --iters 2000]
+//!
+//! starts a master and a replica with the module (flock-testkit: `REDIS_SERVER`, default
+//! `redis-server`), measures, and stops them; `-- --port P` measures against a master of your
+//! own instead (it needs at least one replica). Rounds of both kinds alternate so that load
+//! from elsewhere hits both alike.
+use std::time::{Duration, Instant};
+
+use flock_client::{Flock, LockOptions};
+use flock_testkit::Server;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let iters = arg("--iters", 2000).max(100) as usize;
+    let threads = arg("--threads", 2) as usize;
+    // Our own master and replica unless a port is given; killed on drop.
+    let own = if arg("--port", 0) == 0 {
+        let m = Server::start();
+        let r = Server::start_replica_of(&m);
+        Some((m, r))
+    } else {
+        None
+    };
+    let port = match &own {
+        Some((m, _)) => m.port(),
+        None => arg("--port", 6379) as u16,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+        let mut admin = client
+            .get_multiplexed_async_connection_with_config(
+                &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+            )
+            .await?;
+        // A new replica's stream starts with its first REPLCONF ACK (up to a second): wait
+        // until a WAIT is answered.
+        let _: () = redis::cmd("SET")
+            .arg("durable_cost:warm")
+            .arg(1)
+            .query_async(&mut admin)
+            .await?;
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(5000)
+            .query_async(&mut admin)
+            .await?;
+        if acked < 1 {
+            return Err(
+                "the master has no replica that acknowledges: replicas(1) cannot be granted".into(),
+            );
+        }
+        let flock = Flock::new(client);
+        let key = "durable_cost:lock";
+        let plain = LockOptions::new(Duration::from_secs(10));
+        let durable = LockOptions::new(Duration::from_secs(10)).replicas(1);
+        let rounds = 10;
+        let per = iters.div_ceil(rounds);
+        let mut plain_t = Vec::with_capacity(per * rounds);
+        let mut durable_t = Vec::with_capacity(per * rounds);
+        // Warm up both paths (connections, the durable pool, allocator, caches).
+        for _ in 0..200 {
+            flock.lock(key, plain.clone()).await?.release().await?;
+            flock.lock(key, durable.clone()).await?.release().await?;
+        }
+        for _ in 0..rounds {
+            for _ in 0..per {
+                let s = Instant::now();
+                let l = flock.lock(key, plain.clone()).await?;
+                l.release().await?;
+                plain_t.push(s.elapsed());
+            }
+            for _ in 0..per {
+                let s = Instant::now();
+                let l = flock.lock(key, durable.clone()).await?;
+                l.release().await?;
+                durable_t.push(s.elapsed());
+            }
+        }
+        plain_t.sort();
+        durable_t.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let (p50, p99) = (pct(&plain_t, 0.5), pct(&plain_t, 0.99));
+        let (d50, d99) = (pct(&durable_t, 0.5), pct(&durable_t, 0.99));
+        println!(
+            "iterations: {} each, {threads} runtime threads, master port {port}, one replica",
+            plain_t.len()
+        );
+        println!(
+            "plain        lock()+release(): p50 {:8.1} us   p99 {:8.1} us",
+            us(p50),
+            us(p99)
+        );
+        println!(
+            "replicas(1)  lock()+release(): p50 {:8.1} us   p99 {:8.1} us",
+            us(d50),
+            us(d99)
+        );
+        println!(
+            "added by the WAIT:             p50 {:8.1} us   p99 {:8.1} us",
+            us(d50) - us(p50),
+            us(d99) - us(p99)
+        );
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })?;
+    drop(own);
+    Ok(())
+}
