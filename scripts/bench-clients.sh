@@ -10,7 +10,8 @@ iters="${BENCH_CLIENT_ITERS:-5000}"
 module="$(pwd)/target/release/libredis_flock.so"
 dir="$(mktemp -d /tmp/flock-bench-clients.XXXXXX)"
 port=0
-trap 'if [ "$port" != 0 ]; then redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; fi; rm -rf "$dir"' EXIT
+rport=0
+trap 'for p in "$rport" "$port"; do if [ "$p" != 0 ]; then redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; fi; done; rm -rf "$dir"' EXIT
 # A random port can be taken (another server of the bench, closing down): try a few, and go
 # on only with a server that answers.
 for _ in 1 2 3 4 5; do
@@ -56,6 +57,56 @@ mkdir -p "$(dirname "$out")"
     (cd clients/node && { [ -d node_modules ] && [ -d dist ] || npm ci --no-audit --no-fund >&2; } \
       && node bench.mjs --port "$port" --iterations "$iters")
     echo '```'
+  fi
+
+  # Durable grants (client rule 10): the same server with one replica, each client's lease with
+  # replicas=1 (ACQUIRE + WAIT 1 pipelined) against its plain lease, in alternating rounds.
+  diters=$(( iters < 2000 ? iters : 2000 ))
+  for _ in 1 2 3 4 5; do
+    try=$(( 20000 + RANDOM % 20000 ))
+    [ "$try" = "$port" ] && continue
+    mkdir -p "$dir/replica"
+    "${REDIS_SERVER:-redis-server}" --port "$try" --bind 127.0.0.1 --dir "$dir/replica" --save '' \
+      --appendonly no --loadmodule "$module" --logfile "$dir/replica.log" --daemonize yes \
+      --replicaof 127.0.0.1 "$port" || continue
+    for _ in $(seq 50); do
+      if redis-cli -p "$try" ping 2>/dev/null | grep -q PONG; then rport=$try; break; fi
+      sleep 0.1
+    done
+    [ "$rport" != 0 ] && break
+  done
+  # Linked, and acknowledging (a new replica's first acknowledgement can take a second).
+  acked=0
+  for _ in $(seq 100); do
+    redis-cli -p "$port" set bench:durable:probe 1 >/dev/null 2>&1 || true
+    if [ "$(redis-cli -p "$port" wait 1 200 2>/dev/null)" = 1 ]; then acked=1; break; fi
+    sleep 0.1
+  done
+  redis-cli -p "$port" del bench:durable:probe >/dev/null 2>&1 || true
+  echo
+  echo "## Durable grants: replicas=1, one replica on loopback, $diters iterations each"
+  if [ "$acked" != 1 ]; then
+    echo "bench-clients: the replica did not come up or acknowledge writes; its log:" >&2
+    cat "$dir/replica.log" >&2 || true
+    exit 1
+  else
+    echo
+    echo "### Rust"
+    echo '```'
+    FLOCK_MODULE="$module" cargo run -q -p flock-client --release --example durable_cost -- --port "$port" --iters "$diters"
+    echo '```'
+    echo
+    echo "### Python"
+    echo '```'
+    .venv/bin/python clients/python/bench.py --port "$port" --iterations "$diters" --replicas 1
+    echo '```'
+    if [ -f clients/node/bench.mjs ]; then
+      echo
+      echo "### Node.js"
+      echo '```'
+      (cd clients/node && node bench.mjs --port "$port" --iterations "$diters" --replicas 1)
+      echo '```'
+    fi
   fi
 } | tee "$out.tmp"
 mv "$out.tmp" "$out"
