@@ -507,7 +507,10 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                         let before = key.grants.len();
                         key.grants.retain(|g| !(g.token == t && g.live(now)));
                         if key.grants.len() < before {
-                            model.events.push(Event::Released { held_ms: 0 });
+                            model.events.push(Event::Released {
+                                held_ms: 0,
+                                token: t,
+                            });
                         }
                         model.settle(kk, now, set);
                     } else {
