@@ -194,7 +194,7 @@ fn a_bound_grant_whose_connection_closes_tells_its_watcher_closed() {
 }
 
 #[test]
-fn del_and_flushall_tell_watchers_lost() {
+fn del_flushall_unlink_and_overwrite_tell_watchers_lost() {
     let srv = Server::start();
     let mut c = srv.conn();
     let t = grant(&mut c, "lk", "a", 30_000);
@@ -214,6 +214,13 @@ fn del_and_flushall_tell_watchers_lost() {
     wait_watching(&mut c, 1);
     assert_eq!(call(&mut c, &["UNLINK", "lk"]).int(), Some(1));
     assert_eq!(join(w), answer("lk", "lost", Some("c"), t));
+
+    // Overwritten by a value of another type: no keyspace event flock follows says so.
+    let t = grant(&mut c, "lk", "d", 30_000);
+    let w = spawn_watch(&srv, &["0", "lk", &t.to_string()]);
+    wait_watching(&mut c, 1);
+    assert_ok(&call(&mut c, &["SET", "lk", "v"]), "SET over the lock");
+    assert_eq!(join(w), answer("lk", "lost", Some("d"), t));
     wait_watching(&mut c, 0);
 }
 
@@ -564,6 +571,29 @@ fn a_replica_watcher_is_told_from_the_replicated_effects() {
     assert_eq!(call(&mut r, &["FLOCK.WAITERS", "rw"]), Reply::Array(vec![]));
     call(&mut m, &["FLOCK.REVOKE", "rw"]);
     assert!(waiter.join().expect("waiter").int().is_some());
+}
+
+#[test]
+fn a_bound_grant_watched_on_a_replica_and_orphaned_by_its_promotion_is_lost() {
+    let master = Server::start();
+    let replica = Server::start_replica_of(&master);
+    let mut h = master.conn();
+    let t = call(&mut h, &["FLOCK.ACQUIRE", "lk", "h", "60000", "BOUND"])
+        .int()
+        .expect("token");
+    wait_replica(&mut h);
+    let mut r = replica.conn();
+    wait_until("the grant reached the replica", || {
+        check(&mut r, "lk", t) > 0
+    });
+    let w = spawn_watch(&replica, &["0", "lk", &t.to_string()]);
+    wait_watching(&mut r, 1);
+    assert_ok(
+        &call(&mut r, &["REPLICAOF", "NO", "ONE"]),
+        "REPLICAOF NO ONE",
+    );
+    assert_eq!(join(w), answer("lk", "lost", Some("h"), t));
+    drop(h);
 }
 
 #[test]

@@ -50,6 +50,7 @@ pub fn watch(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
                 key: (db, name.to_vec()),
                 token: *token,
                 owner: owner.map_or_else(Box::default, Box::from),
+                on_replica: !server::is_master(),
             }),
         }
     }

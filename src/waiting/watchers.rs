@@ -30,6 +30,8 @@ pub struct Pair {
     pub key: KeyId,
     pub token: u64,
     pub owner: Box<[u8]>,
+    /// The watch began on a replica (see `watch::after_change`).
+    pub on_replica: bool,
 }
 
 struct Watcher {
@@ -189,7 +191,8 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
             if p.key.0 != db || p.key.1 != name {
                 continue;
             }
-            if let Some(f) = watch::after_change(state, p.token, &p.owner, &ended, now) {
+            let told = watch::after_change(state, p.token, &p.owner, &ended, now, p.on_replica);
+            if let Some(f) = told {
                 if watch::first_in_order(w.answer.as_ref().map(|a| a.0), i) {
                     w.answer = Some((i, f));
                 }

@@ -203,19 +203,26 @@ pub fn ended_by(event: Event) -> Option<(u64, WatchEvent)> {
 /// key), `ended` the grants the change ended and how ([`ended_by`]). `owner` is the watched
 /// grant's owner, as it was at the call. A grant still in the state has not ended (on a
 /// replica a lease that looks run out is the master's to end); one that left it without an
-/// ending event was `lost`.
+/// ending event was `lost`. `watched_on_replica`: the watch began while this server was a
+/// replica, where no grant is bound to a connection of this process; a bound grant that ends
+/// as `closed` here after a promotion was orphaned by it, not closed by its holder: `lost`.
 pub fn after_change(
     state: Option<&LockState>,
     token: u64,
     owner: &[u8],
     ended: &[(u64, WatchEvent)],
     now: Now,
+    watched_on_replica: bool,
 ) -> Option<Fired> {
     if token == 0 {
         let g = state.and_then(|s| oldest_live(s, now))?;
         return Some(Fired::of(WatchEvent::Held, Some(&*g.owner), g.token));
     }
     if let Some(&(_, how)) = ended.iter().find(|(t, _)| *t == token) {
+        let how = match how {
+            WatchEvent::Closed if watched_on_replica => WatchEvent::Lost,
+            how => how,
+        };
         return Some(Fired::of(how, Some(owner), token));
     }
     let present = state.is_some_and(|s| s.grants().position_of_token(token).is_some());

@@ -85,7 +85,7 @@ macro_rules! after_change_cases {
         fn $name() {
             let state: Option<LockState> = $state;
             let ended: &[(u64, WatchEvent)] = &$ended;
-            assert_eq!(after_change(state.as_ref(), $token, b"a", ended, T0), $want);
+            assert_eq!(after_change(state.as_ref(), $token, b"a", ended, T0, false), $want);
         }
     )*};
 }
@@ -119,6 +119,21 @@ after_change_cases! {
         => Some(fired(WatchEvent::Held, Some("b"), 9));
     token_0_keeps_waiting_on_a_deleted_key:
         None, 0, [(7, WatchEvent::Released)] => None;
+}
+
+#[test]
+fn a_bound_grant_watched_on_a_replica_and_closed_after_its_promotion_was_lost() {
+    let ended = [(7, WatchEvent::Closed)];
+    assert_eq!(
+        after_change(None, 7, b"a", &ended, T0, true),
+        Some(fired(WatchEvent::Lost, Some("a"), 7))
+    );
+    let ended = [(7, WatchEvent::Released)];
+    assert_eq!(
+        after_change(None, 7, b"a", &ended, T0, true),
+        Some(fired(WatchEvent::Released, Some("a"), 7)),
+        "every other end says how"
+    );
 }
 
 #[test]

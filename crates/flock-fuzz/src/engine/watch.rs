@@ -46,14 +46,14 @@ pub(super) fn check(
     };
     let ended: Vec<(u64, WatchEvent)> = events.iter().filter_map(|e| watch::ended_by(*e)).collect();
     for (token, owner) in before {
-        let got = watch::after_change(state, *token, owner, &ended, now).map(|f| f.event);
+        let got = watch::after_change(state, *token, owner, &ended, now, false).map(|f| f.event);
         assert_eq!(
             got,
             expected(mk, &model.events, *token),
             "step {step}: a watcher of token {token} on key {key}"
         );
     }
-    let held = watch::after_change(state, 0, b"", &ended, now).map(|f| f.token);
+    let held = watch::after_change(state, 0, b"", &ended, now, false).map(|f| f.token);
     let oldest = mk.live(now).map(|g| g.token).min();
     assert_eq!(held, oldest, "step {step}: a token-0 watcher of key {key}");
 }
