@@ -614,6 +614,31 @@ fn demotion_unblocks_watchers_with_unblocked() {
     wait_watching(&mut c, 0);
 }
 
+#[test]
+fn a_replicas_full_sync_unblocks_its_watchers_with_unblocked() {
+    let a = Server::start();
+    let b = Server::start();
+    let replica = Server::start_replica_of(&a);
+    let mut ac = a.conn();
+    let t = grant(&mut ac, "lk", "x", 60_000);
+    wait_replica(&mut ac);
+    let mut r = replica.conn();
+    wait_until("the grant reached the replica", || {
+        check(&mut r, "lk", t) > 0
+    });
+    let w = spawn_watch(&replica, &["0", "lk", &t.to_string()]);
+    wait_watching(&mut r, 1);
+    // Another master: the replica loads a full copy of its data.
+    assert_ok(
+        &call(&mut r, &["REPLICAOF", "127.0.0.1", &b.port().to_string()]),
+        "REPLICAOF",
+    );
+    let reply = join(w);
+    assert_err_prefix(&reply, "UNBLOCKED", "a watcher of a replica that resyncs");
+    let mut r = replica.conn();
+    wait_watching(&mut r, 0);
+}
+
 // ---- cluster ----
 
 #[test]
