@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 const TTL: &str = "600000";
 
+/// What a connection sends to block (or not), given its index.
+type Send<'a> = &'a dyn Fn(usize, &mut RawConn);
+
 fn stat(c: &mut RawConn, name: &str) -> i64 {
     info_i64(c, "flock", &format!("flock_{name}"))
 }
@@ -68,7 +71,7 @@ fn blocked_memory(
     c: &mut RawConn,
     n: usize,
     name: &str,
-    send: &dyn Fn(usize, &mut RawConn),
+    send: Send<'_>,
 ) -> (f64, Vec<RawConn>) {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -155,7 +158,7 @@ pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
         .expect("send")
     };
     let ping = |_: usize, b: &mut RawConn| b.send(&["PING"]).expect("send");
-    let kinds: [(&str, &dyn Fn(usize, &mut RawConn)); 3] = [
+    let kinds: [(&str, Send<'_>); 3] = [
         ("", &ping),
         ("watchers", &watch),
         ("blocked_clients", &wait),
