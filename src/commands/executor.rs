@@ -185,14 +185,29 @@ pub fn run(
     create: bool,
     op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
 ) -> Result<Reply<'static>, NoLock> {
+    if watchers::any() {
+        return run_watched(ctx, key_name, key, create, op);
+    }
+    run_here(ctx, key_name, key, create, op)
+}
+
+/// [`run`] while someone watches some key: the operation's ending events are kept, and the
+/// key's watchers told afterwards. Out of line, so that the usual path pays one load.
+#[cold]
+#[inline(never)]
+fn run_watched(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
     let reply = run_here(ctx, key_name, key, create, |stored, cx, w| {
         let out = op(stored, cx, w);
         watchers::note(&out);
         out
     });
-    if watchers::any() {
-        watchers::key_changed(ctx, key_name, key);
-    }
+    watchers::key_changed(ctx, key_name, key);
     reply
 }
 
