@@ -284,6 +284,35 @@ fn inside_multi_a_watch_answers_at_once() {
     assert_eq!(flock_stat(&mut c, "watchers"), 0);
 }
 
+#[test]
+fn inside_a_script_a_watch_answers_at_once() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let t = grant(&mut c, "lk", "a", 30_000);
+    let r = call(
+        &mut c,
+        &[
+            "EVAL",
+            "return redis.call('FLOCK.WATCH', '0', KEYS[1], '0')",
+            "1",
+            "lk",
+        ],
+    );
+    assert_eq!(r, answer("lk", "held", Some("a"), t));
+    let r = call(
+        &mut c,
+        &[
+            "EVAL",
+            "return redis.call('FLOCK.WATCH', '0', KEYS[1], ARGV[1])",
+            "1",
+            "lk",
+            &t.to_string(),
+        ],
+    );
+    assert_eq!(r, Reply::Nil, "nil where it would wait");
+    assert_eq!(flock_stat(&mut c, "watchers"), 0);
+}
+
 // ---- errors ----
 
 #[test]
