@@ -295,7 +295,7 @@ pub const WATCH: CommandSpec = CommandSpec {
         ArgDoc {
             multiple: true,
             sub: &[KEY, TOKEN],
-            ..arg(c"data", ArgKind::Block)
+            ..arg(c"pair", ArgKind::Block)
         },
     ],
 };
