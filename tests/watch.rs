@@ -692,6 +692,33 @@ fn a_watched_key_whose_slot_moves_answers_tryagain() {
     drop(w0);
 }
 
+#[test]
+fn a_cluster_replica_watcher_of_a_deleted_key_is_told_lost_not_tryagain() {
+    let cluster = Cluster::start();
+    cluster.wait_replicas_synced();
+    let mut any = cluster.nodes[0].srv.conn();
+    let lock = "{wrep}:lock";
+    let s = key_slot(&mut any, lock);
+    let master = cluster.master_of(s);
+    let replica = cluster.replica_of(master);
+    let mut m = master.srv.conn();
+    let t = grant(&mut m, lock, "holder", 60_000);
+    wait_replica(&mut m);
+    let mut r = replica.srv.conn();
+    assert_ok(&call(&mut r, &["READONLY"]), "READONLY");
+    wait_until("the grant reached the replica", || {
+        check(&mut r, lock, t) > 0
+    });
+    let mut wc = replica.srv.conn();
+    assert_ok(&call(&mut wc, &["READONLY"]), "READONLY");
+    let tok = t.to_string();
+    let w = thread::spawn(move || call(&mut wc, &["FLOCK.WATCH", "0", lock, &tok]));
+    wait_watching(&mut r, 1);
+    assert_eq!(call(&mut m, &["DEL", lock]).int(), Some(1));
+    let reply = w.join().expect("watcher");
+    assert_eq!(reply, answer(lock, "lost", Some("holder"), t));
+}
+
 // ---- WAITERS ----
 
 #[test]
