@@ -15,12 +15,13 @@
 //!   (`expiry.rs`), which connection holds which BOUND grant (`bindings.rs`), key names kept
 //!   inline (`key_name.rs`).
 //! - `waiting/`: blocked clients and their queues (`waiters.rs`), deferred work on keys
-//!   (`jobs.rs`).
+//!   (`jobs.rs`), blocked FLOCK.WATCH clients and what they are told (`watchers.rs`).
 //! - `peers/`: what other servers are told: the replication effects (`replication.rs`), the
 //!   cluster bus and slot checks (`cluster.rs`).
 //! - `commands/`: the one executor (`executor.rs`: opens the key as the store holds it, runs
 //!   an engine operation, carries out the outcome), replies (`reply.rs`), the command
-//!   handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`), FLOCK.STATS (`stats.rs`).
+//!   handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`), FLOCK.STATS (`stats.rs`),
+//!   FLOCK.WATCH and FLOCK.WAITERS (`watch.rs`).
 //! - `registration/`: the module's init and everything it registers (`module.rs`, with the
 //!   one command table: flock-core's descriptions paired with their handlers), the configs
 //!   (`config.rs`), the data type's callbacks
@@ -46,6 +47,7 @@ mod store {
 mod waiting {
     pub mod jobs;
     pub mod waiters;
+    pub mod watchers;
 }
 
 mod peers {
@@ -59,6 +61,7 @@ mod commands {
     pub mod handlers;
     pub mod reply;
     pub mod stats;
+    pub mod watch;
 }
 
 mod registration {

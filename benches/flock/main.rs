@@ -22,7 +22,10 @@
 //! 4. contention: N clients, one lock, a 1 ms critical section, BLOCK vs polling;
 //! 5. scaling: ACQUIRE/RELEASE cost with many lock keys held and many waiters queued;
 //! 7. lock kinds and BOUND: shared against exclusive, a key of 1,000 readers against one of
-//!    1, BOUND against unbound, one more reader's memory against a held lock's.
+//!    1, BOUND against unbound, one more reader's memory against a held lock's;
+//! 8. FLOCK.WATCH: one watcher told against one BLOCK waiter granted (p99 from RELEASE to
+//!    reply), 1,000 watchers of one grant (first and last reply), memory per idle watcher
+//!    against per idle waiter.
 //!
 //! In a full run, when valgrind is installed, a short callgrind run counts instructions per
 //! call (noise-free) and lists where flock's commands spend them.
@@ -100,13 +103,14 @@ fn main() {
 
     let mut rep = Report::default();
     type Scenario = fn(&Cfg, &mut Report, u64);
-    let runs: [(u32, Scenario); 6] = [
+    let runs: [(u32, Scenario); 7] = [
         (1, |c, r, _| scenarios::cost::run(c, r)),
         (2, |c, r, _| scenarios::cycles::run(c, r)),
         (3, |c, r, _| scenarios::memory::run(c, r)),
         (4, |c, r, _| scenarios::contention::run(c, r)),
         (5, scenarios::scaling::run),
         (7, |c, r, _| scenarios::kinds::run(c, r)),
+        (8, |c, r, _| scenarios::watch::run(c, r)),
     ];
     for (i, run) in runs {
         if cfg.runs(i) {

@@ -15,7 +15,7 @@ use crate::peers::replication;
 use crate::server::{self, config, stats};
 use crate::store::bindings;
 use crate::store::expiry::{self, Arming};
-use crate::waiting::waiters;
+use crate::waiting::{waiters, watchers};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{
     BlockRefused, Context, Count, Effect, Env, Event, KeyFate, Outcome, Reply, Stored, Waiters,
@@ -175,9 +175,45 @@ fn run_op(
 
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
 /// `create` and the key does not exist, else `Missing`. Carries the outcome out and returns
-/// the reply to send.
+/// the reply to send. Then, only while someone watches some key (one atomic load
+/// otherwise), the key's watchers are told what changed.
 #[inline]
 pub fn run(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    if watchers::any() {
+        return run_watched(ctx, key_name, key, create, op);
+    }
+    run_here(ctx, key_name, key, create, op)
+}
+
+/// [`run`] while someone watches some key: the operation's ending events are kept, and the
+/// key's watchers told afterwards. Out of line, so that the usual path pays one load.
+#[cold]
+#[inline(never)]
+fn run_watched(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    let reply = run_here(ctx, key_name, key, create, |stored, cx, w| {
+        let out = op(stored, cx, w);
+        watchers::note(&out);
+        out
+    });
+    watchers::key_changed(ctx, key_name, key);
+    reply
+}
+
+/// [`run`] but for the watchers.
+#[inline(always)]
+fn run_here(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     key: &mut Key,
@@ -328,7 +364,7 @@ fn carry_out(
                 stats::record(class, key, Measured::Granted { ttl_ms });
                 ffi::notify(ctx, e.c_name(), key_name);
             }
-            Effect::Notify(e @ Event::Released { held_ms }) => {
+            Effect::Notify(e @ Event::Released { held_ms, .. }) => {
                 stats::RELEASES.incr();
                 stats::record(class, key, Measured::Released { held_ms });
                 ffi::notify(ctx, e.c_name(), key_name);
@@ -369,19 +405,19 @@ fn carry_out_rare(
                     stats::GRANTS.incr();
                     Measured::Granted { ttl_ms }
                 }
-                Event::Released { held_ms } => {
+                Event::Released { held_ms, .. } => {
                     stats::RELEASES.incr();
                     Measured::Released { held_ms }
                 }
-                Event::Expired => {
+                Event::Expired { .. } => {
                     stats::EXPIRATIONS.incr();
                     Measured::Expired
                 }
-                Event::Revoked => {
+                Event::Revoked { .. } => {
                     stats::REVOKES.incr();
                     Measured::Revoked
                 }
-                Event::Closed => {
+                Event::Closed { .. } => {
                     stats::BOUND_CLOSED.incr();
                     Measured::Closed
                 }

@@ -2,7 +2,7 @@
 //! spec and the COMMAND DOCS arrays in the layout the server reads.
 
 use super::handle::Ctx;
-use flock_core::commands::{ArgDoc, ArgKind, CommandSpec, KeyAccess, SINCE};
+use flock_core::commands::{self, ArgDoc, ArgKind, CommandSpec, KeyAccess, KeyRange, SINCE};
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -45,18 +45,35 @@ fn key_flags(access: KeyAccess) -> KeyFlags {
 
 /// One key spec: the key at argv[1], and nothing else.
 fn first_key(flags: u32) -> raw::RedisModuleCommandKeySpec {
+    key_range(
+        flags,
+        KeyRange {
+            first: 1,
+            last: 1,
+            step: 1,
+        },
+    )
+}
+
+/// One key spec over `range` (lastkey is relative to the first key, or negative from the
+/// end of the arguments).
+fn key_range(flags: u32, range: KeyRange) -> raw::RedisModuleCommandKeySpec {
     raw::RedisModuleCommandKeySpec {
         notes: ptr::null(),
         flags: u64::from(flags),
         begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
         bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
-            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
+            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: range.first },
         },
         find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
         fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
             range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-                lastkey: 0,
-                keystep: 1,
+                lastkey: if range.last < 0 {
+                    range.last
+                } else {
+                    range.last - range.first
+                },
+                keystep: range.step,
                 limit: 0,
             },
         },
@@ -163,9 +180,12 @@ pub fn describe_commands(ctx: Ctx<'_>, commands: &[&CommandSpec]) -> Result<(), 
         if cmd.is_null() {
             return Err(format!("{} is not registered", c.name.to_string_lossy()));
         }
-        let mut specs = c
-            .key
-            .map(|access| [first_key(key_flags(access).0), end_of_specs()]);
+        let mut specs = c.key.map(|access| {
+            [
+                key_range(key_flags(access).0, commands::key_range(c)),
+                end_of_specs(),
+            ]
+        });
         let mut keep = Vec::new();
         let mut args = c.summary.map(|_| raw_args(c.args, &mut keep));
         let info = raw::RedisModuleCommandInfo {

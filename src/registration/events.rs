@@ -11,9 +11,10 @@ use crate::server::{self, config};
 use crate::store::bindings;
 use crate::store::expiry::{self, Arming, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
-use crate::waiting::waiters;
+use crate::waiting::{waiters, watchers};
 use flock_core::engine::{self, RevisitPlan};
 use flock_core::keyspace::{self, Arrival, ServerChange, Step};
+use flock_core::watch::{self, ServerStep};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Generic keyspace events (rename, move, restore, copy, del), expiry and eviction: what can
@@ -50,6 +51,11 @@ static MOVE_SOURCE_DB: AtomicI32 = AtomicI32::new(-1);
 /// database) would be left in database 1. So after "move_to" the source database is selected
 /// again; on servers that give the callback a client of its own this changes nothing.
 fn on_keyspace_event(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
+    // Watchers, on masters and replicas alike (a replica's keys change by its master's DEL
+    // and the like): the key is looked at right after the command.
+    if watchers::any() {
+        watchers::look_soon(ctx.selected_db(), ffi::bytes(&key));
+    }
     match event {
         b"move_from" => {
             MOVE_SOURCE_DB.store(ctx.selected_db(), Ordering::Relaxed);
@@ -123,6 +129,9 @@ fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival) {
 
 /// Role changes, the end of loading, flushes and SWAPDB.
 fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
+    if watchers::any() {
+        for_watchers(event);
+    }
     if matches!(
         event,
         ServerEvent::RoleChanged { .. }
@@ -143,6 +152,7 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
             jobs::run_queued(ctx);
             expiry::on_cron(ctx);
             waiters::time_out_due();
+            watchers::on_cron(ctx);
             cluster::broadcast_high_water(ctx);
             return;
         }
@@ -186,6 +196,26 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
                 }
             }
         }
+    }
+}
+
+/// What a server event does to watchers (flock-core's `watch::on_server_change`).
+fn for_watchers(event: ServerEvent) {
+    let change = match event {
+        ServerEvent::RoleChanged { now_master } => {
+            watch::ServerChange::RoleChanged { master: now_master }
+        }
+        ServerEvent::Loading { ended: false } => watch::ServerChange::LoadingStarted {
+            master: server::is_master(),
+        },
+        ServerEvent::FlushStarting { db } => watch::ServerChange::FlushStarting { db },
+        ServerEvent::SwapDb { .. } => watch::ServerChange::DbsSwapped,
+        _ => return,
+    };
+    match watch::on_server_change(change) {
+        ServerStep::Nothing => {}
+        ServerStep::FailAll(why) => watchers::fail_everyone(why),
+        ServerStep::LookAll(db) => watchers::look_all_soon(db),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::ffi::{self, Aof, Digest, RStr, RdbReader, RdbWriter};
 use crate::peers::replication;
 use crate::server;
 use crate::store::expiry;
-use crate::waiting::jobs;
+use crate::waiting::{jobs, watchers};
 use flock_core::{engine, keyspace, rdb, LockState};
 use std::ffi::c_int;
 use std::ffi::CStr;
@@ -64,10 +64,17 @@ impl ffi::LockTypeMethods for FlockLock {
     /// DEL, UNLINK, RELEASE, overwrite, eviction and a synchronous flush free on the main
     /// thread: take the block out of the deadline index now (G10). A lazy-free thread
     /// (FLUSHALL ASYNC) must not touch the index; the flush event already took those out.
+    /// A watched lock that goes (overwritten by another type, too, which no keyspace event
+    /// flock follows tells of) is looked at right after the command.
     fn freeing(block: RecordPtr) -> bool {
         let main_thread = server::on_main_thread();
         if main_thread {
             expiry::disarm(block);
+            if watchers::any() {
+                if let Some((db, name)) = block.name() {
+                    watchers::look_soon(db, name);
+                }
+            }
         }
         main_thread
     }

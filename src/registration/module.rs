@@ -4,12 +4,12 @@
 //! deadlines, deferred jobs). `ffi/module.rs`'s OnLoad calls [`init`].
 
 use super::{config, events, lock_type};
-use crate::commands::{fenced, handlers, stats as stats_command};
+use crate::commands::{fenced, handlers, stats as stats_command, watch};
 use crate::ffi::{self, Ctx, RStr, Status};
 use crate::peers::cluster;
 use crate::server::{self, stats};
 use crate::store::{bindings, expiry};
-use crate::waiting::{jobs, waiters};
+use crate::waiting::{jobs, waiters, watchers};
 use flock_core::commands::{self, CommandSpec};
 use redis_module::{Context, RedisString};
 use std::ffi::{c_int, CStr, CString};
@@ -40,6 +40,7 @@ fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
     ffi::set_options(load);
     expiry::set_due_handler(events::on_due);
     jobs::set_runner(events::run_job);
+    watchers::set_slot_check(cluster::serves_stably);
     if let Err(e) = register_commands(ctx) {
         load.log_warning(&format!("refusing to load: {e}"));
         return Err(());
@@ -74,6 +75,8 @@ handler!(Revoke, handlers::revoke);
 handler!(Apply, handlers::apply);
 handler!(StatsGet, stats_command::get);
 handler!(StatsReset, stats_command::reset);
+handler!(Watch, watch::watch);
+handler!(Waiters, watch::waiters);
 
 /// How a command of the table is registered.
 #[derive(Clone, Copy)]
@@ -88,7 +91,7 @@ enum Registered {
 
 /// The one command table: every command as `flock_core::commands` describes it (name, flags,
 /// arity, key spec, COMMAND DOCS), with the handler that runs it.
-const COMMANDS: [(&CommandSpec, Registered); 12] = [
+const COMMANDS: [(&CommandSpec, Registered); 14] = [
     (
         &commands::ACQUIRE,
         Registered::Command(ffi::create_command::<Acquire>),
@@ -134,18 +137,27 @@ const COMMANDS: [(&CommandSpec, Registered); 12] = [
         &commands::APPLY,
         Registered::Command(ffi::create_command::<Apply>),
     ),
+    (
+        &commands::WATCH,
+        Registered::Command(ffi::create_command::<Watch>),
+    ),
+    (
+        &commands::WAITERS,
+        Registered::Command(ffi::create_command::<Waiters>),
+    ),
 ];
 
 /// Register every command of [`COMMANDS`], then tell the server what each is (arity, key
 /// specs, docs). Flags and key positions matter to cluster clients and ACLs.
 fn register_commands(ctx: Ctx<'_>) -> Result<(), String> {
-    // The legacy range of the key at argv[1] (FLOCK.FENCED reports its keys itself).
-    let first_key = (1, 1, 1);
     let mut container = None;
     for (spec, how) in COMMANDS {
         let name = spec.name;
+        // The legacy key range (FLOCK.FENCED reports its keys itself).
+        let range = commands::key_range(spec);
+        let keys = (range.first, range.last, range.step);
         let ok = match how {
-            Registered::Command(create) => create(ctx, name, spec.flags, first_key),
+            Registered::Command(create) => create(ctx, name, spec.flags, keys),
             Registered::Container => {
                 container = ffi::create_container(ctx, name);
                 container.is_some()
@@ -186,7 +198,7 @@ impl ffi::InfoHandler for Info {
             let tokens = server::tokens();
             (tokens.high_water(), tokens.headroom(now))
         };
-        let fields: [(&CStr, u64); 20] = [
+        let fields: [(&CStr, u64); 21] = [
             (c"grants", stats::GRANTS.get()),
             (c"releases", stats::RELEASES.get()),
             (c"expirations", stats::EXPIRATIONS.get()),
@@ -194,7 +206,12 @@ impl ffi::InfoHandler for Info {
             (c"renewals", stats::RENEWALS.get()),
             (c"contended_acquires", stats::CONTENDED.get()),
             (c"blocked_acquires", stats::BLOCKED.get()),
-            (c"blocked_clients", waiters::blocked_now() as u64),
+            (
+                c"blocked_clients",
+                (waiters::blocked_now() + watchers::watching_now()) as u64,
+            ),
+            // Clients blocked in FLOCK.WATCH now.
+            (c"watchers", watchers::watching_now() as u64),
             (c"timeouts", stats::TIMEOUTS.get()),
             (c"fenced_accepted", stats::FENCED_ACCEPTED.get()),
             (c"fenced_rejected", stats::FENCED_REJECTED.get()),

@@ -50,6 +50,7 @@ pub static LOCK_DELAY_MS: Value = Value::new(&settings::LOCK_DELAY);
 pub static MAX_HOLDERS: Value = Value::new(&settings::MAX_HOLDERS);
 pub static PROMOTION_MARGIN_MS: Value = Value::new(&settings::PROMOTION_MARGIN);
 pub static STATS_MAX_CLASSES: Value = Value::new(&settings::STATS_MAX_CLASSES);
+pub static MAX_WATCHERS: Value = Value::new(&settings::MAX_WATCHERS);
 
 /// Settings are told apart by name, not by address: they are `const`s of flock-core, and each
 /// crate that takes a reference to a `const` may get its own copy, so two references to the
@@ -66,6 +67,7 @@ pub fn value_of(setting: &Setting) -> Option<&'static Value> {
         &MAX_HOLDERS,
         &PROMOTION_MARGIN_MS,
         &STATS_MAX_CLASSES,
+        &MAX_WATCHERS,
     ]
     .into_iter()
     .find(|v| same(v.setting, setting))
@@ -99,4 +101,9 @@ pub fn promotion_margin_ms() -> u64 {
 /// `flock.stats-max-classes`: most lock classes FLOCK.STATS keeps.
 pub fn stats_max_classes() -> usize {
     STATS_MAX_CLASSES.get() as usize
+}
+
+/// `flock.max-watchers`: most FLOCK.WATCH watchers of one key (0: nobody may watch).
+pub fn max_watchers() -> usize {
+    usize::try_from(MAX_WATCHERS.get()).unwrap_or(0)
 }

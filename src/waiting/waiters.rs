@@ -437,3 +437,23 @@ impl ffi::BlockedClientHandler for Waiting {
         }
     }
 }
+
+/// The requests waiting for `key`, first in line first: owner, mode, and when it began to
+/// wait on the monotonic clock (FLOCK.WAITERS).
+pub fn in_line(ctx: Ctx<'_>, key: RStr<'_>) -> Vec<(Box<[u8]>, Mode, u64)> {
+    if blocked_now() == 0 {
+        return Vec::new();
+    }
+    let db = ctx.selected_db();
+    let mut guard = registry();
+    let reg = guard.get();
+    let Some(q) = reg.queue(db, ffi::bytes(&key)) else {
+        return Vec::new();
+    };
+    q.iter_live()
+        .map(|w| {
+            let since = reg.blocked.get(&w.id).map_or(0, |b| b.since_us);
+            (w.owner.clone(), w.mode, since)
+        })
+        .collect()
+}

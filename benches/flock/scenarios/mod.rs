@@ -7,3 +7,4 @@ pub(crate) mod cycles;
 pub(crate) mod kinds;
 pub(crate) mod memory;
 pub(crate) mod scaling;
+pub(crate) mod watch;

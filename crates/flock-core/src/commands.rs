@@ -281,8 +281,71 @@ pub const APPLY: CommandSpec = CommandSpec {
     args: &[],
 };
 
+/// `FLOCK.WATCH timeout key token [key token ...]`: its keys are every other argument from
+/// argv[2] ([`key_range`]), each only read.
+pub const WATCH: CommandSpec = CommandSpec {
+    name: c"flock.watch",
+    flags: c"readonly",
+    arity: -4,
+    key: Some(KeyAccess::Read),
+    summary: Some(c"Waits until a lock is held (token 0) or until a grant ends, and says how: held, released, expired, revoked, closed, lost or gone."),
+    complexity: c"O(N) with N the number of keys",
+    args: &[
+        arg(c"timeout", ArgKind::Int),
+        ArgDoc {
+            multiple: true,
+            sub: &[KEY, TOKEN],
+            ..arg(c"pair", ArgKind::Block)
+        },
+    ],
+};
+
+pub const WAITERS: CommandSpec = CommandSpec {
+    name: c"flock.waiters",
+    flags: c"readonly fast",
+    arity: -2,
+    key: Some(KeyAccess::Read),
+    summary: Some(c"Returns the requests waiting for the lock, first in line first, as [owner, mode, waited_ms] triples."),
+    complexity: c"O(N) with N the number of waiters returned",
+    args: &[
+        KEY,
+        ArgDoc {
+            token: Some(c"COUNT"),
+            ..optional(arg(c"count", ArgKind::Int))
+        },
+    ],
+};
+
+/// Where a command's keys are: argv[`first`], then every `step`-th argument up to `last`
+/// (negative: counted from the end, -1 the last argument). Both the legacy key range of
+/// `RedisModule_CreateCommand` and the key spec's range are made from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub first: i32,
+    pub last: i32,
+    pub step: i32,
+}
+
+/// The key range of `spec`: one key at argv[1] for every command but those that name
+/// several.
+pub fn key_range(spec: &CommandSpec) -> KeyRange {
+    if spec.name == WATCH.name {
+        KeyRange {
+            first: 2,
+            last: -1,
+            step: 2,
+        }
+    } else {
+        KeyRange {
+            first: 1,
+            last: 1,
+            step: 1,
+        }
+    }
+}
+
 /// Every command, containers before their subcommands.
-pub const ALL: [&CommandSpec; 12] = [
+pub const ALL: [&CommandSpec; 14] = [
     &ACQUIRE,
     &RELEASE,
     &RENEW,
@@ -295,6 +358,8 @@ pub const ALL: [&CommandSpec; 12] = [
     &STATS_GET,
     &STATS_RESET,
     &APPLY,
+    &WATCH,
+    &WAITERS,
 ];
 
 #[cfg(test)]
@@ -366,6 +431,38 @@ mod tests {
     }
 
     #[test]
+    fn watch_arity_agrees() {
+        agrees(&WATCH, |a| match crate::watch::parse_watch(a) {
+            Ok(_) => Ok(()),
+            Err(crate::watch::WatchArgError::Arity) => Err(ArgError::Arity),
+            Err(_) => Err(ArgError::Syntax),
+        });
+    }
+
+    #[test]
+    fn waiters_arity_agrees() {
+        agrees(&WAITERS, |a| match crate::watch::parse_waiters(a) {
+            Ok(_) => Ok(()),
+            Err(crate::watch::WatchArgError::Arity) => Err(ArgError::Arity),
+            Err(_) => Err(ArgError::Syntax),
+        });
+    }
+
+    #[test]
+    fn watch_keys_are_every_other_argument_from_the_second() {
+        assert_eq!(
+            key_range(&WATCH),
+            KeyRange {
+                first: 2,
+                last: -1,
+                step: 2
+            }
+        );
+        assert_eq!(key_range(&CHECK).first, 1);
+        assert_eq!(WATCH.args.get(1).map(|a| a.sub[0].kind), Some(ArgKind::Key));
+    }
+
+    #[test]
     fn names_are_unique_and_subcommands_follow_their_container() {
         let names: Vec<&[u8]> = ALL.iter().map(|c| c.name.to_bytes()).collect();
         for (i, n) in names.iter().enumerate() {
@@ -421,7 +518,7 @@ mod tests {
     #[test]
     fn documented_commands_document_their_key() {
         for c in ALL {
-            if c.summary.is_some() && c.key.is_some() {
+            if c.summary.is_some() && c.key.is_some() && key_range(c).first == 1 {
                 assert!(
                     c.args.first().is_some_and(|a| a.kind == ArgKind::Key),
                     "{:?}",

@@ -45,14 +45,22 @@ pub enum Event {
     Acquired {
         ttl_ms: u64,
     },
-    /// A grant ended by RELEASE after it was held this long.
+    /// A grant ended by RELEASE after it was held this long. Each ending event names the
+    /// grant's token: FLOCK.WATCH tells the watchers of that grant how it ended.
     Released {
         held_ms: u64,
+        token: u64,
     },
-    Expired,
-    Revoked,
+    Expired {
+        token: u64,
+    },
+    Revoked {
+        token: u64,
+    },
     /// A BOUND grant ended because its connection closed (or it had none on this master).
-    Closed,
+    Closed {
+        token: u64,
+    },
 }
 
 impl Event {
@@ -67,9 +75,9 @@ impl Event {
         match self {
             Event::Acquired { .. } => c"flock.acquired",
             Event::Released { .. } => c"flock.released",
-            Event::Expired => c"flock.expired",
-            Event::Revoked => c"flock.revoked",
-            Event::Closed => c"flock.closed",
+            Event::Expired { .. } => c"flock.expired",
+            Event::Revoked { .. } => c"flock.revoked",
+            Event::Closed { .. } => c"flock.closed",
         }
     }
 }
@@ -226,9 +234,9 @@ fn settle_state(
             // whose lease had run out already ended by its lease (G11: never past it), even if
             // its loss is what brought the key here.
             let event = if g.binding() == Binding::Lost && !g.deadline.passed(now) {
-                Event::Closed
+                Event::Closed { token: g.token }
             } else {
-                Event::Expired
+                Event::Expired { token: g.token }
             };
             fx.push(Effect::Notify(event));
             unbind(fx, g);
@@ -494,6 +502,7 @@ fn release_state(
     };
     fx.push(Effect::Notify(Event::Released {
         held_ms: held_ms(&grant, env.now),
+        token: grant.token,
     }));
     unbind(fx, &grant);
     settle(state, env, w, fx, true);
@@ -537,7 +546,7 @@ fn revoke_state(
         return Reply::Int(0);
     }
     let n = state.revoke(owner, env.now, env.lock_delay_ms, |g| {
-        fx.push(Effect::Notify(Event::Revoked));
+        fx.push(Effect::Notify(Event::Revoked { token: g.token }));
         unbind(fx, g);
     });
     if n == 0 {
@@ -640,6 +649,7 @@ fn revisit_state(
         if let Some(grant) = state.take_token(token, env.now) {
             fx.push(Effect::Notify(Event::Released {
                 held_ms: held_ms(&grant, env.now),
+                token: grant.token,
             }));
             unbind(fx, &grant);
             changed = true;

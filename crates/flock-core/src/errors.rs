@@ -78,6 +78,18 @@ fixed_errors! {
     WaitedKeyMoved => c"TRYAGAIN the lock key moved to another node while you waited; retry",
     /// Every waiter when this master becomes a replica (`registration/events.rs`).
     UnblockedNowReplica => c"UNBLOCKED this server is now a replica",
+    /// FLOCK.WATCH's keys and tokens are not in pairs (`watch::WatchArgError::Pairs`).
+    WatchPairs => c"ERR FLOCK.WATCH takes key token pairs",
+    /// More than `watch::MAX_PAIRS` pairs.
+    WatchTooManyKeys => c"ERR FLOCK.WATCH takes at most 64 keys",
+    /// A watched token that is not an integer, 0 or more.
+    WatchToken => c"ERR invalid token: must be an integer, 0 or more",
+    /// `flock.max-watchers` clients already watch the key.
+    TooManyWatchers => c"ERR too many clients watch this key (flock.max-watchers)",
+    /// WAITERS' COUNT is not a positive integer.
+    WaitersCount => c"ERR invalid count: must be a positive integer",
+    /// Every watcher of a replica whose master sends it a full copy of its data.
+    UnblockedResync => c"UNBLOCKED this replica is loading its master's data",
 }
 
 impl Fixed {

@@ -29,6 +29,7 @@
 //! - [`rdb`]: the RDB layout of a lock value (encoding versions 1 and 2), its digest, and the
 //!   token high-water mark saved as aux data.
 //! - [`errors`]: every error reply the module sends, in one table.
+//! - [`watch`]: FLOCK.WATCH's rules (what a watcher is told, and when) and FLOCK.WAITERS'.
 //!
 //! No `unsafe` here: the module's glue (`src/`) holds every FFI call.
 
@@ -53,6 +54,7 @@ pub mod slots;
 pub mod snapshot;
 pub mod state;
 pub mod tokens;
+pub mod watch;
 
 #[cfg(test)]
 mod test_states;

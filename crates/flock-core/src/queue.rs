@@ -44,6 +44,13 @@ pub struct WaitQueue {
 }
 
 impl WaitQueue {
+    /// The live waiters, first in line first (FLOCK.WAITERS).
+    pub fn iter_live(&self) -> impl Iterator<Item = &Waiter> + '_ {
+        self.entries
+            .iter()
+            .filter(|w| self.live.contains_key(&w.id))
+    }
+
     pub fn len(&self) -> usize {
         self.live.len()
     }

@@ -62,14 +62,23 @@ pub const STATS_MAX_CLASSES: Setting = Setting {
     max: 100_000,
 };
 
+/// The most FLOCK.WATCH watchers of one key (0: nobody may watch).
+pub const MAX_WATCHERS: Setting = Setting {
+    name: "max-watchers",
+    default: 10_000,
+    min: 0,
+    max: 1_000_000_000,
+};
+
 /// Every setting, in the order of the README's Configuration table.
-pub const ALL: [&Setting; 6] = [
+pub const ALL: [&Setting; 7] = [
     &MAX_TTL,
     &MAX_WAITERS,
     &LOCK_DELAY,
     &MAX_HOLDERS,
     &PROMOTION_MARGIN,
     &STATS_MAX_CLASSES,
+    &MAX_WATCHERS,
 ];
 
 impl Setting {

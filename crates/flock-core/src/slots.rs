@@ -39,7 +39,9 @@ pub enum SlotState {
     Elsewhere,
 }
 
-/// The state of `slot` on the node whose `CLUSTER NODES` line is flagged `myself`.
+/// The state of `slot` on the node whose `CLUSTER NODES` line is flagged `myself`. A replica
+/// serves what its master serves (its own line lists no slots), and cannot see its master's
+/// migrations (a node shows only its own): a slot its master serves is `Stable` to it.
 pub fn slot_state(cluster_nodes: &str, slot: u16) -> SlotState {
     let Some(me) = cluster_nodes.lines().find(|l| {
         l.split_whitespace()
@@ -48,6 +50,25 @@ pub fn slot_state(cluster_nodes: &str, slot: u16) -> SlotState {
     }) else {
         return SlotState::Elsewhere;
     };
+    let replica = me
+        .split_whitespace()
+        .nth(2)
+        .is_some_and(|f| f.split(',').any(|x| x == "slave" || x == "replica"));
+    if replica {
+        let master = me.split_whitespace().nth(3);
+        let line = cluster_nodes
+            .lines()
+            .find(|l| master.is_some() && l.split_whitespace().next() == master);
+        return match line.map(|l| line_state(l, slot)) {
+            Some(SlotState::Stable | SlotState::Migrating) => SlotState::Stable,
+            _ => SlotState::Elsewhere,
+        };
+    }
+    line_state(me, slot)
+}
+
+/// The state of `slot` by one node's `CLUSTER NODES` line.
+fn line_state(me: &str, slot: u16) -> SlotState {
     let mut served = false;
     let mut migrating = false;
     for field in me.split_whitespace().skip(8) {
@@ -117,5 +138,30 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
         );
         assert_eq!(slot_state(nodes, 5461), SlotState::Elsewhere);
         assert_eq!(slot_state("", 1), SlotState::Elsewhere);
+    }
+
+    #[test]
+    fn a_replica_serves_what_its_master_serves() {
+        let nodes = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 myself,slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 master - 0 0 1 connected 0-5460 7000
+";
+        assert_eq!(slot_state(nodes, 0), SlotState::Stable);
+        assert_eq!(slot_state(nodes, 7000), SlotState::Stable);
+        assert_eq!(
+            slot_state(nodes, 5461),
+            SlotState::Elsewhere,
+            "another master's"
+        );
+        let orphan = nodes.replace(
+            "e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001",
+            "x 127.0.0.1:30001",
+        );
+        assert_eq!(
+            slot_state(&orphan, 0),
+            SlotState::Elsewhere,
+            "no master line"
+        );
     }
 }

@@ -118,6 +118,7 @@ pub(super) fn release_lone(
     }
     fx.push(Effect::Notify(Event::Released {
         held_ms: mono_us.saturating_sub(lone.since_mono_us) / 1000,
+        token: lone.token,
     }));
     // Nothing is left of the key: its deletion travels, and the key goes.
     fx.push(Effect::ReplicateDelete);

@@ -284,10 +284,13 @@ fn fenced_call_errors_by_errno() {
 fn event_names_once() {
     let events = [
         Event::Acquired { ttl_ms: 1 },
-        Event::Released { held_ms: 1 },
-        Event::Expired,
-        Event::Revoked,
-        Event::Closed,
+        Event::Released {
+            held_ms: 1,
+            token: 2,
+        },
+        Event::Expired { token: 2 },
+        Event::Revoked { token: 2 },
+        Event::Closed { token: 2 },
     ];
     let names = [
         "flock.acquired",

@@ -23,16 +23,17 @@ pub(super) fn grant_view(g: &Grant) -> MGrant {
 }
 
 /// A step's events, in an order of their own (the contract orders none within a step), and
-/// RELEASE's hold time left out (the model keeps no start times).
+/// RELEASE's hold time left out (the model keeps no start times). An ending event keeps its
+/// grant's token: FLOCK.WATCH tells a grant's watchers how it ended from it.
 pub(super) fn events_view(events: &[Event]) -> Vec<(u8, u64)> {
     let mut v: Vec<(u8, u64)> = events
         .iter()
         .map(|e| match *e {
             Event::Acquired { ttl_ms } => (0, ttl_ms),
-            Event::Released { .. } => (1, 0),
-            Event::Expired => (2, 0),
-            Event::Revoked => (3, 0),
-            Event::Closed => (4, 0),
+            Event::Released { token, .. } => (1, token),
+            Event::Expired { token } => (2, token),
+            Event::Revoked { token } => (3, token),
+            Event::Closed { token } => (4, token),
         })
         .collect();
     v.sort_unstable();

@@ -17,7 +17,8 @@
 //! its limit), G2, G3 (tokens grow across kinds, restarts and failovers), G4, G5, G6
 //! (hand-offs are the model's, in FIFO order; after a write a head that fits never waits and
 //! the key is armed for its next deadline), G7 (the replica agrees with the master on
-//! everything that travels) and G9.
+//! everything that travels), G9, and FLOCK.WATCH's rule (`watch.rs`: what a watcher of each
+//! grant, and of token 0, is told after the step).
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
@@ -59,6 +60,7 @@ mod check;
 mod model;
 mod server;
 mod travel;
+mod watch;
 
 use bound::{check_bindings, close_conn, copy_key};
 use check::{assert_same, events_view, short, show, Issued};
@@ -191,6 +193,12 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         // The timer the engine armed for the key in this step.
         let mut armed = None;
         let now = Now::new(wall_us, mono_us);
+        // What FLOCK.WATCH's watchers of each key watch before the step.
+        let watched: Vec<Vec<(u64, Vec<u8>)>> = real
+            .states
+            .iter()
+            .map(|s| watch::live_before(s.as_ref(), now))
+            .collect();
         let op = r.u8() % 24;
         let k = r.below(KEYS);
         let o = r.below(OWNERS);
@@ -507,7 +515,10 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                         let before = key.grants.len();
                         key.grants.retain(|g| !(g.token == t && g.live(now)));
                         if key.grants.len() < before {
-                            model.events.push(Event::Released { held_ms: 0 });
+                            model.events.push(Event::Released {
+                                held_ms: 0,
+                                token: t,
+                            });
                         }
                         model.settle(kk, now, set);
                     } else {
@@ -685,6 +696,17 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
             model.events
         );
         check_bindings(&real, &model, steps);
+        if let Some(before) = watched.get(touched) {
+            watch::check(
+                before,
+                real.states[touched].as_ref(),
+                &events,
+                &model,
+                touched,
+                now,
+                steps,
+            );
+        }
         // G6: a key that stays is armed no later than its next lease or slot end, so that
         // an expiry hands it on at once rather than at the next command. (Earlier is allowed:
         // a key with several grants keeps a lower bound of its next end, made exact when its

@@ -285,9 +285,9 @@ impl Model {
                 self.seen.bound_expired += 1;
             }
             let event = if closed {
-                Event::Closed
+                Event::Closed { token: g.token }
             } else {
-                Event::Expired
+                Event::Expired { token: g.token }
             };
             self.events.push(event);
             if d > 0 {
@@ -468,7 +468,10 @@ impl Model {
         };
         // A released slot frees at once: no lock-delay.
         let g = self.keys[k].grants.remove(i);
-        self.events.push(Event::Released { held_ms: 0 });
+        self.events.push(Event::Released {
+            held_ms: 0,
+            token: g.token,
+        });
         if g.client.is_some() {
             self.seen.bound_released += 1;
         }
@@ -508,7 +511,13 @@ impl Model {
         }
         let key = &mut self.keys[k];
         let hit = |g: &MGrant| g.live(now) && owner.is_none_or(|o| g.owner == o);
-        let n = key.grants.iter().filter(|g| hit(g)).count();
+        let revoked: Vec<u64> = key
+            .grants
+            .iter()
+            .filter(|g| hit(g))
+            .map(|g| g.token)
+            .collect();
+        let n = revoked.len();
         if n == 0 {
             return Reply::Int(0);
         }
@@ -519,7 +528,8 @@ impl Model {
             .count();
         key.grants.retain(|g| !hit(g));
         self.seen.bound_revoked += bound;
-        self.events.extend((0..n).map(|_| Event::Revoked));
+        self.events
+            .extend(revoked.into_iter().map(|token| Event::Revoked { token }));
         // Each revoked grant's slot stays taken for the lock-delay, from now.
         if set.lock_delay_ms > 0 {
             key.delays

@@ -1,0 +1,234 @@
+//! Scenario 8: FLOCK.WATCH against FLOCK.ACQUIRE ... BLOCK: how fast one watcher is told of a
+//! release against how fast one waiter is granted by it (from the RELEASE sent to the reply
+//! read, alternated round by round), how fast 1,000 watchers of one key are all told, and what
+//! an idle watcher costs in memory against an idle waiter (each less an idle connection).
+
+use crate::config::*;
+use crate::format::*;
+use crate::measure::*;
+use crate::report::*;
+use flock_testkit::*;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const TTL: &str = "600000";
+
+/// What a connection sends to block (or not), given its index.
+type Send<'a> = &'a dyn Fn(usize, &mut RawConn);
+
+fn stat(c: &mut RawConn, name: &str) -> i64 {
+    info_i64(c, "flock", &format!("flock_{name}"))
+}
+
+/// Wait until `name` in INFO flock reads `n`.
+fn wait_stat(c: &mut RawConn, name: &str, n: i64) {
+    let ok = poll_until(Duration::from_secs(60), || stat(c, name) == n);
+    assert!(ok, "flock_{name} never reached {n}");
+}
+
+fn token(c: &mut RawConn, key: &str, owner: &str) -> String {
+    match c.call(&["FLOCK.ACQUIRE", key, owner, TTL]) {
+        Ok(Reply::Int(t)) => t.to_string(),
+        other => panic!("ACQUIRE {key} {owner}: {other:?}"),
+    }
+}
+
+/// One round: a holder's grant, then one client blocked on it (a watcher of the grant, or a
+/// waiter for the key); µs from sending RELEASE to reading the blocked client's reply.
+fn one_round(port: u16, c: &mut RawConn, watcher: bool) -> u64 {
+    let t = token(c, "one", "holder");
+    let mut b = RawConn::connect(port).expect("connect");
+    if watcher {
+        b.send(&["FLOCK.WATCH", "0", "one", &t]).expect("send");
+        wait_stat(c, "watchers", 1);
+    } else {
+        b.send(&["FLOCK.ACQUIRE", "one", "next", TTL, "BLOCK", "0"])
+            .expect("send");
+        wait_stat(c, "blocked_clients", 1);
+    }
+    let t0 = Instant::now();
+    c.send(&["FLOCK.RELEASE", "one", "holder"]).expect("send");
+    let r = b.read_reply().expect("reply");
+    let took = t0.elapsed().as_micros() as u64;
+    assert!(
+        matches!(r, Reply::Array(_) | Reply::Int(_)),
+        "the blocked client's reply: {r:?}"
+    );
+    assert_eq!(c.read_reply().expect("RELEASE"), Reply::Int(1));
+    if !watcher {
+        assert_eq!(
+            c.call(&["FLOCK.RELEASE", "one", "next"]).expect("RELEASE"),
+            Reply::Int(1)
+        );
+    }
+    took
+}
+
+/// `n` connections blocked as `send` makes them, until `name` reads `n`: used_memory after,
+/// with the connections (to close them, or read them).
+fn blocked_memory(
+    port: u16,
+    c: &mut RawConn,
+    n: usize,
+    name: &str,
+    send: Send<'_>,
+) -> (f64, Vec<RawConn>) {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut b = RawConn::connect(port).expect("connect");
+        send(i, &mut b);
+        conns.push(b);
+    }
+    if !name.is_empty() {
+        wait_stat(c, name, n as i64);
+    } else {
+        for b in &mut conns {
+            assert_eq!(b.read_reply().expect("PONG"), Reply::Status("PONG".into()));
+        }
+    }
+    sleep(Duration::from_millis(300));
+    (info_i64(c, "memory", "used_memory") as f64, conns)
+}
+
+pub(crate) fn run(cfg: &Cfg, rep: &mut Report) {
+    let rounds = if cfg.quick { 200 } else { 2_000 };
+    let crowd = 1_000;
+    eprintln!(
+        "[8] watch: {rounds} rounds of one watcher / one waiter, {crowd} watchers of one key"
+    );
+    let srv = Server::builder().start();
+    let port = srv.port();
+    let mut c = RawConn::connect(port).expect("connect");
+    c.set_read_timeout(Duration::from_secs(60))
+        .expect("timeout");
+    // Warm up (connections, allocator); not measured.
+    for i in 0..20 {
+        one_round(port, &mut c, i % 2 == 0);
+    }
+    let (mut told, mut granted) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        if i % 2 == 0 {
+            told.push(one_round(port, &mut c, true));
+            granted.push(one_round(port, &mut c, false));
+        } else {
+            granted.push(one_round(port, &mut c, false));
+            told.push(one_round(port, &mut c, true));
+        }
+    }
+    told.sort_unstable();
+    granted.sort_unstable();
+    let (w50, w99) = (pct(&told, 0.5), pct(&told, 0.99));
+    let (b50, b99) = (pct(&granted, 0.5), pct(&granted, 0.99));
+
+    // 1,000 watchers of one grant, all told by one RELEASE.
+    let t = token(&mut c, "crowd", "holder");
+    let (_, mut conns) = blocked_memory(port, &mut c, crowd, "watchers", &|_, b| {
+        b.send(&["FLOCK.WATCH", "0", "crowd", &t]).expect("send")
+    });
+    let t0 = Instant::now();
+    c.send(&["FLOCK.RELEASE", "crowd", "holder"]).expect("send");
+    let mut first = None;
+    for b in &mut conns {
+        let r = b.read_reply().expect("reply");
+        assert!(matches!(r, Reply::Array(_)), "a watcher's reply: {r:?}");
+        first.get_or_insert(t0.elapsed());
+    }
+    let last = t0.elapsed();
+    assert_eq!(c.read_reply().expect("RELEASE"), Reply::Int(1));
+    drop(conns);
+    wait_stat(&mut c, "watchers", 0);
+    let first_ms = first.unwrap_or_default().as_secs_f64() * 1e3;
+    let last_ms = last.as_secs_f64() * 1e3;
+
+    // Memory per idle watcher and per idle waiter, less an idle connection's. Redis keeps a
+    // pool of the temporary clients blocked module clients reply through: each kind is
+    // blocked twice and measured the second time, when the pool holds enough for it.
+    let m = crowd;
+    let t = token(&mut c, "mem", "holder");
+    let watch = |_: usize, b: &mut RawConn| b.send(&["FLOCK.WATCH", "0", "mem", &t]).expect("send");
+    let wait = |i: usize, b: &mut RawConn| {
+        b.send(&[
+            "FLOCK.ACQUIRE",
+            "mem",
+            &format!("waiter-{i:06}"),
+            TTL,
+            "BLOCK",
+            "0",
+        ])
+        .expect("send")
+    };
+    let ping = |_: usize, b: &mut RawConn| b.send(&["PING"]).expect("send");
+    let kinds: [(&str, Send<'_>); 3] = [
+        ("", &ping),
+        ("watchers", &watch),
+        ("blocked_clients", &wait),
+    ];
+    let mut per = [0.0f64; 3];
+    for (k, (name, send)) in kinds.iter().enumerate() {
+        for pass in 0..2 {
+            let ok = poll_until(Duration::from_secs(30), || {
+                info_i64(&mut c, "clients", "connected_clients") == 1
+            });
+            assert!(ok, "connections closed");
+            sleep(Duration::from_millis(300));
+            let base = info_i64(&mut c, "memory", "used_memory") as f64;
+            let (after, conns) = blocked_memory(port, &mut c, m, name, *send);
+            drop(conns);
+            if pass == 1 {
+                per[k] = (after - base) / m as f64;
+            }
+        }
+    }
+    let per_conn = per[0];
+    let per_watcher = per[1] - per_conn;
+    let per_waiter = per[2] - per_conn;
+    drop(srv);
+    eprintln!(
+        "    one watcher told p50 {w50} µs p99 {w99} µs; one waiter granted p50 {b50} µs p99 {b99} µs; \
+         {crowd} watchers: first {first_ms:.2} ms, last {last_ms:.2} ms; memory per idle watcher \
+         {per_watcher:.0} B, per idle waiter {per_waiter:.0} B (less {per_conn:.0} B per idle connection)"
+    );
+
+    let sec = "8. WATCH";
+    rep.check(
+        sec,
+        "one watcher told / one BLOCK waiter granted, p99 from RELEASE to reply",
+        w99 as f64 / b99.max(1) as f64,
+        Some(Goal::AtMost(1.25)),
+    );
+    rep.check(
+        sec,
+        "memory of an idle watcher / of an idle BLOCK waiter",
+        per_watcher / per_waiter.max(1.0),
+        Some(Goal::AtMost(2.0)),
+    );
+    let rows = vec![
+        vec![
+            "one watcher told, from RELEASE to reply".to_string(),
+            format!("p50 {w50} µs, p99 {w99} µs"),
+        ],
+        vec![
+            "one BLOCK waiter granted, from RELEASE to reply".to_string(),
+            format!("p50 {b50} µs, p99 {b99} µs"),
+        ],
+        vec![
+            format!("{crowd} watchers of one grant, one RELEASE"),
+            format!("first reply {first_ms:.2} ms, last {last_ms:.2} ms"),
+        ],
+        vec![
+            "memory per idle watcher (less an idle connection)".to_string(),
+            format!("{per_watcher:.0} B"),
+        ],
+        vec![
+            "memory per idle BLOCK waiter (less an idle connection)".to_string(),
+            format!("{per_waiter:.0} B"),
+        ],
+    ];
+    rep.section(
+        sec,
+        format!(
+            "{rounds} rounds each, alternated; every reply read on its own connection.\n\n{}",
+            table(&["what", "measured"], &rows)
+        ),
+    );
+}
