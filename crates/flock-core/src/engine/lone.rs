@@ -5,7 +5,7 @@
 //! Why: these two are the hot path of every lock, and on a key this simple the general
 //! operations spend most of their time building, settling and storing back a state that
 //! holds one grant. The rules are not new ones: each function answers only the cases where
-//! [`super::acquire`] and [`super::release`] on the equivalent state would do exactly this
+//! [`super::acquire()`] and [`super::release()`] on the equivalent state would do exactly this
 //! (same reply, same effects in the same order, the same state after), which the tests check
 //! against them, and leaves every other case to them (`None`).
 
@@ -54,7 +54,7 @@ impl<'a> LoneGrant<'a> {
     }
 }
 
-/// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire`] on an empty state, for an
+/// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire()`] on an empty state, for an
 /// exclusive or shared request (BOUND or not) on a master, when nobody waits for the key's
 /// name and a token is left. Returns the reply, the key's one grant and its mode, which the
 /// store keeps as the new key ([`super::KeyFate::StoreLone`]; its replication is that
@@ -89,12 +89,12 @@ pub(super) fn acquire_free(
     Some((Reply::Int(token as i64), grant, mode))
 }
 
-/// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release`] on its
+/// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release()`] on its
 /// state,
 /// on a master, for a live grant made without BOUND, when nobody waits for the key. The
 /// holder's release ends the grant and the key (the key is deleted, as the effects say); anyone
 /// else's changes nothing and gets 0. `None`: another case (a lease that ran out must expire
-/// first, a bound grant must be unbound), for [`super::release`].
+/// first, a bound grant must be unbound), for [`super::release()`].
 ///
 /// Only the monotonic clock is asked for (`mono_us`, as in `Now::mono_us`): whether the lease
 /// runs and how long it was held are measured on it (G9), and nothing here needs the wall

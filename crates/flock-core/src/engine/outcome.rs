@@ -123,3 +123,26 @@ impl KeyFate {
         }
     }
 }
+
+/// Run `op` on the whole state of the key: the full form's own (changed in place), or one
+/// made for the operation (decoded from the one grant, or empty for a free key), which
+/// becomes the key's state afterwards.
+#[inline]
+pub(super) fn with_state<R>(
+    stored: Stored<'_>,
+    op: impl FnOnce(&mut LockState) -> R,
+) -> (R, KeyFate) {
+    match stored {
+        Stored::Full(state) => (op(state), KeyFate::Keep),
+        Stored::Lone(lone) => {
+            let mut state = lone.state();
+            let r = op(&mut state);
+            (r, KeyFate::Store(state))
+        }
+        Stored::Free => {
+            let mut state = LockState::default();
+            let r = op(&mut state);
+            (r, KeyFate::Store(state))
+        }
+    }
+}

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::queue::WaitQueue;
+use crate::snapshot::Snapshot;
+use crate::state::LockState;
 
 const T0: Now = Now {
     wall_us: 1_700_000_000_000_000,
