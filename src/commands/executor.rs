@@ -132,6 +132,13 @@ impl Waiters for KeyWaiters<'_> {
         }
     }
 
+    fn dismiss(&mut self, owner: &[u8]) -> bool {
+        if self.watched.is_none() {
+            return false;
+        }
+        waiters::dismiss(self.ctx, self.key_name, owner)
+    }
+
     #[inline]
     fn block(
         &mut self,

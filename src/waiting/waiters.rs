@@ -282,6 +282,28 @@ pub fn deliver(waiter_id: u64, token: u64) -> Option<u64> {
     Some(waited_us)
 }
 
+/// `owner`'s request waiting for `key` leaves its queue and gets nil: the owner came to hold
+/// the key another way (the engine's rule: `Waiters::dismiss`). False when it does not wait.
+pub fn dismiss(ctx: Ctx<'_>, key: RStr<'_>, owner: &[u8]) -> bool {
+    if blocked_now() == 0 {
+        return false;
+    }
+    let db = ctx.selected_db();
+    let name = ffi::bytes(&key);
+    let mut guard = registry();
+    let reg = guard.get();
+    let Some(w) = reg.queue_mut(db, name).and_then(|q| q.take_owner(owner)) else {
+        return false;
+    };
+    reg.drop_if_empty(db, name);
+    if let Some(b) = reg.blocked.remove(&w.id) {
+        reg.by_client.remove(&b.client_id);
+        b.stop_timer();
+        b.unblock(Some(Delivery::TimedOut));
+    }
+    true
+}
+
 /// Unblock every waiter of `key` with an error (`msg` ends with NUL).
 pub fn fail_all(key: &KeyId, msg: &'static str) {
     let mut guard = registry();

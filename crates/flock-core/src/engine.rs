@@ -65,6 +65,10 @@ pub trait Waiters {
     /// Hand the key to `waiter` with `token`; false when the waiter is gone (it left between
     /// its queueing and now), and the grant must be taken back.
     fn deliver(&mut self, waiter: &Waiter, token: u64) -> bool;
+    /// `owner`'s request waiting for this key, if any, leaves the queue and is answered nil:
+    /// the owner came to hold the key another way (a value holding its grant arrived under
+    /// the key's name), and an owner never both holds and waits. Returns whether one left.
+    fn dismiss(&mut self, owner: &[u8]) -> bool;
     /// Make the caller wait for this key (BLOCK) with the request `args`; `timeout_ms` 0 waits
     /// without limit. An earlier request of the same owner leaves the queue (it gets nil).
     /// `bind_to`: with BOUND, the connection the grant is to live with.

@@ -238,6 +238,15 @@ impl WaitQueue {
         self.cancel(id);
         was_front && !self.is_empty()
     }
+
+    /// `owner`'s request leaves the queue, returned to be answered (its owner came to hold
+    /// the key another way: an owner never both holds and waits). O(1) when `owner` does not
+    /// wait.
+    pub fn take_owner(&mut self, owner: &[u8]) -> Option<Waiter> {
+        let w = self.entries.get(self.position_of_owner(owner)?)?.clone();
+        self.cancel(w.id);
+        Some(w)
+    }
 }
 
 #[cfg(test)]
@@ -342,6 +351,21 @@ mod tests {
         assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS), MAX_BLOCK_TIMEOUT_MS);
         assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS + 1), 0);
         assert_eq!(block_timeout_ms(u64::MAX), 0);
+    }
+
+    #[test]
+    fn an_owner_s_request_is_taken_out_wherever_it_waits() {
+        let mut q = WaitQueue::default();
+        for id in 1..=3 {
+            q.push(waiter(id, &format!("w{id}"), 10));
+        }
+        assert_eq!(q.take_owner(b"w2").map(|w| w.id), Some(2));
+        assert_eq!(q.take_owner(b"w2"), None, "taken once");
+        assert_eq!(q.take_owner(b"nobody"), None);
+        assert!(!q.has_owner(b"w2"));
+        assert_eq!(q.len(), 2);
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|w| w.id).collect();
+        assert_eq!(order, vec![1, 3]);
     }
 
     #[test]

@@ -47,7 +47,8 @@ fn state_machine_driver_on_random_inputs() {
     eprintln!("state machine: {steps} steps; BOUND paths: {seen:#?}");
     assert!(steps > iterations() * 10, "the driver ran: {steps} steps");
     // The BOUND paths are reached: granted at once and handed to a waiter, rebound, closed
-    // with grants, orphaned by travel while live.
+    // with grants, orphaned by travel while live; and a COPY onto a waited name that ends the
+    // waits of the owners it brings grants of.
     if iterations() >= 300 {
         for (what, n) in [
             ("granted", seen.bound_granted),
@@ -58,6 +59,7 @@ fn state_machine_driver_on_random_inputs() {
             ("closed", seen.closed_grants),
             ("waiters left", seen.bound_waiters_left),
             ("orphaned live", seen.orphaned_live),
+            ("holders dismissed", seen.holders_dismissed),
         ] {
             assert!(n > 0, "no BOUND path {what} in {steps} steps: {seen:?}");
         }

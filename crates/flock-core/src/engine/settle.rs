@@ -64,9 +64,22 @@ pub(super) fn settle_state(
         if env.tokens.exhausted(now) {
             return changed;
         }
-        let fits = &mut |w: &Waiter| state.fits(w.mode, now, max_holders);
+        // A head whose owner holds a grant already (a value holding it arrived under the
+        // key's name, and the look that ends such waits has not come yet) is not granted a
+        // second one: its wait ends with nil, and the next head is asked.
+        let mut holder = None;
+        let fits = &mut |w: &Waiter| {
+            if state.owner_grant(&w.owner, now).is_some() {
+                holder = Some(w.owner.clone());
+                return false;
+            }
+            state.fits(w.mode, now, max_holders)
+        };
         let Some(waiter) = w.next_waiter_if(fits) else {
-            return changed;
+            match holder {
+                Some(owner) if w.dismiss(&owner) => continue,
+                _ => return changed,
+            }
         };
         let Some(token) = env.tokens.issue(now) else {
             return changed;
@@ -91,6 +104,20 @@ pub(super) fn settle_state(
             // The waiter vanished between its queueing and now: the next one may have it.
             state.ungrant_newest();
         }
+    }
+}
+
+/// End the waits of the owners that hold a live grant of the key (answered nil, see
+/// [`Waiters::dismiss`]): a value that arrived under a waited name (COPY, RENAME, MOVE,
+/// RESTORE) may hold grants of its waiters. Their grants stand as they arrived; the owner's
+/// next ACQUIRE returns its token (G4). Costs one look-up per live grant, so only a look at a
+/// key something happened to runs it.
+pub(super) fn dismiss_holders(state: &LockState, now: Now, w: &mut impl Waiters) {
+    if w.waiting() == 0 {
+        return;
+    }
+    for g in state.live(now) {
+        w.dismiss(&g.owner);
     }
 }
 

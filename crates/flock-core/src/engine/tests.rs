@@ -137,6 +137,13 @@ impl Waiters for Recorder {
         self.delivered.push((w.id, token));
         true
     }
+    fn dismiss(&mut self, owner: &[u8]) -> bool {
+        let Some(w) = self.queue.take_owner(owner) else {
+            return false;
+        };
+        self.log.push(format!("dismissed {}", w.id));
+        true
+    }
     fn block(
         &mut self,
         args: &AcquireArgs<'_>,
@@ -186,6 +193,13 @@ enum Op {
     /// The waiter with this id left (timeout, disconnect) and its queue heard of it; the
     /// host then looks at the key again.
     Leave(u64),
+    /// A value holding one grant of this owner, kind and lease arrives under the key's name
+    /// (COPY, RENAME, MOVE, RESTORE), replacing what was there; with the flag, the look the
+    /// module takes right after the command follows (without it, another command on the key
+    /// comes first, as inside MULTI).
+    Arrive(&'static str, Mode, u64, bool),
+    /// The module looks at the key again (a deferred revisit).
+    Look,
 }
 
 /// The key as the module keeps it: absent, or a state.
@@ -211,7 +225,12 @@ impl Key {
         // as the module does; ACQUIRE starts from a fresh state.
         let needs_lock = !matches!(
             op,
-            Op::Acquire(..) | Op::AcquireBlock(..) | Op::Kind(..) | Op::Bound(..) | Op::Vanish(_)
+            Op::Acquire(..)
+                | Op::AcquireBlock(..)
+                | Op::Kind(..)
+                | Op::Bound(..)
+                | Op::Vanish(_)
+                | Op::Arrive(..)
         );
         if needs_lock && self.state.is_none() {
             return ("missing".into(), Vec::new());
@@ -281,6 +300,19 @@ impl Key {
                 ex(slot, host, &mut |st, h| {
                     revisit(st, &mut env, h, Some(token))
                 });
+                "-".into()
+            }
+            Op::Arrive(o, mode, ttl, look) => {
+                let token = env.tokens.issue(now).expect("a token is left");
+                let grant = crate::state::Grant::new(o.as_bytes(), token, ttl, now);
+                *slot = Some(LockState::with_grant(mode, grant));
+                if look {
+                    ex(slot, host, &mut |st, h| revisit(st, &mut env, h, None));
+                }
+                "-".into()
+            }
+            Op::Look => {
+                ex(slot, host, &mut |st, h| revisit(st, &mut env, h, None));
                 "-".into()
             }
             Op::Leave(id) => {

@@ -356,6 +356,9 @@ impl crate::engine::Waiters for NoWaiters {
     fn deliver(&mut self, _waiter: &crate::Waiter, _token: u64) -> bool {
         false
     }
+    fn dismiss(&mut self, _owner: &[u8]) -> bool {
+        false
+    }
     fn block(
         &mut self,
         _args: &crate::args::AcquireArgs<'_>,

@@ -262,11 +262,12 @@ pub(super) fn copy_key(
     if real.states[dst].is_some() && !replace {
         return None;
     }
-    // Not onto a name clients wait for: the copy's holders may be among its waiters, and an
-    // owner would then hold and wait (a keyspace edge of COPY, RENAME and RESTORE alike, not
-    // of BOUND: left out here).
-    if !real.queues[dst].is_empty() {
-        return None;
+    // Not onto a name whose shared waiters have another limit than the copy's: a key has one
+    // limit, and what becomes of waiters of another is not decided yet (left out here).
+    if let Some(waiting) = real.queues[dst].shared_mode() {
+        if !source.mode.is_exclusive() && source.mode != waiting {
+            return None;
+        }
     }
     let mut copy = keyspace::copy_of(source);
     let had_bound = source.grants().iter().any(|g| g.bound());
@@ -312,7 +313,15 @@ pub(super) fn copy_key(
         if out.armed.is_some() {
             timers[dst] = out.armed;
         }
+        // Onto a name clients wait for, the copy's holders may be among the waiters: an
+        // owner never both holds and waits, so their waits end with nil before any hand-off.
+        model.dismiss_holders(dst, now);
         model.settle(dst, now, set);
+        assert_eq!(
+            out.dismissed, model.dismissed,
+            "waits ended because their owner holds the copy (engine, model)"
+        );
+        model.seen.holders_dismissed += model.dismissed.len();
     }
     if real.states[dst].is_none() {
         timers[dst] = None;

@@ -164,6 +164,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         vanished: Vec::new(),
         issued: Issued::default(),
         handed: Vec::new(),
+        dismissed: Vec::new(),
         recent_handoffs: VecDeque::new(),
         step: 0,
         max_holders_seen: set.max_holders,
@@ -185,6 +186,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         steps += 1;
         model.step = steps;
         model.handed.clear();
+        model.dismissed.clear();
         model.events.clear();
         // The engine's hand-offs in this step, to compare with the model's (FIFO, G6).
         let mut delivered: Vec<(u64, u64)> = Vec::new();

@@ -164,6 +164,8 @@ pub(super) struct Model {
     pub(super) issued: Issued,
     /// The (waiter id, token) hand-offs of the current step.
     pub(super) handed: Vec<(u64, u64)>,
+    /// The waiters answered nil in the current step because their owner holds the key.
+    pub(super) dismissed: Vec<u64>,
     /// Recent hand-offs as (key, token): grants whose reply may yet fail to reach the client.
     pub(super) recent_handoffs: VecDeque<(usize, u64)>,
     pub(super) step: usize,
@@ -214,6 +216,8 @@ pub struct BoundSeen {
     /// COPY of a key with bound grants (left out of the copy).
     pub copies: usize,
     pub copies_without_bound: usize,
+    /// Waits ended with nil because a COPY brought the waiting owner's grant onto the key.
+    pub holders_dismissed: usize,
     /// A connection bound to two grants of one token (a COPY's twin, on two keys).
     pub twin_binds: usize,
 }
@@ -226,7 +230,7 @@ impl BoundSeen {
         sum!(bound_granted bound_handed bound_queued rebound bound_to_unbound unbound_to_bound
             same_binding closes closes_with_grants closed_grants closed_after_lease
             bound_waiters_left orphaned orphaned_live bound_released bound_revoked bound_expired
-            copies copies_without_bound twin_binds);
+            copies copies_without_bound holders_dismissed twin_binds);
     }
 }
 
@@ -304,6 +308,14 @@ impl Model {
             let Some(head) = key.queue.front() else {
                 return;
             };
+            // "An owner never both holds and waits": a head whose owner holds (a value that
+            // arrived under the key's name) is answered nil, never granted twice.
+            if key.live(now).any(|g| g.owner == head.owner) {
+                let w = self.keys[k].queue.pop_front().expect("head");
+                self.waiter_conn.remove(&w.id);
+                self.dismissed.push(w.id);
+                continue;
+            }
             if !key.fits(head.mode, now, set.max_holders) {
                 return;
             }
@@ -327,6 +339,22 @@ impl Model {
             if self.recent_handoffs.len() > 8 {
                 self.recent_handoffs.pop_front();
             }
+        }
+    }
+
+    /// A value arrived under key `k`'s name and the key is looked at: every waiting request
+    /// whose owner holds a live grant of it leaves the queue with nil (SPEC: "An owner holds
+    /// at most one grant of a key and never both holds and waits"); its grant stands.
+    pub(super) fn dismiss_holders(&mut self, k: usize, now: Now) {
+        let key = &mut self.keys[k];
+        let holders: Vec<Vec<u8>> = key.live(now).map(|g| g.owner.clone()).collect();
+        let (gone, kept): (VecDeque<MWaiter>, VecDeque<MWaiter>) = std::mem::take(&mut key.queue)
+            .into_iter()
+            .partition(|w| holders.contains(&w.owner));
+        key.queue = kept;
+        for w in gone {
+            self.waiter_conn.remove(&w.id);
+            self.dismissed.push(w.id);
         }
     }
 

@@ -39,6 +39,8 @@ pub(super) struct KeyHost<'s> {
     /// (waiter id, token) handed over in this operation.
     pub(super) delivered: Vec<(u64, u64)>,
     pub(super) blocked: Option<u64>,
+    /// Waiters whose wait ended with nil in this operation (their owner holds the key).
+    pub(super) dismissed: Vec<u64>,
 }
 
 impl Waiters for KeyHost<'_> {
@@ -56,6 +58,13 @@ impl Waiters for KeyHost<'_> {
             return false;
         }
         self.delivered.push((w.id, token));
+        true
+    }
+    fn dismiss(&mut self, owner: &[u8]) -> bool {
+        let Some(w) = self.queue.take_owner(owner) else {
+            return false;
+        };
+        self.dismissed.push(w.id);
         true
     }
     fn block(
@@ -91,6 +100,8 @@ impl Waiters for KeyHost<'_> {
 /// What one operation did to the queue and the timer, besides its reply.
 pub(super) struct Ran {
     pub(super) delivered: Vec<(u64, u64)>,
+    /// Waiters answered nil because their owner holds the key.
+    pub(super) dismissed: Vec<u64>,
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
     pub(super) events: Vec<Event>,
@@ -163,6 +174,7 @@ impl Server {
             max_waiters: set.max_waiters,
             delivered: Vec::new(),
             blocked: None,
+            dismissed: Vec::new(),
         };
         let mut env = Env {
             now,
@@ -183,6 +195,7 @@ impl Server {
         };
         let mut outcome = Ran {
             delivered: host.delivered,
+            dismissed: host.dismissed,
             blocked: host.blocked,
             armed: None,
             events: Vec::new(),

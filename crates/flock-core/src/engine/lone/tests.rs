@@ -28,6 +28,9 @@ impl Waiters for Log {
     fn deliver(&mut self, _w: &Waiter, _token: u64) -> bool {
         false
     }
+    fn dismiss(&mut self, _owner: &[u8]) -> bool {
+        false
+    }
     fn block(
         &mut self,
         _args: &AcquireArgs<'_>,

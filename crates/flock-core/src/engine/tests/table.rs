@@ -679,3 +679,135 @@ fn a_bound_grant_with_no_binding_on_a_master_is_not_live_then_ends() {
         ],
     );
 }
+
+/// A value holding a waiter's grant arrives (COPY, RENAME, MOVE, RESTORE onto the waited
+/// name): an owner never both holds and waits, so the look right after the command ends its
+/// wait with nil; its grant stands, and its next ACQUIRE returns that token (G4)
+#[test]
+fn a_waiter_whose_grant_arrives_is_answered_nil() {
+    run_case(
+        "a waiter whose grant arrives is answered nil",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (1, AcquireBlock("a", 100), "Blocked", &["contended", "arm"]),
+            (2, Arrive("a", X, 100, true), "-", &["dismissed 1", "arm"]),
+            (3, Acquire("a", 100), "Int(token)", &["repl grant a", "arm"]),
+            (4, Acquire("x", 100), "Null", &["contended", "arm"]),
+        ],
+    );
+}
+
+/// the holder's wait ends wherever it is in the queue; those ahead keep their turn
+#[test]
+fn a_holder_s_wait_ends_behind_the_head_too() {
+    run_case(
+        "a holder's wait ends behind the head too",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (1, AcquireBlock("c", 100), "Blocked", &["contended", "arm"]),
+            (2, AcquireBlock("a", 100), "Blocked", &["contended", "arm"]),
+            (3, Arrive("a", X, 100, true), "-", &["dismissed 2", "arm"]),
+            (
+                4,
+                Release("a"),
+                "Int(1)",
+                &["released", "acquired", "repl grant c", "arm"],
+            ),
+        ],
+    );
+}
+
+/// a shared holder's wait ends, and the readers behind it are granted with it
+#[test]
+fn a_shared_holder_s_wait_ends_and_the_next_readers_come_in() {
+    run_case(
+        "a shared holder's wait ends and the next readers come in",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (1, Kind("a", S, 100, true), "Blocked", &["contended", "arm"]),
+            (2, Kind("b", S, 100, true), "Blocked", &["contended", "arm"]),
+            (
+                3,
+                Arrive("a", S, 100, true),
+                "-",
+                &["dismissed 1", "acquired", "repl shared [a b] delays 0", "arm"],
+            ),
+        ],
+    );
+}
+
+/// before the look comes (another command on the key first, as inside MULTI), a head whose
+/// owner holds is not granted a second grant: its wait ends with nil at the hand-off
+#[test]
+fn a_holder_at_the_head_is_not_granted_twice() {
+    run_case(
+        "a holder at the head is not granted twice",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (1, Kind("a", S, 100, true), "Blocked", &["contended", "arm"]),
+            (2, Kind("b", S, 100, true), "Blocked", &["contended", "arm"]),
+            (3, Arrive("a", S, 100, false), "-", &[]),
+            (
+                4,
+                Kind("c", S, 100, false),
+                "Int(token)",
+                &[
+                    "dismissed 1",
+                    "acquired",
+                    "repl shared [a b c] delays 0",
+                    "arm",
+                    "acquired",
+                ],
+            ),
+        ],
+    );
+}
+
+/// a grant that arrived run out holds nothing: its owner's wait stands, and is granted
+#[test]
+fn a_waiter_whose_arrived_grant_ran_out_is_granted() {
+    run_case(
+        "a waiter whose arrived grant ran out is granted",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (1, AcquireBlock("a", 100), "Blocked", &["contended", "arm"]),
+            (2, Arrive("a", X, 5, false), "-", &[]),
+            (
+                10,
+                Look,
+                "-",
+                &["expired", "acquired", "repl grant a", "arm"],
+            ),
+        ],
+    );
+}
