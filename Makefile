@@ -130,7 +130,7 @@ leakcheck: build
 	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
 	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --features leakcheck --test leaks -- --nocapture --test-threads=1
 
-# ---- the release archive (README, Install from the release archive) ----
+# ---- the release archive (README, Install, From the release archive) ----
 # dist: dist/flock-<version>-x86_64-linux-gnu.tar.gz, the module built with cargo zigbuild for
 # glibc 2.17 and newer (scripts/dist.sh); scripts/dist-deps.sh puts zig and cargo-zigbuild
 # into .venv/ first. dist-check: unpacks it, checks SHA256SUMS and the glibc floor, loads it

@@ -3,13 +3,13 @@
 //! started like `make run` does (redis.conf.example with the module path filled in), each
 //! `127.0.0.1:6379>` block in a fresh `redis-cli`, each `$` block in a fresh shell.
 //!
-//! What the README shows must be what redis-cli prints, with three allowances: tokens (the
-//! 16-digit numbers) differ from run to run, so each one the README shows is bound to the one
-//! this run printed at the same place, and must be the same wherever the README repeats it (a
-//! token the README types into a later command is replaced by its bound value); remaining
+//! What the docs show must be what redis-cli prints, with three allowances: tokens (the
+//! 16-digit numbers) differ from run to run, so each one the docs show is bound to the one
+//! this run printed at the same place, and must be the same wherever the docs repeat it (a
+//! token the docs type into a later command is replaced by its bound value); remaining
 //! times (other integers of 1000 or more) may differ by a fifth; redis-cli's `(1.00s)`
 //! timing lines (how long a command took) are not compared; and an ACL refusal matches any
-//! ACL refusal (`(error) NOPERM ...`), whose wording is the server's own (the README shows
+//! ACL refusal (`(error) NOPERM ...`), whose wording is the server's own (the docs show
 //! Redis 7.0's; Valkey words them differently). A block marked `<!-- not replayed: why -->` on the line
 //! before it (two terminals, a cluster) is skipped and must say why.
 use flock_testkit::*;
