@@ -12,7 +12,7 @@ CARGO_TEST := cargo test --profile $(TEST_PROFILE)
 .PHONY: help deps build run test unit-test integration-test client-test test-one lint compat bench clean distclean chaos fuzz leakcheck
 
 help:
-	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change)"
+	@echo "make run     install what is missing, build, start redis-server with flock on port $(PORT) (PORT=... to change); settings in .run/redis.conf"
 	@echo "make test    install what is missing, build, run unit and integration tests (REDIS_SERVER=... for another server)"
 	@echo "make test-one T=kinds::queue  one test binary (kinds) and a name filter (queue); T=name: that filter in every binary; docs/TESTING.md"
 	@echo "make lint    cargo fmt --check and clippy -D warnings on the whole workspace (not fuzz/)"
@@ -31,10 +31,18 @@ deps:
 build: deps
 	cargo build --release
 
+# .run/redis.conf is made from redis.conf.example on the first start only and kept afterwards,
+# so a user's edits and CONFIG REWRITE survive a restart; only its loadmodule path is set to
+# this checkout's module at each start. Delete it (or make distclean) to start from the example.
 run: build
 	@mkdir -p $(RUN_DIR)
-	@sed 's#^loadmodule .*libredis_flock\.so#loadmodule $(MODULE)#' redis.conf.example > $(RUN_DIR)/redis.conf
-	@echo "Starting $(REDIS_SERVER) on 127.0.0.1:$(PORT) with flock; try: redis-cli -p $(PORT) FLOCK.ACQUIRE lk me 30000"
+	@if [ -f $(RUN_DIR)/redis.conf ]; then \
+	  echo "Using $(RUN_DIR)/redis.conf (kept from an earlier start; delete it to start again from redis.conf.example)"; \
+	  sed -i 's#^loadmodule .*libredis_flock\.so#loadmodule $(MODULE)#' $(RUN_DIR)/redis.conf; \
+	else \
+	  sed 's#^loadmodule .*libredis_flock\.so#loadmodule $(MODULE)#' redis.conf.example > $(RUN_DIR)/redis.conf; \
+	fi
+	@echo "Starting $(REDIS_SERVER) on 127.0.0.1:$(PORT) with flock; try: redis-cli -p $(PORT) FLOCK.ACQUIRE lk me 60000"
 	$(REDIS_SERVER) $(RUN_DIR)/redis.conf --port $(PORT) --dir $(RUN_DIR)
 
 # The lock engine's unit and table tests, and the fuzz drivers' own tests: no server needed.
@@ -122,7 +130,7 @@ leakcheck: build
 	VK=$$(tools/adversity-deps.sh valgrind valkey | tail -n 1) && \
 	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --features leakcheck --test leaks -- --nocapture --test-threads=1
 
-# ---- the release archive (README, Install from the release archive) ----
+# ---- the release archive (README, Install, From the release archive) ----
 # dist: dist/flock-<version>-x86_64-linux-gnu.tar.gz, the module built with cargo zigbuild for
 # glibc 2.17 and newer (scripts/dist.sh); scripts/dist-deps.sh puts zig and cargo-zigbuild
 # into .venv/ first. dist-check: unpacks it, checks SHA256SUMS and the glibc floor, loads it

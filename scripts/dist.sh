@@ -115,12 +115,13 @@ Ubuntu 18.04+, Debian 9+), and Redis 7.0 or newer or Valkey 8.1 or 9.1. Not for 
      redis-cli MODULE LOADEX /usr/local/lib/flock/libredis_flock.so CONFIG flock.max-ttl-ms 60000
 
    The settings: flock.max-ttl-ms, flock.max-waiters, flock.lock-delay-ms, flock.max-holders,
-   flock.stats-max-classes; CONFIG GET flock.* shows them, CONFIG SET changes them.
+   flock.promotion-margin-ms, flock.stats-max-classes, flock.max-watchers (redis.conf.example
+   gives each one's default and range); CONFIG GET flock.* shows them, CONFIG SET changes them.
 
 4. Try it:
 
-     redis-cli FLOCK.ACQUIRE mylock me 30000      -> a token, e.g. (integer) 1796023244718520
-     redis-cli FLOCK.CHECK mylock <token>         -> the lease's remaining ms, e.g. (integer) 29599
+     redis-cli FLOCK.ACQUIRE mylock me 60000      -> a token, e.g. (integer) 1796023244718520
+     redis-cli FLOCK.CHECK mylock <token>         -> the lease's remaining ms, e.g. (integer) 59599
      redis-cli FLOCK.RELEASE mylock me            -> (integer) 1
 
 If the server does not start, its log names the reason: a bad setting names the argument; a

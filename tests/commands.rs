@@ -858,7 +858,7 @@ fn command_docs_and_arity() {
             "{cmd} arity: {info:?}"
         );
     }
-    // FLOCK.STATS: a container whose docs list its two subcommands.
+    // FLOCK.STATS: a container whose docs list its three subcommands.
     fn text(r: &Reply) -> String {
         match r {
             Reply::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(" "),
@@ -872,7 +872,12 @@ fn command_docs_and_arity() {
     }
     let r = call(&mut c, &["COMMAND", "DOCS", "flock.stats"]);
     let text = text(&r);
-    for want in ["flock.stats|get", "flock.stats|reset", "TTL advice"] {
+    for want in [
+        "flock.stats|get",
+        "flock.stats|reset",
+        "flock.stats|help",
+        "TTL advice",
+    ] {
         assert!(
             text.contains(want),
             "COMMAND DOCS flock.stats lacks {want}: {text}"

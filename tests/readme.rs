@@ -1,14 +1,15 @@
-//! The README's sessions, replayed as a new user would type them: in order, on one server
+//! The sessions of README.md and of every guide in docs/guide/ (README.md first, then the
+//! guides by file name), replayed as a new user would type them: in order, on one server
 //! started like `make run` does (redis.conf.example with the module path filled in), each
 //! `127.0.0.1:6379>` block in a fresh `redis-cli`, each `$` block in a fresh shell.
 //!
-//! What the README shows must be what redis-cli prints, with three allowances: tokens (the
-//! 16-digit numbers) differ from run to run, so each one the README shows is bound to the one
-//! this run printed at the same place, and must be the same wherever the README repeats it (a
-//! token the README types into a later command is replaced by its bound value); remaining
+//! What the docs show must be what redis-cli prints, with three allowances: tokens (the
+//! 16-digit numbers) differ from run to run, so each one the docs show is bound to the one
+//! this run printed at the same place, and must be the same wherever the docs repeat it (a
+//! token the docs type into a later command is replaced by its bound value); remaining
 //! times (other integers of 1000 or more) may differ by a fifth; redis-cli's `(1.00s)`
 //! timing lines (how long a command took) are not compared; and an ACL refusal matches any
-//! ACL refusal (`(error) NOPERM ...`), whose wording is the server's own (the README shows
+//! ACL refusal (`(error) NOPERM ...`), whose wording is the server's own (the docs show
 //! Redis 7.0's; Valkey words them differently). A block marked `<!-- not replayed: why -->` on the line
 //! before it (two terminals, a cluster) is skipped and must say why.
 use flock_testkit::*;
@@ -17,11 +18,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// One session from the README.
+/// One session from the README or a guide.
 #[derive(Debug)]
 struct Session {
-    /// Line number of the opening fence, for messages.
-    line: usize,
+    /// Where it is: the file and the line number of its opening fence, for messages.
+    at: String,
     shell: bool,
     /// (command, expected output lines)
     steps: Vec<(String, Vec<String>)>,
@@ -29,7 +30,9 @@ struct Session {
 
 const PROMPT: &str = "127.0.0.1:6379> ";
 
-fn parse_readme(text: &str) -> (Vec<Session>, usize) {
+/// The sessions of one Markdown file (`name` for messages), and how many were marked as not
+/// replayed.
+fn parse_readme(name: &str, text: &str) -> (Vec<Session>, usize) {
     let lines: Vec<&str> = text.lines().collect();
     let mut sessions = Vec::new();
     let mut skipped = 0;
@@ -59,7 +62,7 @@ fn parse_readme(text: &str) -> (Vec<Session>, usize) {
             let why = prev.map(|l| l.trim()).unwrap_or("");
             assert!(
                 why.len() > "<!-- not replayed: -->".len(),
-                "README line {}: a skipped session must say why: {why}",
+                "{name} line {}: a skipped session must say why: {why}",
                 open + 1
             );
             skipped += 1;
@@ -73,11 +76,11 @@ fn parse_readme(text: &str) -> (Vec<Session>, usize) {
             } else if let Some(last) = steps.last_mut() {
                 last.1.push(l.to_string());
             } else {
-                panic!("README line {}: output before the first command", open + 1);
+                panic!("{name} line {}: output before the first command", open + 1);
             }
         }
         sessions.push(Session {
-            line: open + 1,
+            at: format!("{name} line {}", open + 1),
             shell,
             steps,
         });
@@ -195,7 +198,7 @@ fn run_cli(port: u16, s: &Session, tokens: &mut Tokens) -> Vec<String> {
             }
             got.push(l);
         }
-        compare(s.line, cmd, want, &got, tokens, &mut failures);
+        compare(&s.at, cmd, want, &got, tokens, &mut failures);
     }
     drop(stdin);
     let _ = child.wait();
@@ -234,13 +237,13 @@ fn run_shell(port: u16, s: &Session, tokens: &mut Tokens) -> Vec<String> {
     }
     let mut failures = Vec::new();
     for (i, (cmd, want)) in s.steps.iter().enumerate() {
-        compare(s.line, cmd, want, &outputs[i], tokens, &mut failures);
+        compare(&s.at, cmd, want, &outputs[i], tokens, &mut failures);
     }
     failures
 }
 
 fn compare(
-    line: usize,
+    at: &str,
     cmd: &str,
     want: &[String],
     got: &[String],
@@ -256,7 +259,7 @@ fn compare(
             .all(|(w, g)| tokens.line_matches(w, g));
     if !same {
         failures.push(format!(
-            "README block at line {line}, `{cmd}`:\n  README shows: {want:?}\n  redis-cli printed: {got:?}"
+            "block at {at}, `{cmd}`:\n  the docs show: {want:?}\n  redis-cli printed: {got:?}"
         ));
     }
 }
@@ -264,13 +267,45 @@ fn compare(
 #[test]
 fn every_readme_session_replays_verbatim() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let (sessions, skipped) = parse_readme(&readme);
+    let mut files = vec!["README.md".to_string()];
+    let mut guides: Vec<String> = std::fs::read_dir(root.join("docs/guide"))
+        .expect("docs/guide")
+        .map(|e| {
+            e.expect("docs/guide entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/guide/{n}"))
+        .collect();
+    guides.sort();
+    files.extend(guides);
+    let mut sessions = Vec::new();
+    let mut skipped = 0;
+    let mut per_file = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(root.join(f)).expect("a Markdown file");
+        let (s, k) = parse_readme(f, &text);
+        per_file.push(format!("{f}: {}", s.len()));
+        sessions.extend(s);
+        skipped += k;
+    }
     let commands: usize = sessions.iter().map(|s| s.steps.len()).sum();
+    // The README keeps a first session, and the guides hold the rest (24 in all today).
     assert!(
-        sessions.len() >= 15,
-        "only {} sessions found",
-        sessions.len()
+        sessions
+            .iter()
+            .filter(|s| s.at.starts_with("README.md "))
+            .count()
+            >= 2,
+        "the README lost its first session"
+    );
+    assert!(
+        sessions.len() >= 20,
+        "only {} sessions found ({})",
+        sessions.len(),
+        per_file.join(", ")
     );
     // The server as `make run` starts it.
     let example = std::fs::read_to_string(root.join("redis.conf.example")).expect("conf");
@@ -300,20 +335,18 @@ fn every_readme_session_replays_verbatim() {
         failures.extend(f);
     }
     eprintln!(
-        "replayed {} README sessions ({commands} commands), {skipped} marked as not replayed, \
-         {} tokens bound",
+        "replayed {} sessions ({commands} commands) of {} files ({}), {skipped} marked as not \
+         replayed, {} tokens bound",
         sessions.len(),
+        files.len(),
+        per_file.join(", "),
         tokens.readme_to_real.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Every session cleaned up after itself: nothing held, the settings as they started.
     let mut c = RawConn::connect(srv.port()).expect("connect");
     let keys = c.call(&["KEYS", "*lock*"]).expect("KEYS");
-    assert_eq!(
-        keys,
-        Reply::Array(vec![]),
-        "locks left after the README sessions"
-    );
+    assert_eq!(keys, Reply::Array(vec![]), "locks left after the sessions");
     let delay = c
         .call(&["CONFIG", "GET", "flock.lock-delay-ms"])
         .expect("CONFIG GET");

@@ -255,7 +255,26 @@ fn reset_bound_and_both_protocols() {
         "wrong number of arguments",
         "no subcommand",
     );
-    assert!(call(&mut c, &["FLOCK.STATS", "NOPE"]).is_err());
+    // Redis's error for an unknown subcommand points to HELP, which answers.
+    assert_err_contains(
+        &call(&mut c, &["FLOCK.STATS", "NOPE"]),
+        "FLOCK.STATS HELP",
+        "unknown subcommand",
+    );
+    match call(&mut c, &["FLOCK.STATS", "HELP"]) {
+        Reply::Array(lines) => {
+            let text: Vec<String> = lines.iter().filter_map(|l| l.string()).collect();
+            assert_eq!(text.len(), 7, "FLOCK.STATS HELP: {text:?}");
+            for sub in ["GET", "RESET", "HELP"] {
+                assert!(
+                    text.iter().any(|l| l.starts_with(sub)),
+                    "HELP lacks {sub}: {text:?}"
+                );
+            }
+        }
+        other => panic!("FLOCK.STATS HELP: {other:?}"),
+    }
+    assert!(call(&mut c, &["FLOCK.STATS", "HELP", "x"]).is_err());
     assert!(call(&mut c, &["FLOCK.STATS", "RESET", "x"]).is_err());
     // An ACL can allow GET alone.
     assert!(!call(

@@ -1,9 +1,10 @@
-//! `FLOCK.STATS GET [class ...]` and `FLOCK.STATS RESET`: the per-class lock statistics for
+//! `FLOCK.STATS GET [class ...]`, `FLOCK.STATS RESET` and `FLOCK.STATS HELP`: the per-class lock statistics for
 //! sizing TTLs (flock-core's `lock_stats`; `server::stats::record` fills them in).
 //! Subcommands, so an ACL can allow `flock.stats|get` alone.
 
 use crate::ffi::{self, Ctx, RStr, Status};
 use crate::server::stats;
+use flock_core::commands;
 use flock_core::lock_stats::Out;
 
 /// `FLOCK.STATS GET [class ...]`: argv is `FLOCK.STATS GET class...`.
@@ -20,6 +21,19 @@ pub fn reset(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     }
     stats::with_classes(|t| t.reset());
     ffi::reply_simple(ctx, c"OK")
+}
+
+/// `FLOCK.STATS HELP`: the subcommands, one status line each (Redis's own error for an unknown
+/// subcommand of a container sends users here).
+pub fn help(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
+    if args.len() != 2 {
+        return ffi::wrong_arity(ctx);
+    }
+    ffi::reply_array(ctx, commands::STATS_HELP_LINES.len());
+    for line in commands::STATS_HELP_LINES {
+        ffi::reply_simple(ctx, line);
+    }
+    Status::OK
 }
 
 /// A reply tree as RESP: maps are maps in RESP3 and flat arrays in RESP2 (RM_ReplyWithMap).

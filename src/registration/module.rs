@@ -75,6 +75,7 @@ handler!(Revoke, handlers::revoke);
 handler!(Apply, handlers::apply);
 handler!(StatsGet, stats_command::get);
 handler!(StatsReset, stats_command::reset);
+handler!(StatsHelp, stats_command::help);
 handler!(Watch, watch::watch);
 handler!(Waiters, watch::waiters);
 
@@ -91,7 +92,7 @@ enum Registered {
 
 /// The one command table: every command as `flock_core::commands` describes it (name, flags,
 /// arity, key spec, COMMAND DOCS), with the handler that runs it.
-const COMMANDS: [(&CommandSpec, Registered); 14] = [
+const COMMANDS: [(&CommandSpec, Registered); 15] = [
     (
         &commands::ACQUIRE,
         Registered::Command(ffi::create_command::<Acquire>),
@@ -132,6 +133,10 @@ const COMMANDS: [(&CommandSpec, Registered); 14] = [
     (
         &commands::STATS_RESET,
         Registered::Sub(ffi::create_subcommand::<StatsReset>),
+    ),
+    (
+        &commands::STATS_HELP,
+        Registered::Sub(ffi::create_subcommand::<StatsHelp>),
     ),
     (
         &commands::APPLY,

@@ -270,6 +270,29 @@ pub const STATS_RESET: CommandSpec = CommandSpec {
     args: &[],
 };
 
+/// Redis answers an unknown subcommand of a container with "Try FLOCK.STATS HELP", so HELP
+/// exists and says what the container holds.
+pub const STATS_HELP: CommandSpec = CommandSpec {
+    name: c"flock.stats|help",
+    flags: c"readonly fast",
+    arity: 2,
+    key: None,
+    summary: Some(c"Shows what the FLOCK.STATS subcommands do."),
+    complexity: c"O(1)",
+    args: &[],
+};
+
+/// What `FLOCK.STATS HELP` replies, one status line each (as Redis's own `... HELP` do).
+pub const STATS_HELP_LINES: [&CStr; 7] = [
+    c"FLOCK.STATS <subcommand> [<arg> ...]. Subcommands are:",
+    c"GET [<class> ...]",
+    c"    Per lock class (the key with its ids folded to #): grants and how they ended, hold, ttl and wait times, a TTL advice.",
+    c"RESET",
+    c"    Clears the statistics of every lock class.",
+    c"HELP",
+    c"    Prints this help.",
+];
+
 /// The replication effect (G7): accepted only from the master's stream and AOF loading.
 pub const APPLY: CommandSpec = CommandSpec {
     name: c"flock.apply",
@@ -345,7 +368,7 @@ pub fn key_range(spec: &CommandSpec) -> KeyRange {
 }
 
 /// Every command, containers before their subcommands.
-pub const ALL: [&CommandSpec; 14] = [
+pub const ALL: [&CommandSpec; 15] = [
     &ACQUIRE,
     &RELEASE,
     &RENEW,
@@ -357,6 +380,7 @@ pub const ALL: [&CommandSpec; 14] = [
     &STATS,
     &STATS_GET,
     &STATS_RESET,
+    &STATS_HELP,
     &APPLY,
     &WATCH,
     &WAITERS,

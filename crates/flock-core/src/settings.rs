@@ -70,7 +70,7 @@ pub const MAX_WATCHERS: Setting = Setting {
     max: 1_000_000_000,
 };
 
-/// Every setting, in the order of the README's Configuration table.
+/// Every setting, in the order of the table in docs/guide/configuration.md.
 pub const ALL: [&Setting; 7] = [
     &MAX_TTL,
     &MAX_WAITERS,
