@@ -442,6 +442,11 @@ class Lease(LeaseCore):
         with self._bound_io():
             return self._on_check_reply(self._io_call(*self._check_command()))
 
+    def holders(self) -> List[Holder]:
+        """Every live grant of this lease's key (FLOCK.HOLDERS), oldest first."""
+        with self._bound_io():
+            return on_holders(self._io_call(*holders_command(self.key)))
+
     def renew(self, ttl_ms: Optional[int] = None) -> None:
         """Renews now with a token-qualified RENEW (and the watchdog goes on with the new ttl).
         Raises LockLostError when the grant is gone or the local deadline has passed. A durable
