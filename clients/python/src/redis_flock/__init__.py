@@ -12,11 +12,14 @@ The asyncio client is ``redis_flock.aio.Flock``.
 from ._core import (
     FencedError,
     FlockError,
+    InvalidArgumentError,
     LeaseTooShortError,
     LockBusyError,
     LockLostError,
     LockNotDurableError,
 )
+from ._errors import LOSS_REASONS
+from ._inspect import Holder, Waiter
 from ._sync import Flock, Lease
 
 __all__ = [
@@ -28,5 +31,9 @@ __all__ = [
     "LeaseTooShortError",
     "FencedError",
     "LockNotDurableError",
+    "InvalidArgumentError",
+    "Holder",
+    "Waiter",
+    "LOSS_REASONS",
 ]
 __version__ = "0.1.0"

@@ -24,626 +24,29 @@ to give a connection back to its pool.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
-import math
-import secrets
-import time
-from typing import Any, Generator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple
 
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ConnectionError,
-    MovedError,
-    ResponseError,
-    TimeoutError,
-    TryAgainError,
+from redis.exceptions import ResponseError
+
+from ._durable import *  # noqa: F401,F403 (the drivers import everything from here)
+from ._durable import Durability
+from ._errors import *  # noqa: F401,F403
+from ._errors import (
+    CLOSED,
+    DEADLINE_PASSED,
+    FENCED_REFUSED,
+    GONE,
+    RELEASED,
+    InvalidArgumentError,
+    RENEW_REFUSED,
+    FencedError,
+    LeaseTooShortError,
+    LockLostError,
 )
-
-__all__ = [
-    "FlockError",
-    "LockBusyError",
-    "LockLostError",
-    "LeaseTooShortError",
-    "FencedError",
-    "LockNotDurableError",
-]
-
-log = logging.getLogger("redis_flock")
-monotonic = time.monotonic
-
-
-# --- errors --------------------------------------------------------------------------------------
-
-class FlockError(Exception):
-    """Base class of every error this client raises itself (redis-py's own errors, such as
-    ``redis.ConnectionError``, pass through unchanged)."""
-
-
-class LockBusyError(FlockError):
-    """The lock was not granted within ``wait_ms`` (``flock.lock``)."""
-
-
-class LockLostError(FlockError):
-    """The lease is lost: released by nobody but ended by expiry, REVOKE, a refused renewal,
-    a stale fenced write, or its local deadline passing (rule 1)."""
-
-
-class LeaseTooShortError(LockLostError):
-    """``lease.ensure(min_ms)``: the lease is live but has less than ``min_ms`` left."""
-
-
-class FencedError(FlockError):
-    """FLOCK.FENCED refused the lease's token as stale; nothing ran and the lease is lost."""
-
-
-class LockNotDurableError(FlockError):
-    """``replicas=`` / ``fsync=`` (rule 10): fewer replicas than asked acknowledged the grant
-    (or, with ``fsync=True``, the local AOF did not fsync it) within ``durable_timeout_ms``.
-
-    From ``acquire()`` / ``lock()``: the grant was released (token-qualified) and no lease is
-    handed over. From ``lease.renew()``: the server renewed, but the lease's local deadline
-    stays where the last acknowledged renewal put it; the lease is still held.
-
-    ``acknowledged``: how many replicas acknowledged; ``requested``: how many were asked;
-    ``fsync``: whether the local AOF fsync was asked; ``fsynced``: whether it happened (None
-    when it was not asked, or when the server answered with an error)."""
-
-    def __init__(self, message: str, key: Any = None, acknowledged: int = 0,
-                 requested: int = 0, fsync: bool = False,
-                 fsynced: Optional[bool] = None) -> None:
-        super().__init__(message)
-        self.key = key
-        self.acknowledged = acknowledged
-        self.requested = requested
-        self.fsync = fsync
-        self.fsynced = fsynced
-
-
-Number = Union[int, float]
-#: (host, port) of the node a key's commands were last redirected to; None: the slot's owner
-#: as the client's own slot table says (always None without a cluster)
-Addr = Optional[Tuple[str, int]]
-
-#: Failures of the connection itself. asyncio.TimeoutError is a distinct class before Python
-#: 3.11 and only the asyncio driver raises it; listing it here costs the sync driver nothing.
-NETWORK_ERRORS = (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError)
-#: The slot is between owners: ask the client's slot table again after a short pause.
-REROUTE_ERRORS = (TryAgainError, ClusterDownError)
-#: redirects / TRYAGAINs one call follows before giving up (waits follow them until their end)
-MAX_REDIRECTS = 16
-#: How much longer than the server-side BLOCK timeout the socket waits for the reply.
-BLOCK_REPLY_MARGIN_S = 5.0
-#: How much past the local deadline release() waits for a renewal under way (the renewal
-#: itself gives up at that deadline; this covers dropping its connection and waking up).
-RENEWAL_WAIT_MARGIN_S = 0.1
-
-
-# --- argument checks and small rules -----------------------------------------------------------
-
-def socket_timeout_of(client: Any) -> Optional[float]:
-    """The ``socket_timeout`` the redis-py client was made with (a ``Redis``' pool, a sync
-    ``RedisCluster``'s nodes manager, an asyncio ``RedisCluster`` itself), or None when it has
-    none (or it cannot be found)."""
-    for holder in (getattr(client, "connection_pool", None),
-                   getattr(client, "nodes_manager", None), client):
-        kw = getattr(holder, "connection_kwargs", None)
-        if isinstance(kw, dict):
-            t = kw.get("socket_timeout")
-            return float(t) if isinstance(t, (int, float)) and t > 0 else None
-    return None
-
-
-def renewal_wait_s(deadline: float, now: float, socket_timeout: Optional[float]) -> float:
-    """How long release() waits for a renewal already under way: no longer than that renewal
-    can itself wait for its reply (until the lease's local deadline, rule 2), and no longer
-    than the client's socket_timeout when it has one."""
-    wait = max(deadline - now, 0.0) + RENEWAL_WAIT_MARGIN_S
-    return wait if socket_timeout is None else min(wait, socket_timeout)
-
-
-def new_owner() -> str:
-    """A random 128-bit owner (rule 7)."""
-    return secrets.token_hex(16)
-
-
-def check_ttl(ttl_ms: Any) -> int:
-    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms < 1:
-        raise ValueError(f"ttl_ms must be a positive integer of milliseconds, not {ttl_ms!r}")
-    return ttl_ms
-
-
-def wait_seconds(wait_ms: Optional[Number]) -> Optional[float]:
-    """None: one try; math.inf: no limit; else seconds."""
-    if wait_ms is None or wait_ms == 0:
-        return None
-    if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or wait_ms < 0 \
-            or math.isnan(wait_ms):
-        raise ValueError(f"wait_ms must be None, 0, a positive number or math.inf, not {wait_ms!r}")
-    return math.inf if math.isinf(wait_ms) else wait_ms / 1000.0
-
-
-def kind_args(shared: bool, limit: Optional[int], bound: bool) -> List[Any]:
-    """SHARED / LIMIT n / BOUND (SPEC 'Lock kinds', 'BOUND')."""
-    out: List[Any] = []
-    if shared and limit is not None:
-        raise ValueError("shared=True and limit=n exclude each other (a LIMIT key is a semaphore)")
-    if shared:
-        out.append("SHARED")
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive integer, not {limit!r}")
-        out += ["LIMIT", limit]
-    if bound:
-        out.append("BOUND")
-    return out
-
-
-def block_ms(left_s: float) -> int:
-    """The BLOCK argument for a wait of left_s seconds (0 = no limit on the server)."""
-    if math.isinf(left_s):
-        return 0
-    return max(1, int(math.ceil(left_s * 1000.0)))
-
-
-def is_fenced_refusal(err: Exception) -> bool:
-    return str(err).startswith("FENCED")
-
-
-def ms_left(deadline: float, now: float) -> int:
-    """Whole milliseconds from now to deadline (floor: never more than the truth)."""
-    left = deadline - now
-    if left <= 0:
-        return 0
-    return int(left * 1000.0)
-
-
-def renew_interval(ttl_ms: int) -> float:
-    """Rule 2: renew at a third of the ttl."""
-    return ttl_ms / 3000.0
-
-
-def reroute_pause_s(redirects: int) -> float:
-    """The pause before asking again after TRYAGAIN / CLUSTERDOWN: 10 ms doubling to 200 ms."""
-    return min(0.2, 0.01 * (1 << min(redirects, 5)))
-
-
-def release_args(key: Any, owner: str, token: Optional[int]) -> Tuple[Any, ...]:
-    return ("FLOCK.RELEASE", key, owner) + ((token,) if token is not None else ())
-
-
-def revoke_args(key: Any, owner: Optional[str]) -> Tuple[Any, ...]:
-    return ("FLOCK.REVOKE", key) + ((owner,) if owner is not None else ())
-
-
-def busy_error(key: Any, wait_ms: Optional[Number]) -> LockBusyError:
-    """What ``with flock.lock(...)`` raises when the lock was not granted."""
-    return LockBusyError(f"lock {key!r} not granted"
-                         + (f" within {wait_ms} ms" if wait_ms else " (held by another owner)"))
-
-
-# --- durable grants (rule 10) ------------------------------------------------------------------
-
-class Durability:
-    """A lease's ``replicas=`` / ``fsync=``: the command that follows its ACQUIRE and each of
-    its RENEWs on the same connection (``WAIT replicas ms``, or ``WAITAOF 1 replicas ms`` with
-    fsync), and how that command's reply is judged. WAIT and WAITAOF count what the connection
-    itself wrote, so they must follow the granting (or renewing) command on its connection:
-    that is also the one connection that reaches the key's node in a cluster."""
-
-    __slots__ = ("replicas", "fsync", "timeout_ms")
-
-    def __init__(self, replicas: int, fsync: bool, timeout_ms: Optional[int]) -> None:
-        self.replicas = replicas
-        self.fsync = fsync
-        #: durable_timeout_ms as given; None: a third of the ttl of each grant or renewal
-        self.timeout_ms = timeout_ms
-
-    def wait_ms(self, ttl_ms: int, cap_ms: Optional[int] = None) -> int:
-        """How long the server waits for the acknowledgements: durable_timeout_ms (default a
-        third of ttl_ms), at most cap_ms (a renewal: no longer than the lease's local deadline,
-        after which its answer no longer matters), at least 1 (0 would mean no limit)."""
-        ms = self.timeout_ms if self.timeout_ms is not None else ttl_ms // 3
-        if cap_ms is not None and cap_ms < ms:
-            ms = cap_ms
-        return ms if ms >= 1 else 1
-
-    def command(self, wait_ms: int) -> Tuple[Any, ...]:
-        if self.fsync:
-            return ("WAITAOF", 1, self.replicas, wait_ms)
-        return ("WAIT", self.replicas, wait_ms)
-
-    def shortfall(self, key: Any, reply: Any, wait_ms: int, renewal: bool
-                  ) -> Optional[LockNotDurableError]:
-        """None when the WAIT / WAITAOF reply says the grant (renewal) is durable as asked;
-        else the error that says how far it fell short."""
-        what = "renewal" if renewal else "grant"
-        then = ("the lease's local deadline stays where the last acknowledged renewal put it"
-                if renewal else "the grant was released")
-        name = "WAITAOF" if self.fsync else "WAIT"
-        if isinstance(reply, Exception):
-            return LockNotDurableError(
-                f"{what} of {key!r} is not durable: {name} failed: {reply}; {then}",
-                key, 0, self.replicas, self.fsync, None)
-        fsynced: Optional[bool] = None
-        try:
-            if self.fsync:
-                local, acked = int(reply[0]), int(reply[1])
-                fsynced = local >= 1
-            else:
-                acked = int(reply)
-        except (TypeError, ValueError, IndexError):
-            return LockNotDurableError(
-                f"{what} of {key!r} is not durable: {name} answered {reply!r}; {then}",
-                key, 0, self.replicas, self.fsync, None)
-        if acked >= self.replicas and fsynced is not False:
-            return None
-        parts = []
-        if self.replicas:
-            parts.append(f"{acked} of {self.replicas} replicas "
-                         f"{'fsynced' if self.fsync else 'acknowledged'}")
-        if fsynced is False:
-            parts.append("the local AOF was not fsynced")
-        return LockNotDurableError(
-            f"{what} of {key!r} is not durable: {' and '.join(parts)} within {wait_ms} ms; "
-            f"{then}", key, acked, self.replicas, self.fsync, fsynced)
-
-
-def durability(replicas: Any, fsync: Any, durable_timeout_ms: Any, ttl_ms: int, bound: bool
-               ) -> Optional[Durability]:
-    """Checks an acquire's replicas / fsync / durable_timeout_ms (after acquire_command checked
-    its ttl): a Durability, or None for a plain lease. Raises ValueError before anything is
-    sent."""
-    if type(replicas) is int and replicas == 0 and fsync is False and durable_timeout_ms is None:
-        return None  # a plain lease (the usual case)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-        raise ValueError(f"replicas must be a non-negative integer, not {replicas!r}")
-    if not isinstance(fsync, bool):
-        raise ValueError(f"fsync must be True or False, not {fsync!r}")
-    if durable_timeout_ms is not None:
-        if isinstance(durable_timeout_ms, bool) or not isinstance(durable_timeout_ms, int) \
-                or durable_timeout_ms < 1:
-            raise ValueError("durable_timeout_ms must be None or a positive integer of "
-                             f"milliseconds, not {durable_timeout_ms!r}")
-        if durable_timeout_ms >= ttl_ms:
-            raise ValueError(f"durable_timeout_ms ({durable_timeout_ms}) must be shorter than "
-                             f"ttl_ms ({ttl_ms}): a lease handed over after its ttl is no lease")
-    if replicas == 0 and not fsync:
-        return None
-    if bound:
-        raise ValueError("bound=True cannot be durable (replicas= / fsync=True): a BOUND grant "
-                         "ends at any promotion by design")
-    return Durability(replicas, fsync, durable_timeout_ms)
-
-
-#: Asked once per client before its first fsync=True acquire: nil on a server without WAITAOF
-#: (Redis before 7.2).
-WAITAOF_PROBE = ("COMMAND", "INFO", "WAITAOF")
-
-
-def has_waitaof(reply: Any) -> bool:
-    """WAITAOF_PROBE's reply: whether the server knows WAITAOF."""
-    return isinstance(reply, (list, tuple)) and len(reply) > 0 and reply[0] is not None
-
-
-def no_waitaof_error(key: Any) -> FlockError:
-    return FlockError(f"fsync=True needs WAITAOF (Redis 7.2 or later, or Valkey), and this "
-                      f"server has none: nothing was sent for {key!r}")
-
-
-# --- the ops a plan yields, and what each one's result is ---------------------------------------
-
-class Checkout(NamedTuple):
-    """A connection for key's commands: from the client's pool, or (cluster) from the pool of
-    addr or of the node serving key's slot. Result: a slot (``slot.conn`` is the connection)
-    that the plan gives back with GiveBack."""
-    key: Any
-    addr: Addr
-
-
-class GiveBack(NamedTuple):
-    """The slot's connection goes back to its pool. Result: None."""
-    slot: Any
-
-
-class Send(NamedTuple):
-    """One command on the slot's connection (after ASKING when asking). timeout: None = the
-    connection's socket timeout; math.inf = no limit; else at most that many seconds, after
-    which the driver drops the connection (so a late reply is never read as the answer to a
-    later command) and raises TimeoutError. Result: the reply; a redis error is raised."""
-    slot: Any
-    args: Tuple[Any, ...]
-    timeout: Optional[float]
-    asking: bool
-
-
-class SendAll(NamedTuple):
-    """Several commands written at once on the slot's connection (ASKING first when asking),
-    their replies read in order, all within timeout (as Send's, but never None). Result: the
-    list of the replies, a redis error reply in its place as the exception instance (not
-    raised: the replies after it are read all the same); a network error is raised."""
-    slot: Any
-    commands: Tuple[Tuple[Any, ...], ...]
-    timeout: float
-    asking: bool
-
-
-class Disconnect(NamedTuple):
-    """Closes the slot's connection (it may hold a half-read reply). Result: None."""
-    slot: Any
-
-
-class Sleep(NamedTuple):
-    seconds: float
-
-
-class Forget(NamedTuple):
-    """A wait that failed may have been granted with its reply lost: end any grant of owner on
-    key so it is not held until its ttl. The driver does it however it can without holding up
-    the error being raised (the sync driver at once, the asyncio one in a task); its failure
-    is never reported. Result: None."""
-    key: Any
-    owner: str
-    addr: Addr
-
-
-Plan = Generator[Any, Any, Any]
-
-#: What a routed command follows (redirects, TRYAGAIN / CLUSTERDOWN) or retries (network
-#: errors): a driver's own first try hands these to ``routed_call(..., failed=error)``.
-ROUTE_ERRORS = (AskError,) + REROUTE_ERRORS + NETWORK_ERRORS  # MovedError is an AskError
-
-
-def routed_call(key: Any, args: Tuple[Any, ...], timeout: Optional[float] = None,
-                addr: Addr = None, attempts: int = 1,
-                failed: Optional[BaseException] = None) -> Plan:
-    """One command on a connection checked out for key, following MOVED / ASK / TRYAGAIN
-    (rule 5); network errors are retried up to ``attempts`` times in all. Returns (reply,
-    address it came from).
-
-    ``failed``: a driver's fast path already made the first try itself (on addr, without
-    ASKING, its connection given back) and it failed with this error (one of ROUTE_ERRORS);
-    the plan goes on from there as if its own first try had failed so."""
-    asking = False
-    redirects = 0
-    failures = 0
-    while True:
-        if failed is None:
-            slot = yield Checkout(key, addr)
-            try:
-                return (yield Send(slot, args, timeout, asking)), addr
-            except ROUTE_ERRORS as e:
-                failed = e
-            finally:
-                yield GiveBack(slot)
-        err, failed = failed, None
-        try:
-            if isinstance(err, MovedError):
-                addr, asking = (err.host, int(err.port)), False
-            elif isinstance(err, AskError):
-                addr, asking = (err.host, int(err.port)), True
-            elif isinstance(err, REROUTE_ERRORS):
-                addr, asking = None, False
-                yield Sleep(reroute_pause_s(redirects))
-            else:  # NETWORK_ERRORS
-                failures += 1
-                if failures >= attempts:
-                    raise err
-                continue
-        finally:
-            err = None  # (the error's traceback holds this frame)
-        redirects += 1
-        if redirects > MAX_REDIRECTS:
-            raise ConnectionError(f"flock: too many redirects for {args[0]}")
-
-
-def routed_all(key: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
-               addr: Addr = None, attempts: int = 1) -> Plan:
-    """routed_call for a few commands pipelined on one connection of key's node (the first one
-    names key; the rest, such as WAIT, are keyless and must run on that same connection): a
-    redirect or TRYAGAIN of the first is followed, and all of them are sent again there.
-    Returns (the replies as SendAll's result, the address they came from)."""
-    asking = False
-    redirects = 0
-    failures = 0
-    while True:
-        slot = yield Checkout(key, addr)
-        try:
-            replies = yield SendAll(slot, commands, timeout, asking)
-        except NETWORK_ERRORS:
-            failures += 1
-            if failures >= attempts:
-                raise
-            continue
-        finally:
-            yield GiveBack(slot)
-        first = replies[0]
-        if isinstance(first, MovedError):
-            addr, asking = (first.host, int(first.port)), False
-        elif isinstance(first, AskError):
-            addr, asking = (first.host, int(first.port)), True
-        elif isinstance(first, REROUTE_ERRORS):
-            addr, asking = None, False
-            yield Sleep(reroute_pause_s(redirects))
-        else:
-            return replies, addr
-        redirects += 1
-        if redirects > MAX_REDIRECTS:
-            raise ConnectionError(f"flock: too many redirects for {commands[0][0]}")
-
-
-def give_up_grant(slot: Any, key: Any, owner: str, token: int, asking: bool) -> Plan:
-    """RELEASE key owner token of a grant that is not durable, on the connection that got it
-    (token-qualified: a newer grant of the same owner is never ended). A failure is only
-    logged: the error that the caller raises next says what matters."""
-    try:
-        yield Send(slot, release_args(key, owner, token), None, asking)
-    except Exception as e:
-        log.warning("flock: release of the grant of %r that was not durable failed (%s); it "
-                    "ends with its ttl", key, e)
-
-
-def release_quietly(key: Any, owner: str, token: Optional[int], addr: Addr,
-                    slot: Any = None) -> Plan:
-    """RELEASE for a lease nobody releases any more (garbage-collected unreleased, or a wait
-    that failed): on its BOUND connection, which then goes back to its pool (a network error
-    there needs no RELEASE: the binding ended with the connection), or routed with one retry.
-    The driver logs a failure; nobody is told."""
-    args = release_args(key, owner, token)
-    if slot is not None:
-        try:
-            yield Send(slot, args, None, False)
-        except NETWORK_ERRORS:
-            yield Disconnect(slot)
-        finally:
-            yield GiveBack(slot)
-        return
-    yield from routed_call(key, args, addr=addr, attempts=2)
-
-
-# --- acquiring --------------------------------------------------------------------------------
-
-#: What a granted acquire gives the driver to make its Lease of: (key, owner, token, ttl_ms,
-#: sent, addr, slot). sent: monotonic time the granting command was sent (the local deadline
-#: counts from it); slot: BOUND: the slot whose connection the grant lives on, else None.
-Grant = Tuple[Any, str, int, int, float, Addr, Any]
-
-#: on_acquire_reply(): the first try was not granted and the acquire waits: the driver runs
-#: acquire_wait_plan() next
-WAIT: Any = object()
-
-
-def acquire_command(key: Any, ttl_ms: int, wait_ms: Optional[Number], shared: bool,
-                    limit: Optional[int], bound: bool, owner: Optional[str]
-                    ) -> Tuple[Tuple[Any, ...], Optional[float]]:
-    """Checks an acquire's arguments: (its FLOCK.ACQUIRE key owner ttl [kind] command, the
-    wait in seconds: None one try, math.inf no limit). The owner is ``command[2]``: the given
-    one or a new random one.
-
-    A driver, right after this: unless BOUND (which needs a connection of its own from the
-    start), the first try is one routed call of the command on the shared pool with
-    ``attempts=2`` (a free key: one round trip, waiting or not; a retry after a lost reply is
-    safe: the same owner gets the same token, G4), its reply passed to on_acquire_reply().
-    When that answers WAIT, or at once for BOUND, it runs acquire_wait_plan(). A durable
-    acquire (``durability()`` answered a Durability) skips the shared-pool try: it runs
-    acquire_wait_plan() at once, which pipelines the WAIT on its own connection."""
-    ttl = check_ttl(ttl_ms)
-    wait_s = wait_seconds(wait_ms)
-    extra = kind_args(shared, limit, bound)
-    own = new_owner() if owner is None else owner
-    return ("FLOCK.ACQUIRE", key, own, ttl, *extra), wait_s
-
-
-def on_acquire_reply(command: Tuple[Any, ...], wait_s: Optional[float], token: Any, sent: float,
-                     addr: Addr) -> Any:
-    """The first try's reply (sent: when it was sent; a retry counts from the first send): a
-    Grant, None (not granted, one try), or WAIT."""
-    if token is not None:
-        return command[1], command[2], int(token), command[3], sent, addr, None
-    return None if wait_s is None else WAIT
-
-
-def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: float,
-                      bound: bool, own_owner: bool, durable: Optional[Durability] = None
-                      ) -> Plan:
-    """ACQUIRE [BLOCK] on a connection of its own (rule 8): a wait never holds up another
-    lease's commands; a BOUND grant keeps the connection. Follows TRYAGAIN / MOVED / ASK (a
-    slot moved while waiting) to the slot's new owner (rule 5). A Grant, or None when not
-    granted within wait_s (counted from start); own_owner: the owner is the client's own.
-
-    durable (rule 10; never with bound): the first try is ``ACQUIRE`` and ``WAIT`` /
-    ``WAITAOF`` pipelined on the connection, without BLOCK (a free key: one round trip plus
-    the acknowledgements); a wait then goes on with ``ACQUIRE ... BLOCK``, and the RENEW that
-    follows its grant (rule 1) is pipelined with the WAIT: on the same connection, so it
-    counts the grant and the renewal both. A grant that too few acknowledged is released
-    (token-qualified, on that connection) and LockNotDurableError raised."""
-    key, owner, ttl = command[1], command[2], command[3]
-    end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
-    addr: Addr = None
-    asking = False
-    redirects = 0
-    failures = 0
-    plain_first = durable is not None  # a durable wait tries without BLOCK first
-    while True:
-        left = end - monotonic()
-        if wait_s is not None and left <= 0:
-            return None
-        slot = yield Checkout(key, addr)
-        keep = False
-        try:
-            if wait_s is None or plain_first:
-                sent = monotonic()
-                if durable is None:
-                    token = yield Send(slot, command, None, asking)
-                else:
-                    wait_ms = durable.wait_ms(ttl)
-                    token, ack = yield SendAll(slot, (command, durable.command(wait_ms)),
-                                               wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S, asking)
-                    if isinstance(token, Exception):
-                        raise token  # a redirect is followed below; only a grant counts
-                if token is None:
-                    if wait_s is None:
-                        return None
-                    plain_first = False
-                    continue  # taken: wait for it with BLOCK
-            else:
-                token = yield Send(slot, command + ("BLOCK", block_ms(left)),
-                                   left + BLOCK_REPLY_MARGIN_S, asking)
-                if token is None:
-                    return None  # the server's BLOCK timeout
-                # Rule 1: the wait may have outlasted the ttl. Renew at once, token-qualified,
-                # and count from this RENEW.
-                sent = monotonic()
-                renew = ("FLOCK.RENEW", key, owner, ttl, token)
-                if durable is None:
-                    again = yield Send(slot, renew, ttl / 1000.0, asking)
-                else:
-                    wait_ms = durable.wait_ms(ttl)
-                    again, ack = yield SendAll(slot, (renew, durable.command(wait_ms)),
-                                               ttl / 1000.0, asking)
-                    if isinstance(again, Exception):
-                        raise again
-                if again is None:
-                    continue  # expired before we could use it: wait again
-            if durable is not None:
-                short = durable.shortfall(key, ack, wait_ms, False)
-                if short is not None:
-                    yield from give_up_grant(slot, key, owner, int(token), asking)
-                    raise short
-            keep = bound
-            return key, owner, int(token), ttl, sent, addr, slot if bound else None
-        except MovedError as e:
-            addr, asking = (e.host, int(e.port)), False
-        except AskError as e:
-            addr, asking = (e.host, int(e.port)), True
-        except REROUTE_ERRORS:
-            addr, asking = None, False
-            yield Sleep(reroute_pause_s(redirects))
-        except NETWORK_ERRORS:
-            # A retried ACQUIRE of the same owner is safe: it takes the earlier request's
-            # place, or gets the same token back if the lost reply was a grant.
-            failures += 1
-            if failures >= 2:
-                if own_owner:
-                    yield Forget(key, owner, addr)
-                raise
-            continue
-        except asyncio.CancelledError:
-            # (only the asyncio driver throws this in) a grant whose reply was cut off must not
-            # stay held until its ttl
-            if own_owner:
-                yield Forget(key, owner, addr)
-            raise
-        finally:
-            if not keep:
-                yield GiveBack(slot)
-        redirects += 1
-        if redirects > MAX_REDIRECTS and wait_s is None:
-            raise ConnectionError("flock: too many redirects for FLOCK.ACQUIRE")
-        if redirects > 4:  # a cluster in flux: do not spin
-            yield Sleep(reroute_pause_s(redirects - 4))
-
+from ._plans import *  # noqa: F401,F403
+from ._plans import NETWORK_ERRORS, Addr, Grant, Plan, Send, Disconnect, GiveBack, routed_call
+from ._rules import *  # noqa: F401,F403
+from ._rules import Number, is_fenced_refusal, log, monotonic, ms_left, renew_interval
 
 # --- the lease ---------------------------------------------------------------------------------
 
@@ -694,6 +97,19 @@ class LeaseCore:
         self._backoff = 0.0
         #: when the watchdog's next renewal is due (monotonic)
         self._next_due = sent + renew_interval(ttl_ms)
+        #: rule 9: when the grant was sent for (a lease is watched once WATCH_AFTER_S old), the
+        #: key as the WATCH reply names it, and the watch lane the lease is in
+        self._born = sent
+        self._key_bytes = self.key.encode() if type(self.key) is str else bytes(self.key)
+        self._lane: Any = None
+        #: rule 11: the holds a reentrant lease counts, the kind it was asked with (SHARED /
+        #: LIMIT n / BOUND), the thread or task that acquired it, the Flock's tracker
+        self._holds = 1
+        self._kind: Tuple[Any, ...] = ()
+        self._ctx: Any = None
+        self._tracker: Any = None
+        #: on_lost() callbacks (None: none registered; most leases have none)
+        self._callbacks: Optional[List[Callable[[Any], Any]]] = None
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "released" if self._released else "live"
@@ -701,7 +117,60 @@ class LeaseCore:
 
     def _on_lost(self) -> None:
         """The driver's hook, called once when the lease becomes lost (with _state held):
-        wakes its waiters, stops its watchdog."""
+        wakes its waiters, stops its watchdog, runs the on_lost() callbacks (never while
+        _state is held: the driver schedules them)."""
+
+    def on_lost(self, callback: Callable[[Any], Any]) -> None:
+        """Calls ``callback(lease)`` once when the lease is lost (rule 3; at once, scheduled,
+        when it already is): on a watchdog thread (sync) or on the lease's loop (asyncio).
+        Never called for a lease released cleanly."""
+        if not callable(callback):
+            raise InvalidArgumentError(f"on_lost takes a callable, not {callback!r}")
+        with self._state:
+            if self._callbacks is None:
+                self._callbacks = []
+            self._callbacks.append(callback)
+            if self._lost:
+                self._on_lost()
+
+    def _take_callbacks(self) -> List[Callable[[Any], Any]]:
+        cbs, self._callbacks = self._callbacks or [], None
+        return cbs
+
+    def _run_callbacks(self, callbacks: List[Callable[[Any], Any]]) -> None:
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("flock: an on_lost callback of %r failed", self.key)
+
+    # -- rule 11: holds ----------------------------------------------------------------------
+    @property
+    def holds(self) -> int:
+        """How many times a reentrant lease is held (release() ends it at the last)."""
+        return self._holds
+
+    def _hold(self) -> bool:
+        """One more hold of a reentrant lease; False when it is no longer live."""
+        with self._state:
+            if self._released or self._lost:
+                return False
+            self._holds += 1
+            return True
+
+    def _drop_hold(self) -> bool:
+        """release() of a reentrant lease held more than once: True when a hold was dropped
+        and the grant stays (nothing is sent)."""
+        with self._state:
+            if self._holds > 1 and not self._released:
+                self._holds -= 1
+                return True
+            return False
+
+    def _untrack(self) -> None:
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.remove(self)
 
     # -- state -------------------------------------------------------------------------------
     def _set_lost_locked(self, reason: str) -> None:
@@ -726,7 +195,7 @@ class LeaseCore:
         if monotonic() >= self._deadline:
             with self._state:
                 if not self._released:
-                    self._set_lost_locked("the local deadline passed (rule 1)")
+                    self._set_lost_locked(DEADLINE_PASSED)
             return self._lost
         return False
 
@@ -747,21 +216,30 @@ class LeaseCore:
         if self.lost:
             raise self._lost_error()
         if self._released:
-            raise LockLostError(f"lease of {self.key!r} was released")
+            raise self._released_error()
         left = self.remaining_ms()
         if left < min_ms:
             if left == 0 and self.lost:
                 raise self._lost_error()
             raise LeaseTooShortError(
-                f"lease of {self.key!r} has {left} ms left, less than the {min_ms} ms needed")
+                f"lease of {self.key!r} has {left} ms left, less than the {min_ms} ms needed",
+                None, self.key, self.token)
 
     def _lost_error(self) -> LockLostError:
-        return LockLostError(f"lease of {self.key!r} is lost: {self.lost_reason}")
+        return LockLostError(f"lease of {self.key!r} (token {self.token}) is lost: "
+                             f"{self.lost_reason}", self.lost_reason, self.key, self.token)
+
+    def _released_error(self) -> LockLostError:
+        """What ensure(), renew() and fenced() raise on a released lease: at once, with no
+        round trip, and the lease stays not lost (rule 12)."""
+        return LockLostError(f"lease of {self.key!r} (token {self.token}) was released",
+                             RELEASED, self.key, self.token)
 
     def _lost_while_held(self) -> LockLostError:
         """What leaving a ``with`` block without an error raises after the release when the
         lease is lost (``_lost``)."""
-        return LockLostError(f"lease of {self.key!r} was lost while held: {self.lost_reason}")
+        return LockLostError(f"lease of {self.key!r} (token {self.token}) was lost while held: "
+                             f"{self.lost_reason}", self.lost_reason, self.key, self.token)
 
     @staticmethod
     def _wait_end(timeout_ms: Optional[Number]) -> float:
@@ -785,14 +263,16 @@ class LeaseCore:
     def _bound_failed(self) -> None:
         """A command on the BOUND connection failed with a network error (which the driver
         raises on): the binding ends with the connection."""
-        self._set_lost("the connection of the BOUND lease failed")
+        self._set_lost(CLOSED)
 
     def _check_command(self) -> Tuple[Any, ...]:
         return ("FLOCK.CHECK", self.key, self.token)
 
     def _on_check_reply(self, left: Any) -> int:
         if not left:
-            self._set_lost("FLOCK.CHECK answered 0: the grant is gone")
+            if self._released:
+                return 0  # a clean release is no loss (rule 12)
+            self._set_lost(GONE)
             return 0
         return int(left)
 
@@ -807,10 +287,10 @@ class LeaseCore:
         with self._state:
             if self._released:
                 if raise_lost:
-                    raise LockLostError(f"lease of {self.key!r} was released")
+                    raise self._released_error()
                 return None
             if not self._lost and now >= self._deadline:
-                self._set_lost_locked("the local deadline passed before a renewal (rule 2)")
+                self._set_lost_locked(DEADLINE_PASSED)
             if self._lost:
                 if raise_lost:
                     raise self._lost_error()
@@ -825,7 +305,7 @@ class LeaseCore:
             if self._released:
                 return False  # release() began meanwhile: a late nil is no loss
             if reply is None:
-                self._set_lost_locked("FLOCK.RENEW answered nil: the grant is gone")
+                self._set_lost_locked(RENEW_REFUSED)
             elif not self._lost:
                 self._deadline = sent + ttl / 1000.0
                 self.ttl_ms = ttl
@@ -909,7 +389,7 @@ class LeaseCore:
         """The watchdog's renewal failed (network, redirect, LOADING...): retry until the
         deadline. True when the watchdog goes on, its next try due at _next_due."""
         if self._slot is not None:
-            self._set_lost(f"the connection of the BOUND lease failed: {e}")
+            self._set_lost(CLOSED)
             return False
         # Retry soon, but never past the local deadline (checked before each send).
         self._backoff = min(max(self._backoff * 2, 0.01), 0.25, self.ttl_ms / 12000.0)
@@ -918,6 +398,12 @@ class LeaseCore:
         return self._watching
 
     def _fenced_command(self, command: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """FLOCK.FENCED key token command... A released lease has no grant to fence with:
+        LockLostError (``released``) at once, nothing sent, ``lost`` unchanged (rule 12)."""
+        if self._released:
+            raise self._released_error()
+        if not command:
+            raise InvalidArgumentError("fenced() takes the command to run")
         return ("FLOCK.FENCED", self.key, self.token, *command)
 
     def _on_fenced_error(self, e: ResponseError) -> None:
@@ -925,7 +411,7 @@ class LeaseCore:
         ResponseError`` and re-raises the error when this returns): a refusal (stale token)
         marks the lease lost and raises FencedError."""
         if is_fenced_refusal(e):
-            self._set_lost(f"a fenced write was refused: {e}")
+            self._set_lost(FENCED_REFUSED)
             raise FencedError(str(e)) from e
 
     def _begin_release(self) -> Tuple[bool, bool]:
@@ -936,7 +422,7 @@ class LeaseCore:
             if self._released:
                 return False, False
             if not self._lost and monotonic() >= self._deadline:
-                self._set_lost_locked("the local deadline passed (rule 1)")
+                self._set_lost_locked(DEADLINE_PASSED)
             self._released = True
             watched, self._watching = self._watching, False
         return True, watched
@@ -974,5 +460,5 @@ class LeaseCore:
             if n == 1:
                 self._released_ok = True
             else:
-                self._set_lost_locked("FLOCK.RELEASE answered 0: the grant had ended")
+                self._set_lost_locked(GONE)
         return self._released_ok

@@ -7,6 +7,7 @@ caller's).
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -14,7 +15,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import redis
 from redis.cluster import RedisCluster
@@ -42,13 +43,17 @@ from ._core import (
     acquire_command,
     acquire_wait_plan,
     busy_error,
+    check_flag,
     check_ttl,
+    checked_release_args,
     durability,
     has_waitaof,
     log,
     monotonic,
+    new_owner,
     no_waitaof_error,
     on_acquire_reply,
+    refuse_unknown,
     release_args,
     release_quietly,
     renewal_wait_s,
@@ -56,6 +61,31 @@ from ._core import (
     routed_all,
     routed_call,
     socket_timeout_of,
+)
+from ._inspect import (
+    Holder,
+    Waiter,
+    check_command,
+    holders_command,
+    info_command,
+    on_holders,
+    on_info,
+    on_locked,
+    on_stats,
+    on_waiters,
+    stats_command,
+    waiters_command,
+)
+from ._watch import (
+    REFRESH_RETRY_S,
+    WATCH_AFTER_S,
+    AwaitWork,
+    Lane,
+    Tracker,
+    as_bytes,
+    busy_on_self,
+    lane_plan,
+    next_refresh,
 )
 
 
@@ -180,6 +210,9 @@ class _Transport:
             op.slot.conn.disconnect()
         elif kind is Sleep:
             time.sleep(op.seconds)
+        elif kind is AwaitWork:
+            op.lane.event.wait(op.seconds)
+            op.lane.event.clear()
         elif kind is Forget:
             try:  # at once: a sync caller waits for the error anyway
                 self.call(op.key, release_args(op.key, op.owner, None), addr=op.addr)
@@ -361,6 +394,8 @@ class Lease(LeaseCore):
     def _on_lost(self) -> None:
         if self._lost_evt is not None:
             self._lost_evt.set()
+        if self._callbacks:
+            _watchdog.run(functools.partial(self._run_callbacks, self._take_callbacks()))
 
     def _io_call(self, *args: Any, timeout: Optional[float] = None) -> Any:
         """A command about this grant, on the bound connection or routed to the grant's node
@@ -401,9 +436,16 @@ class Lease(LeaseCore):
 
     def check(self) -> int:
         """The server's FLOCK.CHECK: remaining ms of this grant, 0 (and the lease lost) when it
-        is not live."""
+        is not live; 0 at once, and not lost, after a clean release."""
+        if self._released:
+            return 0
         with self._bound_io():
             return self._on_check_reply(self._io_call(*self._check_command()))
+
+    def holders(self) -> List[Holder]:
+        """Every live grant of this lease's key (FLOCK.HOLDERS), oldest first."""
+        with self._bound_io():
+            return on_holders(self._io_call(*holders_command(self.key)))
 
     def renew(self, ttl_ms: Optional[int] = None) -> None:
         """Renews now with a token-qualified RENEW (and the watchdog goes on with the new ttl).
@@ -472,11 +514,15 @@ class Lease(LeaseCore):
         a renewal stuck longer (on a dead connection) is left behind, its late reply ignored.
         A renewal's reply that comes after release() began never marks the lease lost.
         True when the grant was live and is now released; False when it was already gone
-        (then the lease is lost). Idempotent."""
+        (then the lease is lost). Idempotent. A reentrant lease held more than once only drops
+        a hold (True, nothing sent): the last release() ends the grant (rule 11)."""
+        if self._holds > 1 and self._drop_hold():
+            return True
         first, watched = self._begin_release()
         if not first:
             return self._released_ok
         self._finalizer.detach()
+        self._untrack()
         if watched:
             _watchdog.forget()
         if self._slot is None:
@@ -557,31 +603,60 @@ class Flock:
     def __init__(self, client: Union["redis.Redis", RedisCluster]) -> None:
         self.client: Any = client
         self._t = _Transport(client)
+        #: the live leases handed out, per key (rule 11) and per watch lane (rule 9)
+        self._track = Tracker(self._t.cluster)
+        #: reentrant=True without an owner: one owner per thread
+        self._local = threading.local()
+        self._refresh_lock = threading.Lock()
+        self._refresh_due: Optional[float] = None
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-             renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
-             fsync: bool = False, durable_timeout_ms: Optional[int] = None) -> _LockContext:
+             renew: bool = True, owner: Optional[str] = None, reentrant: bool = False,
+             replicas: int = 0, fsync: bool = False, durable_timeout_ms: Optional[int] = None,
+             **unknown: NoReturn) -> _LockContext:
         """``with flock.lock(key, ttl_ms) as lease:`` acquires (LockBusyError when not granted
         within wait_ms), and always releases on leaving; leaving raises LockLostError when the
         lease was lost meanwhile, unless the block raised (its error goes on unchanged)."""
+        refuse_unknown(unknown)
         return _LockContext(self, (key, ttl_ms), dict(
             wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner,
-            replicas=replicas, fsync=fsync, durable_timeout_ms=durable_timeout_ms))
+            reentrant=reentrant, replicas=replicas, fsync=fsync,
+            durable_timeout_ms=durable_timeout_ms))
 
     def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                 shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-                renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
-                fsync: bool = False, durable_timeout_ms: Optional[int] = None
-                ) -> Optional[Lease]:
+                renew: bool = True, owner: Optional[str] = None, reentrant: bool = False,
+                replicas: int = 0, fsync: bool = False, durable_timeout_ms: Optional[int] = None,
+                **unknown: NoReturn) -> Optional[Lease]:
         """A Lease, or None when not granted within wait_ms (None or 0: one try; math.inf:
         no limit).
+
+        Rule 11: the same owner acquiring a key this Flock holds raises LockBusyError at once,
+        unless reentrant=True: then the held lease is returned with one more hold (without an
+        owner, the owner is one per thread). A wait on a key this thread holds a lease of is
+        one try, and LockBusyError when not granted (it would wait on itself).
 
         replicas=n / fsync=True (rule 10): the lease is handed over only once n replicas
         acknowledged the grant (WAIT) / the AOF has it on disk (WAITAOF), within
         durable_timeout_ms (default a third of the ttl); else the grant is released and
         LockNotDurableError raised."""
+        if unknown:
+            refuse_unknown(unknown)
+        if renew is not True and renew is not False:
+            check_flag("renew", renew)
+        own_owner = owner is None
+        if reentrant is not False:
+            check_flag("reentrant", reentrant)
+            if owner is None:
+                owner = self._thread_owner()
         command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        ctx = threading.get_ident()
+        again, own_wait = self._track.reenter(as_bytes(key), owner, ctx, reentrant, command[4:])
+        if again is not None:
+            return again
+        if own_wait and wait_s is not None:
+            wait_s = None  # one try: a wait would wait on this thread's own lease
         durable = durability(replicas, fsync, durable_timeout_ms, command[3], bound)
         sent = monotonic()
         grant = WAIT
@@ -593,9 +668,69 @@ class Flock:
             reply, addr = self._t.call(key, command, None, None, 2)
             grant = on_acquire_reply(command, wait_s, reply, sent, addr)
         if grant is WAIT:
-            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound, owner is None,
-                                                  durable))
-        return None if grant is None else Lease(self, grant, renew, durable)
+            grant = self._t.run(acquire_wait_plan(command, wait_s, sent, bound,
+                                                  own_owner, durable))
+        if grant is None:
+            if own_wait and wait_ms:
+                raise busy_on_self(key)
+            return None
+        lease = Lease(self, grant, renew, durable)
+        lease._kind, lease._ctx, lease._tracker = command[4:], ctx, self._track
+        lane = self._track.add(lease)
+        if lane is not None:
+            self._start_lane(lane)
+        due = lease._born + WATCH_AFTER_S
+        if self._refresh_due is None or due < self._refresh_due:
+            self._schedule_refresh(due)
+        return lease
+
+    def _thread_owner(self) -> str:
+        own = getattr(self._local, "owner", None)
+        if own is None:
+            own = self._local.owner = new_owner()
+        return own
+
+    # -- rule 9: the watch lanes -------------------------------------------------------------
+    def _start_lane(self, lane: Lane) -> None:
+        lane.event = threading.Event()
+        threading.Thread(target=self._run_lane, args=(lane,), name="flock-watch",
+                         daemon=True).start()
+
+    def _run_lane(self, lane: Lane) -> None:
+        try:
+            self._t.run(lane_plan(lane))
+        except BaseException:
+            log.exception("flock: the watch of %r ended", lane.key)
+            lane.running = False
+
+    def _schedule_refresh(self, due: float) -> None:
+        with self._refresh_lock:
+            if self._refresh_due is not None and self._refresh_due <= due:
+                return
+            self._refresh_due = due
+        ref = weakref.ref(self)
+
+        def job() -> None:
+            flock = ref()
+            if flock is not None:
+                flock._refresh()
+        _watchdog.at(due, job)
+
+    def _refresh(self) -> None:
+        """Makes every lane's WATCH name the leases old enough to watch (see ``_watch``)."""
+        with self._refresh_lock:
+            self._refresh_due = None
+        todo, soonest = next_refresh(list(self._track.lanes.values()), monotonic())
+        for lane, action in todo:
+            if action == "wake":
+                lane.event.set()
+                continue
+            try:
+                self._t.call(lane.key, ("CLIENT", "UNBLOCK", lane.client_id), None, lane.addr)
+            except Exception as e:  # (a refused CLIENT: the WATCH's own timeout re-arms it)
+                log.debug("flock: CLIENT UNBLOCK of the watch failed: %s", e)
+        if soonest is not None:
+            self._schedule_refresh(soonest)
 
     def _check_waitaof(self, key: Any) -> None:
         """fsync=True needs WAITAOF: asked of the server once per client (COMMAND INFO)."""
@@ -607,8 +742,46 @@ class Flock:
 
     def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
         """FLOCK.RELEASE key owner [token] from any process (a supervisor's takeover)."""
-        return bool(self.client.execute_command(*release_args(key, owner, token)))
+        args = checked_release_args(key, owner, token)
+        return bool(self._t.call(key, args, None, None, 2)[0])
 
     def revoke(self, key: Any, owner: Optional[str] = None) -> int:
         """FLOCK.REVOKE key [owner]: the number of live grants ended."""
-        return int(self.client.execute_command(*revoke_args(key, owner)))
+        args = revoke_args(key, owner)
+        return int(self._t.call(key, args)[0])
+
+    # -- inspection: no lease needed -------------------------------------------------------------
+    def _read(self, key: Any, args: Tuple[Any, ...]) -> Any:
+        return self._t.call(key, args, None, None, 2)[0]
+
+    def info(self, key: Any) -> Optional[Dict[str, Any]]:
+        """FLOCK.INFO as a dict (``owner``, ``token``, ``ttl``, ``waiters``, ``mode``,
+        ``holders``, ``limit``, ``delayed``), or None when nobody holds, waits for or delays
+        key."""
+        return on_info(self._read(key, info_command(key)))
+
+    def holders(self, key: Any) -> List[Holder]:
+        """Every live grant of key, oldest first, as ``Holder(owner, token, ttl_ms)``."""
+        return on_holders(self._read(key, holders_command(key)))
+
+    def waiters(self, key: Any, count: Optional[int] = None) -> List[Waiter]:
+        """The requests waiting for key, first in line first, as ``Waiter(owner, mode,
+        waited_ms)`` (at most count)."""
+        return on_waiters(self._read(key, waiters_command(key, count)))
+
+    def locked(self, key: Any) -> bool:
+        """Whether a live grant holds key."""
+        return on_locked(self._read(key, info_command(key)))
+
+    def check(self, key: Any, token: int) -> int:
+        """FLOCK.CHECK key token: the ms left of that grant, 0 when it is not live."""
+        return int(self._read(key, check_command(key, token)))
+
+    def stats(self, *classes: Any) -> Dict[str, Any]:
+        """FLOCK.STATS GET [class ...] as a dict: ``classes`` (class -> figures) and
+        ``overflow``. (In a cluster: of the node that serves the first class's slot, or any.)"""
+        args = stats_command(classes)
+        if self._t.cluster:
+            key = classes[0] if classes else "flock"
+            return on_stats(self._read(key, args))
+        return on_stats(self.client.execute_command(*args))

@@ -23,7 +23,7 @@ import inspect
 import math
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, NoReturn, Optional, Set, Tuple, Union
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -41,6 +41,7 @@ from ._core import (
     FencedError,
     FlockError,
     Forget,
+    InvalidArgumentError,
     GiveBack,
     Grant,
     LeaseCore,
@@ -56,13 +57,17 @@ from ._core import (
     acquire_command,
     acquire_wait_plan,
     busy_error,
+    check_flag,
     check_ttl,
+    checked_release_args,
     durability,
     has_waitaof,
     log,
     monotonic,
+    new_owner,
     no_waitaof_error,
     on_acquire_reply,
+    refuse_unknown,
     release_args,
     release_quietly,
     renewal_wait_s,
@@ -70,6 +75,30 @@ from ._core import (
     routed_all,
     routed_call,
     socket_timeout_of,
+)
+from ._inspect import (
+    Holder,
+    Waiter,
+    check_command,
+    holders_command,
+    info_command,
+    on_holders,
+    on_info,
+    on_locked,
+    on_stats,
+    on_waiters,
+    stats_command,
+    waiters_command,
+)
+from ._watch import (
+    WATCH_AFTER_S,
+    AwaitWork,
+    Lane,
+    Tracker,
+    as_bytes,
+    busy_on_self,
+    lane_plan,
+    next_refresh,
 )
 
 __all__ = [
@@ -81,6 +110,9 @@ __all__ = [
     "LeaseTooShortError",
     "FencedError",
     "LockNotDurableError",
+    "InvalidArgumentError",
+    "Holder",
+    "Waiter",
 ]
 
 #: tasks started in the background (a strong reference, so that they are not collected)
@@ -243,6 +275,12 @@ class _Transport:
             await op.slot.conn.disconnect()
         elif kind is Sleep:
             await asyncio.sleep(op.seconds)
+        elif kind is AwaitWork:
+            try:
+                await asyncio.wait_for(op.lane.event.wait(), op.seconds)
+            except asyncio.TimeoutError:
+                pass
+            op.lane.event.clear()
         elif kind is Forget:
             # in a task: this may run while the caller is being cancelled
             _spawn(_release_quietly(self, op.key, op.owner, None, op.addr))
@@ -325,6 +363,7 @@ class Lease(LeaseCore):
                                            asyncio.get_running_loop(), self._t, self.key,
                                            self.owner, self.token, self._addr, self._slot)
         self._finalizer.atexit = False
+        self._loop = asyncio.get_running_loop()
         self._task: Optional["asyncio.Task[None]"] = None
         if renew:
             self._task = asyncio.ensure_future(_watch(weakref.ref(self)))
@@ -333,6 +372,8 @@ class Lease(LeaseCore):
         self._stop_watchdog()
         if self._lost_evt is not None:
             self._lost_evt.set()
+        if self._callbacks:
+            self._loop.call_soon(self._run_callbacks, self._take_callbacks())
 
     def _stop_watchdog(self) -> None:
         self._watching = False
@@ -376,8 +417,16 @@ class Lease(LeaseCore):
                 pass
 
     async def check(self) -> int:
+        """See the sync ``Lease.check``."""
+        if self._released:
+            return 0
         async with self._bound_io():
             return self._on_check_reply(await self._io_call(*self._check_command()))
+
+    async def holders(self) -> List[Holder]:
+        """Every live grant of this lease's key (FLOCK.HOLDERS), oldest first."""
+        async with self._bound_io():
+            return on_holders(await self._io_call(*holders_command(self.key)))
 
     async def renew(self, ttl_ms: Optional[int] = None) -> None:
         ttl = self.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
@@ -435,12 +484,16 @@ class Lease(LeaseCore):
         """Ends the grant (see the sync ``Lease.release``): no renewal starts once release()
         has begun, and one under way is awaited (at most until the local deadline, and at most
         the client's socket_timeout) before the RELEASE is sent; a renewal's reply that comes
-        after release() began never marks the lease lost."""
+        after release() began never marks the lease lost. A reentrant lease held more than
+        once only drops a hold (rule 11)."""
+        if self._holds > 1 and self._drop_hold():
+            return True
         first, _ = self._begin_release()
         if not first:
             return self._released_ok
         self._stop_watchdog()
         self._finalizer.detach()
+        self._untrack()
         if self._slot is None and self._io.locked():
             await self._wait_for_renewal()
         try:
@@ -524,28 +577,55 @@ class _LockContext:
 
 
 class Flock:
-    """Fenced locks over a ``redis.asyncio`` ``Redis`` or ``RedisCluster`` client."""
+    """Fenced locks over a ``redis.asyncio`` ``Redis`` or ``RedisCluster`` client. Use one
+    Flock from one event loop (its watch lanes are tasks of that loop)."""
 
     def __init__(self, client: Union["redis.asyncio.Redis", RedisCluster]) -> None:
         self.client: Any = client
         self._t = _Transport(client)
+        #: the live leases handed out, per key (rule 11) and per watch lane (rule 9)
+        self._track = Tracker(self._t.cluster)
+        #: reentrant=True without an owner: one owner per task
+        self._task_owners: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+        self._refresh_due: Optional[float] = None
+        self._refresh_handle: Any = None
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-             renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
-             fsync: bool = False, durable_timeout_ms: Optional[int] = None) -> _LockContext:
+             renew: bool = True, owner: Optional[str] = None, reentrant: bool = False,
+             replicas: int = 0, fsync: bool = False, durable_timeout_ms: Optional[int] = None,
+             **unknown: NoReturn) -> _LockContext:
         """``async with flock.lock(key, ttl_ms) as lease:`` (see the sync ``Flock.lock``)."""
+        refuse_unknown(unknown)
         return _LockContext(self, (key, ttl_ms), dict(
             wait_ms=wait_ms, shared=shared, limit=limit, bound=bound, renew=renew, owner=owner,
-            replicas=replicas, fsync=fsync, durable_timeout_ms=durable_timeout_ms))
+            reentrant=reentrant, replicas=replicas, fsync=fsync,
+            durable_timeout_ms=durable_timeout_ms))
 
     async def acquire(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
                       shared: bool = False, limit: Optional[int] = None, bound: bool = False,
-                      renew: bool = True, owner: Optional[str] = None, replicas: int = 0,
-                      fsync: bool = False, durable_timeout_ms: Optional[int] = None
+                      renew: bool = True, owner: Optional[str] = None, reentrant: bool = False,
+                      replicas: int = 0, fsync: bool = False,
+                      durable_timeout_ms: Optional[int] = None, **unknown: NoReturn
                       ) -> Optional[Lease]:
-        """See the sync ``Flock.acquire`` (durable grants included)."""
+        """See the sync ``Flock.acquire`` (rule 11 with one owner per task instead of per
+        thread; durable grants included)."""
+        if unknown:
+            refuse_unknown(unknown)
+        if renew is not True and renew is not False:
+            check_flag("renew", renew)
+        own_owner = owner is None
+        ctx = asyncio.current_task()
+        if reentrant is not False:
+            check_flag("reentrant", reentrant)
+            if owner is None:
+                owner = self._task_owner(ctx)
         command, wait_s = acquire_command(key, ttl_ms, wait_ms, shared, limit, bound, owner)
+        again, own_wait = self._track.reenter(as_bytes(key), owner, ctx, reentrant, command[4:])
+        if again is not None:
+            return again
+        if own_wait and wait_s is not None:
+            wait_s = None  # one try: a wait would wait on this task's own lease
         durable = durability(replicas, fsync, durable_timeout_ms, command[3], bound)
         sent = monotonic()
         grant = WAIT
@@ -558,8 +638,68 @@ class Flock:
             grant = on_acquire_reply(command, wait_s, reply, sent, addr)
         if grant is WAIT:
             grant = await self._t.run(acquire_wait_plan(command, wait_s, sent, bound,
-                                                        owner is None, durable))
-        return None if grant is None else Lease(self, grant, renew, durable)
+                                                        own_owner, durable))
+        if grant is None:
+            if own_wait and wait_ms:
+                raise busy_on_self(key)
+            return None
+        lease = Lease(self, grant, renew, durable)
+        lease._kind, lease._ctx, lease._tracker = command[4:], ctx, self._track
+        lane = self._track.add(lease)
+        if lane is not None:
+            self._start_lane(lane)
+        due = lease._born + WATCH_AFTER_S
+        if self._refresh_due is None or due < self._refresh_due:
+            self._schedule_refresh(due)
+        return lease
+
+    def _task_owner(self, task: Any) -> str:
+        if task is None:
+            return new_owner()
+        own = self._task_owners.get(task)
+        if own is None:
+            own = self._task_owners[task] = new_owner()
+        return own
+
+    # -- rule 9: the watch lanes -------------------------------------------------------------
+    def _start_lane(self, lane: Lane) -> None:
+        lane.event = asyncio.Event()
+        _spawn(self._run_lane(lane))
+
+    async def _run_lane(self, lane: Lane) -> None:
+        try:
+            await self._t.run(lane_plan(lane))
+        except asyncio.CancelledError:
+            lane.running = False
+            raise
+        except BaseException:
+            log.exception("flock: the watch of %r ended", lane.key)
+            lane.running = False
+
+    def _schedule_refresh(self, due: float) -> None:
+        if self._refresh_due is not None and self._refresh_due <= due:
+            return
+        if self._refresh_handle is not None:
+            self._refresh_handle.cancel()
+        self._refresh_due = due
+        self._refresh_handle = asyncio.get_running_loop().call_later(
+            max(due - monotonic(), 0.0), _spawn_refresh, weakref.ref(self))
+
+    async def _refresh(self) -> None:
+        """Makes every lane's WATCH name the leases old enough to watch (see ``_watch``)."""
+        self._refresh_due = self._refresh_handle = None
+        todo, soonest = next_refresh(list(self._track.lanes.values()), monotonic())
+        if soonest is not None:
+            self._schedule_refresh(soonest)
+        for lane, action in todo:
+            if action == "wake":
+                lane.event.set()
+                continue
+            try:
+                await self._t.call(lane.key, ("CLIENT", "UNBLOCK", lane.client_id), None,
+                                   lane.addr)
+            except Exception as e:  # (a refused CLIENT: the WATCH's own timeout re-arms it)
+                log.debug("flock: CLIENT UNBLOCK of the watch failed: %s", e)
 
     async def _check_waitaof(self, key: Any) -> None:
         """fsync=True needs WAITAOF: asked of the server once per client (COMMAND INFO)."""
@@ -570,7 +710,40 @@ class Flock:
             raise no_waitaof_error(key)
 
     async def release(self, key: Any, owner: str, token: Optional[int] = None) -> bool:
-        return bool(await self.client.execute_command(*release_args(key, owner, token)))
+        args = checked_release_args(key, owner, token)
+        return bool((await self._t.call(key, args, None, None, 2))[0])
 
     async def revoke(self, key: Any, owner: Optional[str] = None) -> int:
-        return int(await self.client.execute_command(*revoke_args(key, owner)))
+        args = revoke_args(key, owner)
+        return int((await self._t.call(key, args))[0])
+
+    # -- inspection: no lease needed (see the sync Flock) -----------------------------------------
+    async def _read(self, key: Any, args: Tuple[Any, ...]) -> Any:
+        return (await self._t.call(key, args, None, None, 2))[0]
+
+    async def info(self, key: Any) -> Optional[Dict[str, Any]]:
+        return on_info(await self._read(key, info_command(key)))
+
+    async def holders(self, key: Any) -> List[Holder]:
+        return on_holders(await self._read(key, holders_command(key)))
+
+    async def waiters(self, key: Any, count: Optional[int] = None) -> List[Waiter]:
+        return on_waiters(await self._read(key, waiters_command(key, count)))
+
+    async def locked(self, key: Any) -> bool:
+        return on_locked(await self._read(key, info_command(key)))
+
+    async def check(self, key: Any, token: int) -> int:
+        return int(await self._read(key, check_command(key, token)))
+
+    async def stats(self, *classes: Any) -> Dict[str, Any]:
+        args = stats_command(classes)
+        if self._t.cluster:
+            return on_stats(await self._read(classes[0] if classes else "flock", args))
+        return on_stats(await self.client.execute_command(*args))
+
+
+def _spawn_refresh(ref: "weakref.ref[Flock]") -> None:
+    flock = ref()
+    if flock is not None:
+        _spawn(flock._refresh())
