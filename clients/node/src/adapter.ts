@@ -36,7 +36,7 @@ export interface Adapter {
    * commands in flight when the connection drops fail rather than being sent again on the next
    * connection (ioredis' autoResendUnfulfilledCommands), so a pipeline never straddles two.
    */
-  dedicated(opts: { bound: boolean; noResend?: boolean; unref?: boolean }): Promise<Conn>;
+  dedicated(opts: { bound: boolean; noResend?: boolean; unref?: boolean; name?: string }): Promise<Conn>;
 }
 
 import { createRequire } from "node:module";
@@ -132,6 +132,20 @@ const ioCommands = new WeakMap<object, any>();
 function ioredisCommandClass(c: AnyClient): any {
   if (ioCommands.has(c)) return ioCommands.get(c);
   let found: any = null;
+  // The loaded copy of ioredis whose Cluster made this client (several versions may be loaded).
+  for (const m of Object.values(require.cache)) {
+    const e = m?.exports;
+    for (const x of [e, e?.default]) {
+      if (x && (typeof x === "object" || typeof x === "function")) {
+        if (x.Cluster === c.constructor && typeof x.Command === "function") found = x.Command;
+      }
+    }
+    if (found) break;
+  }
+  if (found) {
+    ioCommands.set(c, found);
+    return found;
+  }
   const bases = [require.main?.filename, join(process.cwd(), "index.js"), __filename];
   for (const base of bases) {
     if (!base) continue;
@@ -304,8 +318,10 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis-cluster",
       main: ioredisClusterConn(c, false),
-      async dedicated({ bound, noResend, unref }) {
-        const d = bound
+      async dedicated({ bound, noResend, unref, name }) {
+        const d = name
+          ? c.duplicate([], { redisOptions: { ...(c.options?.redisOptions ?? {}), autoResendUnfulfilledCommands: false, connectionName: name } })
+          : bound
           ? c.duplicate([], {
               clusterRetryStrategy: () => null,
               redisOptions: { ...(c.options?.redisOptions ?? {}), retryStrategy: () => null, autoResendUnfulfilledCommands: false },
@@ -323,8 +339,10 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis",
       main: ioredisConn(c, false),
-      async dedicated({ bound, noResend, unref }) {
-        const d = bound
+      async dedicated({ bound, noResend, unref, name }) {
+        const d = name
+          ? c.duplicate({ lazyConnect: false, autoResendUnfulfilledCommands: false, connectionName: name })
+          : bound
           ? c.duplicate({ retryStrategy: () => null, autoResendUnfulfilledCommands: false, lazyConnect: false })
           : c.duplicate({ lazyConnect: false, ...(noResend ? { autoResendUnfulfilledCommands: false } : {}) });
         d.on("error", () => {});
@@ -337,13 +355,14 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "node-redis-cluster",
       main: nodeRedisClusterConn(c, false),
-      async dedicated({ bound, unref }) {
+      async dedicated({ bound, unref, name }) {
         let d: AnyClient;
+        const o = c.options ?? c._options ?? {};
+        const defaults = o.defaults ?? {};
         if (bound) {
-          const o = c.options ?? c._options ?? {};
-          const defaults = o.defaults ?? {};
           d = c.duplicate({ defaults: { ...defaults, socket: { ...(defaults.socket ?? {}), reconnectStrategy: false } } });
-        } else d = c.duplicate();
+        } else if (name) d = c.duplicate({ defaults: { ...defaults, name } });
+        else d = c.duplicate();
         d.on("error", () => {});
         await d.connect();
         if (unref) nodeRedisUnref(d);
@@ -355,12 +374,13 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "node-redis",
       main: nodeRedisConn(c, false),
-      async dedicated({ bound, unref }) {
+      async dedicated({ bound, unref, name }) {
         let d: AnyClient;
         if (bound) {
           const o = c.options ?? {};
           d = c.duplicate({ socket: { ...(o.socket ?? {}), reconnectStrategy: false } });
-        } else d = c.duplicate();
+        } else if (name) d = c.duplicate({ name });
+        else d = c.duplicate();
         d.on("error", () => {});
         await d.connect();
         if (unref) nodeRedisUnref(d);

@@ -28,6 +28,8 @@ export interface Watched {
 export const MAX_PAIRS = 64;
 /** How long a new lease waits before it is added to the WATCH (see above). */
 export const ARM_DELAY_MS = 5;
+/** CLIENT SETNAME of the watching connections: what CLIENT LIST shows an operator. */
+export const WATCH_CONN_NAME = "flock-watch";
 /** A watching connection with nothing to watch is closed after this long. */
 const IDLE_CLOSE_MS = 2000;
 
@@ -163,7 +165,7 @@ export class Watcher {
         for (const [, e] of entries) args.push(e.key, e.token);
         let reply: unknown;
         try {
-          const conn = line.conn ?? (line.conn = await this.#adapter.dedicated({ bound: false, noResend: true, unref: true }));
+          const conn = line.conn ?? (line.conn = await this.#adapter.dedicated({ bound: false, noResend: true, unref: true, name: WATCH_CONN_NAME }));
           if (this.#closed) break;
           // CLIENT ID right before the WATCH on the same connection: the id that CLIENT UNBLOCK
           // needs, current after any reconnection, at no added latency.

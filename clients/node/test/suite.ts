@@ -524,7 +524,7 @@ export function coreSuite(lib: Lib): void {
 }
 
 export function libKey(lib: Lib): string {
-  return lib.name === "ioredis" ? "ioredis" : lib.name === "node-redis v5" ? "node-redis-v5" : "node-redis-v4";
+  return lib.name.replace(" ", "-");
 }
 
 /** Debug aid: FLOCK_TEST_HANDLES=1 lists what keeps the process alive after the suite. */
