@@ -84,6 +84,12 @@ export class Watcher {
     return n;
   }
 
+  /** @internal whether a WATCH naming this grant is waiting on the server (tests). */
+  _watching(key: string, token: number): boolean {
+    const line = this.#lineOf.get(idOf(key, token));
+    return !!line && line.connId !== null && !!line.inFlight?.has(idOf(key, token));
+  }
+
   add(key: string, token: number, lease: Watched): void {
     if (this.#closed || this.disabled !== null) return;
     if (!this.#unDown) {
@@ -172,6 +178,7 @@ export class Watcher {
           const idP = conn.call(["CLIENT", "ID"], route);
           const watchP = conn.call(args, route);
           line.gen++;
+          line.connId = null;
           line.inFlight = new Set(entries.map(([id]) => id));
           idP.then((id) => (line.connId = Number(id)), () => (line.connId = null));
           reply = await watchP;

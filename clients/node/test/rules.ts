@@ -39,6 +39,13 @@ async function heardAfter(lease: Lease, end: () => Promise<unknown>): Promise<nu
   return performance.now() - t0;
 }
 
+/** Until a WATCH naming the lease waits on the server. */
+async function watched(flock: Flock, s: Server, ...leases: Lease[]): Promise<void> {
+  await until("the lease watched", async () =>
+    leases.every((l) => flock._watcher._watching(l.key, l.token)) && (await stat(s, "watchers")) >= 1,
+  );
+}
+
 /** Generous for a loaded 2-core machine; bench.mjs --loss measures the real p50/p99. */
 const HEARD_MS = 2000;
 
@@ -81,10 +88,11 @@ export function rulesSuite(lib: Lib): void {
       const a = await flock.acquire(k1, { ttlMs: 30000 });
       const b = await flock.acquire(k2, { ttlMs: 30000 });
       assert.ok(a && b);
-      await sleep(50); // past the watcher's arming delay
+      await watched(flock, server, a, b);
       const del = await heardAfter(a, () => server.admin.del(k1));
       assert.equal(a.lostReason, "lost");
       assert.throws(() => a.ensure(), (e: unknown) => e instanceof LockLostError && e.reason === "lost");
+      await watched(flock, server, b); // re-armed without a (a FLUSHALL before is told `gone`)
       const flush = await heardAfter(b, () => server.admin.call("FLUSHALL"));
       assert.equal(b.lostReason, "lost");
       t.diagnostic(`DEL heard after ${del.toFixed(1)} ms, FLUSHALL after ${flush.toFixed(1)} ms`);
@@ -108,7 +116,7 @@ export function rulesSuite(lib: Lib): void {
       // Acquired while the WATCH waits: re-armed with it, so its revoke is heard.
       const late = await f.acquire(key(), { ttlMs: 30000 });
       assert.ok(late);
-      await sleep(50);
+      await watched(f, server, late);
       const ms = await heardAfter(late, () => server.admin.call("FLOCK.REVOKE", late.key));
       assert.ok(ms < HEARD_MS, `${ms} ms`);
       assert.equal(late.lostReason, "revoked");
@@ -116,7 +124,7 @@ export function rulesSuite(lib: Lib): void {
       assert.equal(await leases[0].release(), true);
       assert.equal(leases[0].lost, false);
       assert.equal(f._watcher.size, 9);
-      await sleep(50);
+      await watched(f, server, leases[5]);
       assert.equal(f._watcher.connections, 1);
       const again = await heardAfter(leases[5], () => server.admin.call("FLOCK.REVOKE", leases[5].key));
       assert.ok(again < HEARD_MS);
@@ -144,7 +152,7 @@ export function rulesSuite(lib: Lib): void {
       const k = key();
       const lease = await flock.acquire(k, { ttlMs: 30000, owner: "svc-9-6" });
       assert.ok(lease);
-      await sleep(50);
+      await watched(flock, server, lease);
       const other = await lib.client(server.port);
       try {
         const ms = await heardAfter(lease, () => new Flock(other).release(k, "svc-9-6"));
@@ -303,7 +311,7 @@ export function rulesSuite(lib: Lib): void {
       const lose = async (what: string, opts: object, how: (l: Lease) => Promise<unknown>) => {
         const l = await flock.acquire(key(), { ttlMs: 30000, ...opts });
         assert.ok(l);
-        await sleep(30);
+        await watched(flock, server, l);
         await how(l);
         assert.equal(await l.waitLost(10000), true, what);
         assert.equal((l.signal.reason as LockLostError).reason, l.lostReason);
