@@ -88,8 +88,9 @@ export class Flock extends Inspection {
     }
     owner ??= randomOwner();
     // Rule 11: a wait on a key this task holds would wait on itself: one try, then LockBusyError.
+    // (Not a permit under a permit: other holders' permits may free, as the caller expects.)
     const own = task?.leases.get(key)?.deref();
-    const selfWait = wait > 0 && own?._live === true;
+    const selfWait = wait > 0 && own?._live === true && !(kind === "permit" && own.kind === "permit");
     if (selfWait) wait = 0;
     if (durability?.fsync) await this.#requireWaitaof();
     const lease = await this.#acquire(key, owner, o.ttl, wait, kind, o.limit, bound, o.renew, durability);
