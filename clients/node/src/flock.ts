@@ -3,10 +3,11 @@ import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { adapt, isClosedClientError, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
 import { callAcked, DurablePool, type Acked, type Durability } from "./durable.js";
-import { FlockError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
+import { FlockError, InvalidArgumentError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
+import { Election } from "./election.js";
 import { Inspection } from "./inspect.js";
 import { Lease, type LeaseKind } from "./lease.js";
-import { checkKey, checkOptions, type AcquireOptions } from "./options.js";
+import { checkKey, checkOptions, checkOwner, type AcquireOptions } from "./options.js";
 import { Watcher } from "./watcher.js";
 
 export type { AcquireOptions };
@@ -102,6 +103,20 @@ export class Flock extends Inspection {
       task?.leases.set(key, new WeakRef(lease));
     }
     return lease;
+  }
+
+  /**
+   * Leader election over `key` (see Election): `campaign()`, `leader()`, `observe()`,
+   * `resign()`. `owner` names this candidate (default: random per election).
+   */
+  election(key: string, ttlMs: number, opts: { owner?: string } = {}): Election {
+    checkKey(key);
+    if (!opts || typeof opts !== "object") throw new InvalidArgumentError("election(key, ttlMs, { owner })");
+    for (const name of Object.keys(opts)) {
+      if (name !== "owner") throw new InvalidArgumentError(`unknown option ${JSON.stringify(name)} (known: owner)`);
+    }
+    if (opts.owner !== undefined) checkOwner(opts.owner);
+    return new Election({ adapter: this.#adapter, acquire: (k, o) => this.acquire(k, o) }, key, ttlMs, opts.owner ?? randomOwner());
   }
 
   /** A lease ended: forget it (only if it is still the one kept for its key and owner). */

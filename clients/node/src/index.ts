@@ -16,3 +16,4 @@ export {
 export { keySlot } from "./adapter.js";
 export type { Durability } from "./durable.js";
 export type { WatchEvent } from "./watcher.js";
+export { Election, LeaderObserver, type Leader } from "./election.js";
