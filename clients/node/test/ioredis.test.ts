@@ -1,4 +1,5 @@
 import { durableSuite } from "./durable.js";
+import { electionSuite } from "./election.js";
 import { kindsSuite } from "./kinds.js";
 import { libs } from "./libs.js";
 import { rulesSuite } from "./rules.js";
@@ -8,3 +9,4 @@ coreSuite(libs["ioredis"]);
 kindsSuite(libs["ioredis"]);
 durableSuite(libs["ioredis"]);
 rulesSuite(libs["ioredis"]);
+electionSuite(libs["ioredis"]);
