@@ -83,7 +83,7 @@ export class Flock extends Inspection {
           throw new LockBusyError(key, `lock ${JSON.stringify(key)} is already held by this Flock with owner ${JSON.stringify(owner)} (reentrant: true re-enters it)`);
         }
         held._hold(kind, bound);
-        task?.leases.set(key, new WeakRef(held));
+        task?.leases.set(key, held._weakRef());
         return held;
       }
     }
@@ -99,8 +99,9 @@ export class Flock extends Inspection {
       throw new LockBusyError(key, `lock ${JSON.stringify(key)} is held by this task's own lease: waiting would wait on itself`);
     }
     if (lease) {
-      this.#held.set(heldId(key, owner), new WeakRef(lease));
-      task?.leases.set(key, new WeakRef(lease));
+      // A random owner is never asked for again: only named and per-task owners are kept.
+      if (o.owner !== null || o.reentrant) this.#held.set(heldId(key, owner), lease._weakRef());
+      task?.leases.set(key, lease._weakRef());
     }
     return lease;
   }

@@ -58,9 +58,12 @@ interface Forgotten {
 
 /*
  * Rule 11: a lease dropped without release (its last reference gone) stops renewing and is
- * released. Its timers and listeners hold it only through a WeakRef, so it can be collected;
- * then this releases its grant with its token (and closes a bound lease's connection, which ends
- * the grant on the server by itself).
+ * released. From its first renewal on, its timers and listeners hold it only through a WeakRef
+ * (and the watcher from when it joins the WATCH), so it can be collected; then this releases its
+ * grant with its token (and closes a bound lease's connection, which ends the grant on the server
+ * by itself). Before the first renewal they hold it strongly: a short lease, acquired and
+ * released within a third of its ttl (the common case), costs neither a WeakRef nor a
+ * registration, and a forgotten one is collected a third of a ttl later.
  */
 const forgotten = new FinalizationRegistry<Forgotten>((f) => {
   f.watcher?.remove(f.key, f.token);
@@ -105,7 +108,8 @@ export class Lease implements AsyncDisposable, Watched {
   #serverAhead = false;
   /** Reentrant holds (rule 11): release() sends RELEASE only on the last. */
   #holds = 1;
-  #ref: WeakRef<Lease>;
+  #weak: WeakRef<Lease> | null = null;
+  #registered = false;
   #watcher: Watcher | null;
   #onEnd: LeaseInit["onEnd"];
   #ended = false;
@@ -126,20 +130,41 @@ export class Lease implements AsyncDisposable, Watched {
     this.#durable = init.durable ?? null;
     this.#watcher = init.watcher ?? null;
     this.#onEnd = init.onEnd ?? null;
-    const ref = (this.#ref = new WeakRef(this));
-    if (init.bound) {
-      this.#unDown = init.conn.onDown(() => {
-        const l = ref.deref();
-        if (l && !l.#released && !l.#releasing) l.#lose("closed", true);
-      });
-    }
-    forgotten.register(this, {
-      key: this.key, owner: this.owner, token: this.token, conn: init.conn, ownConn: init.ownConn,
-      watcher: this.#watcher, onEnd: this.#onEnd,
-    }, this);
+    if (init.bound) this.#listenDown();
     this.#watcher?.add(this.key, this.token, this);
     this.#armExpiry();
     this.#scheduleRenew();
+  }
+
+  /** @internal a WeakRef to this lease (one, made when first needed). */
+  _weakRef(): WeakRef<Lease> {
+    return (this.#weak ??= new WeakRef(this));
+  }
+
+  /** Whatever holds the lease from here on (timers, listeners) holds it weakly once it renewed. */
+  #handle(): () => Lease | undefined {
+    return this.#weak ? weakHandle(this.#weak) : strongHandle(this);
+  }
+
+  #listenDown(): void {
+    this.#unDown?.();
+    const get = this.#handle();
+    this.#unDown = this.#conn.onDown(() => {
+      const l = get();
+      if (l && !l.#released && !l.#releasing) l.#lose("closed", true);
+    });
+  }
+
+  /** From the first renewal on: held weakly, released when collected (see `forgotten`). */
+  #goWeak(): void {
+    if (this.#registered) return;
+    this.#registered = true;
+    this._weakRef();
+    forgotten.register(this, {
+      key: this.key, owner: this.owner, token: this.token, conn: this.#conn, ownConn: this.#ownConn,
+      watcher: this.#watcher, onEnd: this.#onEnd,
+    }, this);
+    if (this.bound) this.#listenDown();
   }
 
   /** Holds of a reentrant lease (rule 11): 1, plus one per reentrant acquire not yet released. */
@@ -310,7 +335,7 @@ export class Lease implements AsyncDisposable, Watched {
       return Promise.resolve(true);
     }
     this.#stopTimers();
-    forgotten.unregister(this);
+    if (this.#registered) forgotten.unregister(this);
     this.#end();
     this.#releasing = this.#doRelease().finally(() => {
       this.#released = true;
@@ -381,7 +406,7 @@ export class Lease implements AsyncDisposable, Watched {
     this.#lostReason = reason;
     this.#stopTimers();
     this.#end();
-    if (confirmed) forgotten.unregister(this);
+    if (confirmed && this.#registered) forgotten.unregister(this);
     if (reason === "deadline-passed" && this.#serverAhead && !this.#gone && !this.released) {
       // A renewal that fell short extended the grant on the master past the deadline we kept:
       // hand it back rather than leave the key held by nobody.
@@ -400,9 +425,9 @@ export class Lease implements AsyncDisposable, Watched {
     if (this.#expiryTimer) clearTimeout(this.#expiryTimer);
     this.#expiryTimer = null;
     if (this.#lostReason !== null || this.released) return;
-    const ref = this.#ref;
+    const get = this.#handle();
     this.#expiryTimer = setTimeout(() => {
-      const l = ref.deref();
+      const l = get();
       if (!l) return;
       l.#expiryTimer = null;
       if (now() >= l.#deadline) {
@@ -415,10 +440,10 @@ export class Lease implements AsyncDisposable, Watched {
   #scheduleRenew(inMs = Math.floor(this.#ttl / 3)): void {
     if (!this.#watchdog || this.#lostReason !== null || this.released) return;
     if (this.#renewTimer) clearTimeout(this.#renewTimer);
-    // Through a WeakRef: a pending renewal must not keep a forgotten lease alive (rule 11).
-    const ref = this.#ref;
+    // Once renewed, through a WeakRef: a pending renewal must not keep a forgotten lease alive.
+    const get = this.#handle();
     this.#renewTimer = setTimeout(() => {
-      const l = ref.deref();
+      const l = get();
       if (!l) return;
       l.#renewTimer = null;
       void l.#watchdogTick();
@@ -427,6 +452,7 @@ export class Lease implements AsyncDisposable, Watched {
   }
 
   async #watchdogTick(): Promise<void> {
+    this.#goWeak();
     const started = now();
     const r = await this.#renewOnce(this.#ttl);
     if (r === true) this.#scheduleRenew();
@@ -520,6 +546,15 @@ export class Lease implements AsyncDisposable, Watched {
 }
 
 export { checkTtl };
+
+// Made outside the class on purpose: a closure made in a method shares its context with every
+// other closure of that method, and one that uses `this` would hold the lease through it.
+function weakHandle(w: WeakRef<Lease>): () => Lease | undefined {
+  return () => w.deref();
+}
+function strongHandle(l: Lease): () => Lease | undefined {
+  return () => l;
+}
 
 /** FLOCK.HOLDERS' `[owner, token, ttl]` triples as records. */
 export function parseHolders(r: unknown): Array<{ owner: string; token: number; ttlMs: number }> {

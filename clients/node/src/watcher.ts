@@ -22,6 +22,8 @@ export type WatchEvent = "released" | "expired" | "revoked" | "closed" | "lost" 
 export interface Watched {
   /** @internal the server says the grant ended (WATCH's event). */
   _serverEnded(event: WatchEvent): void;
+  /** @internal a WeakRef to it, which the watcher keeps once the lease is in a WATCH. */
+  _weakRef(): WeakRef<Watched>;
 }
 
 /** WATCH's most key/token pairs. */
@@ -38,7 +40,9 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0,
 interface Entry {
   key: string;
   token: number;
-  ref: WeakRef<Watched>;
+  /** Until the lease joins a WATCH (ARM_DELAY_MS): held strongly, no WeakRef made for leases that end sooner. */
+  lease: Watched | null;
+  ref: WeakRef<Watched> | null;
 }
 
 /** One watching connection and the up to 64 leases it watches. */
@@ -102,7 +106,7 @@ export class Watcher {
     let line = lines.find((l) => l.entries.size < MAX_PAIRS);
     if (!line) lines.push((line = new Line(group)));
     const id = idOf(key, token);
-    line.entries.set(id, { key, token, ref: new WeakRef(lease) });
+    line.entries.set(id, { key, token, lease, ref: null });
     this.#lineOf.set(id, line);
     if (line.idleTimer) clearTimeout(line.idleTimer);
     line.idleTimer = null;
@@ -168,7 +172,13 @@ export class Watcher {
         const entries = [...line.entries.entries()].slice(0, MAX_PAIRS);
         const route = entries[0][1].key;
         const args: Arg[] = ["FLOCK.WATCH", 0];
-        for (const [, e] of entries) args.push(e.key, e.token);
+        for (const [, e] of entries) {
+          args.push(e.key, e.token);
+          if (e.lease) {
+            e.ref = e.lease._weakRef();
+            e.lease = null;
+          }
+        }
         let reply: unknown;
         try {
           const conn = line.conn ?? (line.conn = await this.#adapter.dedicated({ bound: false, noResend: true, unref: true, name: WATCH_CONN_NAME }));
@@ -221,7 +231,7 @@ export class Watcher {
     if (!entry) return; // released meanwhile (our own release's `released` event)
     line.entries.delete(id);
     this.#lineOf.delete(id);
-    entry.ref.deref()?._serverEnded(event);
+    (entry.lease ?? entry.ref?.deref())?._serverEnded(event);
   }
 
   /** WATCH said WRONGTYPE: a value of another type replaced one of the keys. Which one? */

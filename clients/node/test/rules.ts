@@ -257,20 +257,30 @@ export function rulesSuite(lib: Lib): void {
 
     test("11.6 a lease dropped without release (garbage collected) stops renewing and is released", async () => {
       const k = key();
-      // In a process of its own with --expose-gc: it acquires (ttl 30 s), drops the lease,
-      // collects it, and stays alive; the key must be free long before the ttl.
-      const child = spawn(process.execPath, ["--expose-gc", join(__dirname, "forget.js"), libKey(lib), String(server.port), k], {
+      // In a process of its own with --expose-gc: it acquires (ttl 6 s), drops the lease and
+      // collects garbage every 50 ms while it stays alive. The lease is held strongly until its
+      // first renewal (2 s), then weakly: collected, released with its token (a RELEASE, not an
+      // expiry), long before its ttl would have run out.
+      const ttl = 6000;
+      const releases = await stat(server, "releases");
+      const expirations = await stat(server, "expirations");
+      const child = spawn(process.execPath, ["--expose-gc", join(__dirname, "forget.js"), libKey(lib), String(server.port), k, String(ttl)], {
         stdio: ["ignore", "pipe", "inherit"],
       });
       let out = "";
       child.stdout!.on("data", (d) => (out += String(d)));
       try {
         await until("the child's grant", () => /GRANTED \d+/.test(out), 20000);
+        const t0 = performance.now();
         await until("the forgotten lease released", async () => (await server.admin.exists(k)) === 0, 20000);
+        const freedAfter = performance.now() - t0;
+        assert.ok(freedAfter < ttl, `freed after ${freedAfter.toFixed(0)} ms`);
+        assert.equal(await stat(server, "releases"), releases + 1, "released, not expired");
+        assert.equal(await stat(server, "expirations"), expirations);
         const renewals = await stat(server, "renewals");
         await sleep(300);
         assert.equal(await stat(server, "renewals"), renewals, "nothing renews it");
-        assert.match(out, /COLLECTED/);
+        await until("the child saw it collected", () => /COLLECTED/.test(out), 5000);
         assert.equal(child.exitCode, null, "the child still runs: only the lease is gone");
       } finally {
         child.kill("SIGKILL");
