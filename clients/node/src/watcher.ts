@@ -108,8 +108,7 @@ export class Watcher {
     const id = idOf(key, token);
     line.entries.set(id, { key, token, lease, ref: null });
     this.#lineOf.set(id, line);
-    if (line.idleTimer) clearTimeout(line.idleTimer);
-    line.idleTimer = null;
+    // (An idle timer left running finds the line busy again and leaves it: no timer churn.)
     if (!line.armTimer) {
       line.armTimer = setTimeout(() => {
         line.armTimer = null;
