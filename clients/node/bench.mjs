@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Added latency of a lock through redis-flock over the raw commands, on loopback.
-//   node bench.mjs --port N [--iterations 5000] [--lib ioredis|node-redis|all] [--replicas R]
+//   node bench.mjs --port N [--iterations 5000] [--lib ioredis|node-redis|all] [--replicas R] [--loss N]
 // A server with the flock module must listen on 127.0.0.1:N. Per iteration, "raw" is
 // FLOCK.ACQUIRE key owner ttl + FLOCK.RELEASE key owner token sent by hand on the same client;
 // "flock" is flock.acquire() + lease.release() (random owner, lease clock, watchdog timers armed
@@ -9,6 +9,10 @@
 // --replicas R: the cost of durable grants instead. The server must be a master with at least
 // R replicas; "plain" is flock.acquire() + release(), "durable" the same with { replicas: R }
 // (ACQUIRE + WAIT R pipelined on a connection of Flock's pool), interleaved.
+// --loss N: rule 9's measurement instead: N REVOKEs of a watched lease (ttl 30 s) and N
+// CLIENT KILLs of a BOUND lease's connection (ttl 30 s), each timed from the moment the REVOKE or
+// KILL is sent to the lease's AbortSignal firing; p50/p99/max per library. 10 other leases are
+// held meanwhile, so the WATCH names 11 keys.
 import { performance } from "node:perf_hooks";
 import { randomBytes } from "node:crypto";
 import { createRequire } from "node:module";
@@ -91,6 +95,76 @@ async function benchDurable(name, client) {
   console.log(
     `${name.padEnd(14)} plain p50 ${us(pct(p, 50))} us  p99 ${us(pct(p, 99))} us | replicas:${replicas} p50 ${us(pct(d, 50))} us  p99 ${us(pct(d, 99))} us | added p50 ${us(pct(d, 50) - pct(p, 50))} us  p99 ${us(pct(d, 99) - pct(p, 99))} us`,
   );
+}
+
+const loss = Number(opt("loss", 0));
+
+async function benchLoss(name, client, admin) {
+  const flock = new Flock(client);
+  const tag = randomBytes(4).toString("hex");
+  const others = [];
+  for (let i = 0; i < 10; i++) others.push(await flock.acquire(`loss:${name}:${tag}:other:${i}`, { ttlMs: 30000 }));
+  const watched = async (lease) => {
+    const t0 = performance.now();
+    while (!flock._watcher._watching(lease.key, lease.token)) {
+      if (performance.now() - t0 > 5000) throw new Error("never watched");
+      await new Promise((r) => setTimeout(r, 1));
+    }
+  };
+  const heard = async (lease, end) => {
+    let t0 = 0;
+    const aborted = new Promise((r) => lease.signal.addEventListener("abort", () => r(performance.now()), { once: true }));
+    t0 = performance.now();
+    await end();
+    const t1 = await aborted;
+    return t1 - t0;
+  };
+  const revokes = [], kills = [];
+  const reasons = new Map();
+  for (let i = 0; i < loss; i++) {
+    const lease = await flock.acquire(`loss:${name}:${tag}:${i}`, { ttlMs: 30000 });
+    await watched(lease);
+    revokes.push(await heard(lease, () => admin.call("FLOCK.REVOKE", lease.key)));
+    reasons.set(lease.lostReason, (reasons.get(lease.lostReason) ?? 0) + 1);
+  }
+  for (let i = 0; i < loss; i++) {
+    const lease = await flock.acquire(`loss:${name}:${tag}:b${i}`, { ttlMs: 30000, bound: true });
+    await watched(lease);
+    const list = String(await admin.call("CLIENT", "LIST"));
+    const line = list.split("\n").find((l) => / cmd=flock\.acquire /.test(l));
+    const id = /^id=(\d+)/.exec(line ?? "")?.[1];
+    if (!id) throw new Error("no bound connection found");
+    kills.push(await heard(lease, () => admin.call("CLIENT", "KILL", "ID", id)));
+    reasons.set(lease.lostReason, (reasons.get(lease.lostReason) ?? 0) + 1);
+  }
+  for (const o of others) await o.release();
+  const ms = (x) => x.toFixed(2).padStart(7);
+  for (const [what, xs] of [["REVOKE", revokes], ["CLIENT KILL (bound)", kills]]) {
+    console.log(`${name.padEnd(14)} ${what.padEnd(20)} n=${xs.length} p50 ${ms(pct(xs, 50))} ms  p99 ${ms(pct(xs, 99))} ms  max ${ms(Math.max(...xs))} ms`);
+  }
+  console.log(`${name.padEnd(14)} reasons: ${[...reasons].map(([r, n]) => `${r} ${n}`).join(", ")}`);
+}
+
+if (loss > 0) {
+  console.log(`redis-flock loss-to-signal: 127.0.0.1:${port}, ${loss} REVOKEs and ${loss} bound connection kills per library, ttl 30 s`);
+  const Redis = require("ioredis");
+  const admin = new Redis({ port, host: "127.0.0.1" });
+  if (which === "all" || which === "ioredis") {
+    const c = new Redis({ port, host: "127.0.0.1" });
+    await c.ping();
+    await benchLoss("ioredis", c, admin);
+    c.disconnect();
+  }
+  if (which === "all" || which === "node-redis") {
+    const { createClient } = require("redis");
+    const c = createClient({ socket: { port, host: "127.0.0.1" } });
+    c.on("error", () => {});
+    await c.connect();
+    await benchLoss("node-redis", c, admin);
+    c.destroy();
+  }
+  admin.disconnect();
+  process.exit(0);
 }
 
 if (replicas > 0) {

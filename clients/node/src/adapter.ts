@@ -8,8 +8,12 @@ export type Arg = string | number;
 
 /** A connection (or a cluster client) that flock commands can be sent on. */
 export interface Conn {
-  /** Sends `args` (command name first, key second) and resolves with the reply. */
-  call(args: Arg[]): Promise<unknown>;
+  /**
+   * Sends `args` (command name first, key second) and resolves with the reply. `routeKey`: on a
+   * cluster, send it to the master of that key's slot instead (FLOCK.WATCH, whose first key is
+   * its third argument, and CLIENT ID/UNBLOCK, which name no key).
+   */
+  call(args: Arg[], routeKey?: string): Promise<unknown>;
   /** Closes a connection this client opened (a duplicate). */
   close(): Promise<void>;
   /** Calls `cb` once when the connection fails or closes (BOUND leases); returns an unsubscribe. */
@@ -32,7 +36,7 @@ export interface Adapter {
    * commands in flight when the connection drops fail rather than being sent again on the next
    * connection (ioredis' autoResendUnfulfilledCommands), so a pipeline never straddles two.
    */
-  dedicated(opts: { bound: boolean; noResend?: boolean }): Promise<Conn>;
+  dedicated(opts: { bound: boolean; noResend?: boolean; unref?: boolean; name?: string }): Promise<Conn>;
 }
 
 import { createRequire } from "node:module";
@@ -128,6 +132,20 @@ const ioCommands = new WeakMap<object, any>();
 function ioredisCommandClass(c: AnyClient): any {
   if (ioCommands.has(c)) return ioCommands.get(c);
   let found: any = null;
+  // The loaded copy of ioredis whose Cluster made this client (several versions may be loaded).
+  for (const m of Object.values(require.cache)) {
+    const e = m?.exports;
+    for (const x of [e, e?.default]) {
+      if (x && (typeof x === "object" || typeof x === "function")) {
+        if (x.Cluster === c.constructor && typeof x.Command === "function") found = x.Command;
+      }
+    }
+    if (found) break;
+  }
+  if (found) {
+    ioCommands.set(c, found);
+    return found;
+  }
   const bases = [require.main?.filename, join(process.cwd(), "index.js"), __filename];
   for (const base of bases) {
     if (!base) continue;
@@ -148,14 +166,14 @@ function ioredisCommandClass(c: AnyClient): any {
 }
 
 function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
-  const call = (args: Arg[]): Promise<unknown> => {
+  const call = (args: Arg[], routeKey?: string): Promise<unknown> => {
     // ioredis does not know the key position of module commands and would send them to a
     // random node (then follow MOVED). Give the command its slot so it goes to the right master.
     const Command = ioredisCommandClass(c);
     if (!Command) return c.call(...(args as [string, ...Arg[]]));
     const [name, ...rest] = args;
     const cmd = new Command(String(name), rest, { replyEncoding: "utf8" });
-    cmd.slot = keySlot(String(rest[0]));
+    cmd.slot = keySlot(routeKey ?? String(rest[0]));
     return c.sendCommand(cmd);
   };
   return {
@@ -251,7 +269,8 @@ function nodeRedisConn(c: AnyClient, owned: boolean): Conn {
 }
 
 function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
-  const call = (args: Arg[]): Promise<unknown> => c.sendCommand(String(args[1]), false, str(args));
+  const call = (args: Arg[], routeKey?: string): Promise<unknown> =>
+    c.sendCommand(routeKey ?? String(args[1]), false, str(args));
   return {
     call,
     pipeline: (cmds) =>
@@ -266,6 +285,31 @@ function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
   };
 }
 
+/*
+ * A connection that only watches (FLOCK.WATCH) must not keep the process alive by itself, as the
+ * watchdog's timers do not: its sockets are unref'd, on every (re)connection.
+ */
+function ioredisUnref(d: AnyClient): void {
+  const unrefAll = () => {
+    d.stream?.unref?.();
+    for (const n of typeof d.nodes === "function" ? d.nodes("all") : []) n.stream?.unref?.();
+  };
+  unrefAll();
+  d.on("connect", unrefAll);
+  d.on("ready", unrefAll);
+  d.on("+node", (n: AnyClient) => {
+    n.stream?.unref?.();
+    n.on?.("connect", () => n.stream?.unref?.());
+  });
+}
+
+function nodeRedisUnref(d: AnyClient): void {
+  if (typeof d.unref === "function") {
+    d.unref();
+    d.on("connect", () => d.unref());
+  }
+}
+
 export function adapt(client: unknown): Adapter {
   if (client === null || typeof client !== "object") throw new TypeError("Flock needs an ioredis or node-redis client");
   const c = client as AnyClient;
@@ -274,8 +318,10 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis-cluster",
       main: ioredisClusterConn(c, false),
-      async dedicated({ bound, noResend }) {
-        const d = bound
+      async dedicated({ bound, noResend, unref, name }) {
+        const d = name
+          ? c.duplicate([], { redisOptions: { ...(c.options?.redisOptions ?? {}), autoResendUnfulfilledCommands: false, connectionName: name } })
+          : bound
           ? c.duplicate([], {
               clusterRetryStrategy: () => null,
               redisOptions: { ...(c.options?.redisOptions ?? {}), retryStrategy: () => null, autoResendUnfulfilledCommands: false },
@@ -284,6 +330,7 @@ export function adapt(client: unknown): Adapter {
             ? c.duplicate([], { redisOptions: { ...(c.options?.redisOptions ?? {}), autoResendUnfulfilledCommands: false } })
             : c.duplicate();
         d.on("error", () => {});
+        if (unref) ioredisUnref(d);
         return ioredisClusterConn(d, true);
       },
     };
@@ -292,11 +339,14 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "ioredis",
       main: ioredisConn(c, false),
-      async dedicated({ bound, noResend }) {
-        const d = bound
+      async dedicated({ bound, noResend, unref, name }) {
+        const d = name
+          ? c.duplicate({ lazyConnect: false, autoResendUnfulfilledCommands: false, connectionName: name })
+          : bound
           ? c.duplicate({ retryStrategy: () => null, autoResendUnfulfilledCommands: false, lazyConnect: false })
           : c.duplicate({ lazyConnect: false, ...(noResend ? { autoResendUnfulfilledCommands: false } : {}) });
         d.on("error", () => {});
+        if (unref) ioredisUnref(d);
         return ioredisConn(d, true);
       },
     };
@@ -305,15 +355,17 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "node-redis-cluster",
       main: nodeRedisClusterConn(c, false),
-      async dedicated({ bound }) {
+      async dedicated({ bound, unref, name }) {
         let d: AnyClient;
+        const o = c.options ?? c._options ?? {};
+        const defaults = o.defaults ?? {};
         if (bound) {
-          const o = c.options ?? c._options ?? {};
-          const defaults = o.defaults ?? {};
           d = c.duplicate({ defaults: { ...defaults, socket: { ...(defaults.socket ?? {}), reconnectStrategy: false } } });
-        } else d = c.duplicate();
+        } else if (name) d = c.duplicate({ defaults: { ...defaults, name } });
+        else d = c.duplicate();
         d.on("error", () => {});
         await d.connect();
+        if (unref) nodeRedisUnref(d);
         return nodeRedisClusterConn(d, true);
       },
     };
@@ -322,14 +374,16 @@ export function adapt(client: unknown): Adapter {
     return {
       library: "node-redis",
       main: nodeRedisConn(c, false),
-      async dedicated({ bound }) {
+      async dedicated({ bound, unref, name }) {
         let d: AnyClient;
         if (bound) {
           const o = c.options ?? {};
           d = c.duplicate({ socket: { ...(o.socket ?? {}), reconnectStrategy: false } });
-        } else d = c.duplicate();
+        } else if (name) d = c.duplicate({ name });
+        else d = c.duplicate();
         d.on("error", () => {});
         await d.connect();
+        if (unref) nodeRedisUnref(d);
         return nodeRedisConn(d, true);
       },
     };

@@ -6,6 +6,12 @@ export class FlockError extends Error {
   }
 }
 
+/**
+ * The client's own check of an argument failed (docs/CLIENTS.md rule 12): a bad key, ttl, owner,
+ * wait, limit, an unknown option or a combination that excludes itself. Nothing was sent.
+ */
+export class InvalidArgumentError extends FlockError {}
+
 /** The lock was not granted within `waitMs` (only `withLock` raises it; `acquire` returns null). */
 export class LockBusyError extends FlockError {
   readonly key: string;
@@ -15,15 +21,20 @@ export class LockBusyError extends FlockError {
   }
 }
 
-/** Why a lease was lost. */
+/**
+ * Why a lease was lost (docs/CLIENTS.md rule 12), or `released` from ensure()/renew()/fenced()
+ * on a lease that was released cleanly (which is not a loss).
+ */
 export type LossReason =
-  | "expired" // the local deadline passed without a renewal (rule 2)
-  | "renew-refused" // a token-qualified RENEW answered nil: the grant is gone (revoked, expired)
-  | "check-refused" // FLOCK.CHECK answered 0
+  | "revoked" // FLOCK.REVOKE ended the grant, or another process released it with our owner
+  | "expired" // the server says the grant's ttl ran out
+  | "closed" // the connection of a BOUND lease closed (the server says so, or we saw it fail)
+  | "lost" // the server ended the grant any other way: DEL, UNLINK, FLUSHALL, eviction
+  | "gone" // the server no longer knows the grant (WATCH gone, CHECK 0, a first RELEASE 0)
+  | "renew-refused" // a token-qualified RENEW answered nil
+  | "deadline-passed" // the local deadline passed before a renewal was answered (rule 1)
   | "fenced-refused" // FLOCK.FENCED refused the token as stale
-  | "release-refused" // the first RELEASE answered 0: the grant had ended before it
-  | "connection-closed" // the connection of a BOUND lease closed
-  | "released"; // ensure() on a lease that was released
+  | "released"; // not a loss: ensure()/renew()/fenced() on a released lease
 
 /** The lease is lost (or released, for ensure()). */
 export class LockLostError extends FlockError {
@@ -46,7 +57,7 @@ export class LeaseTooShortError extends LockLostError {
     super(
       key,
       token,
-      "expired",
+      "deadline-passed",
       `lease of ${JSON.stringify(key)} (token ${token}) has ${remainingMs} ms left, less than the ${minMs} ms asked for`,
     );
     this.remainingMs = remainingMs;

@@ -1,37 +1,28 @@
+import { AsyncLocalStorage } from "node:async_hooks";
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { adapt, isClosedClientError, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
 import { callAcked, DurablePool, type Acked, type Durability } from "./durable.js";
-import { FlockError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
-import { checkTtl, Lease, type LeaseKind } from "./lease.js";
+import { FlockError, InvalidArgumentError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
+import { Election } from "./election.js";
+import { Inspection } from "./inspect.js";
+import { Lease, type LeaseKind } from "./lease.js";
+import { checkKey, checkOptions, checkOwner, type AcquireOptions } from "./options.js";
+import { Watcher } from "./watcher.js";
+
+export type { AcquireOptions };
 
 const now = () => performance.now();
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
 
-export interface AcquireOptions {
-  /** Lease length in ms (the server's ttl). Required. */
-  ttlMs: number;
-  /** How long to wait for the lock with BLOCK: undefined/null/0 = one try, Infinity = no limit. */
-  waitMs?: number | null;
-  /** A shared (read) grant (SPEC "Lock kinds"). */
-  shared?: boolean;
-  /** A permit of a counting semaphore admitting `limit` holders (SPEC "Lock kinds"). */
-  limit?: number | null;
-  /** A connection-bound grant (SPEC "BOUND"): on a connection of its own, lost when it closes. */
-  bound?: boolean;
-  /** Run the watchdog (renew at a third of the ttl). Default true. */
-  renew?: boolean;
-  /** The owner; default a random 128-bit hex string per lease (rule 7). */
-  owner?: string;
-  /**
-   * Durable grants (rule 10): hand the lease over only once at least this many replicas
-   * acknowledged the grant (WAIT), and count renewals only once they acknowledged them. Default 0.
-   */
-  replicas?: number;
-  /** Durable grants: only once the master's AOF has the grant on disk (WAITAOF). Default false. */
-  fsync?: boolean;
-  /** How long to wait for the acknowledgements of `replicas`/`fsync`, ms. Default a third of the ttl. */
-  durableTimeoutMs?: number;
+/**
+ * Rule 11's "task": the asynchronous context of a withLock() callback (AsyncLocalStorage). Its
+ * owner is the one of `reentrant` acquires that name none; its leases are what a nested wait
+ * must not wait on.
+ */
+interface Task {
+  owner: string | null;
+  leases: Map<string, WeakRef<Lease>>;
 }
 
 /** A random 128-bit owner (rule 7). */
@@ -43,15 +34,27 @@ export function randomOwner(): string {
  * The factory over an existing ioredis (`Redis`, `Cluster`) or node-redis (`createClient`,
  * `createCluster`, v4 and v5) client. The client stays the caller's: Flock never closes it.
  */
-export class Flock {
+export class Flock extends Inspection {
   readonly #adapter: Adapter;
   readonly #pool: DurablePool;
+  readonly #watcher: Watcher;
+  /** Live leases by key and owner (rule 11), weakly: a forgotten lease can still be collected. */
+  readonly #held = new Map<string, WeakRef<Lease>>();
+  readonly #tasks = new AsyncLocalStorage<Task>();
   /** Whether the server has WAITAOF (asked once, on the first `fsync` acquire). */
   #hasWaitaof: Promise<boolean> | null = null;
 
   constructor(client: unknown) {
-    this.#adapter = adapt(client);
+    const adapter = adapt(client);
+    super(adapter.main);
+    this.#adapter = adapter;
     this.#pool = new DurablePool(this.#adapter);
+    this.#watcher = new Watcher(this.#adapter);
+  }
+
+  /** @internal rule 9's watcher (tests: how many leases and connections it has). */
+  get _watcher(): Watcher {
+    return this.#watcher;
   }
 
   /** Which client library was detected. */
@@ -64,28 +67,73 @@ export class Flock {
    * Waiting is FLOCK.ACQUIRE ... BLOCK on a duplicate() of the client (rules 5, 8).
    */
   async acquire(key: string, opts: AcquireOptions): Promise<Lease | null> {
-    if (typeof key !== "string" || key.length === 0) throw new TypeError("key must be a non-empty string");
-    if (!opts || typeof opts !== "object") throw new TypeError("acquire(key, { ttlMs, ... })");
-    const ttl = opts.ttlMs;
-    checkTtl(ttl);
-    const wait = opts.waitMs ?? 0;
-    if (typeof wait !== "number" || Number.isNaN(wait) || wait < 0) {
-      throw new TypeError(`waitMs must be 0 or more (Infinity: no limit), got ${String(opts.waitMs)}`);
+    checkKey(key);
+    const o = checkOptions(opts);
+    const { ttl, bound, durability } = o;
+    let wait = o.wait;
+    const kind: LeaseKind = o.shared ? "shared" : o.limit !== null ? "permit" : "exclusive";
+    const task = this.#tasks.getStore();
+    let owner = o.owner;
+    if (owner === null && o.reentrant && task) owner = task.owner ??= randomOwner();
+    if (owner !== null) {
+      // Rule 11: one grant, one lease object.
+      const held = this.#held.get(heldId(key, owner))?.deref();
+      if (held?._live) {
+        if (!o.reentrant) {
+          throw new LockBusyError(key, `lock ${JSON.stringify(key)} is already held by this Flock with owner ${JSON.stringify(owner)} (reentrant: true re-enters it)`);
+        }
+        held._hold(kind, bound);
+        task?.leases.set(key, held._weakRef());
+        return held;
+      }
     }
-    if (opts.shared && opts.limit != null) throw new TypeError("shared and limit exclude each other");
-    if (opts.limit != null && (!Number.isInteger(opts.limit) || opts.limit < 1)) {
-      throw new TypeError(`limit must be a positive integer, got ${String(opts.limit)}`);
-    }
-    const owner = opts.owner ?? randomOwner();
-    if (typeof owner !== "string" || owner.length === 0) throw new TypeError("owner must be a non-empty string");
-    const bound = opts.bound === true;
-    const durability = checkDurability(opts, ttl, bound);
+    owner ??= randomOwner();
+    // Rule 11: a wait on a key this task holds would wait on itself: one try, then LockBusyError.
+    // (Not a permit under a permit: other holders' permits may free, as the caller expects.)
+    const own = task?.leases.get(key)?.deref();
+    const selfWait = wait > 0 && own?._live === true && !(kind === "permit" && own.kind === "permit");
+    if (selfWait) wait = 0;
     if (durability?.fsync) await this.#requireWaitaof();
-    const kind: LeaseKind = opts.shared ? "shared" : opts.limit != null ? "permit" : "exclusive";
+    const lease = await this.#acquire(key, owner, o.ttl, wait, kind, o.limit, bound, o.renew, durability);
+    if (lease === null && selfWait) {
+      throw new LockBusyError(key, `lock ${JSON.stringify(key)} is held by this task's own lease: waiting would wait on itself`);
+    }
+    if (lease) {
+      // A random owner is never asked for again: only named and per-task owners are kept.
+      if (o.owner !== null || o.reentrant) this.#held.set(heldId(key, owner), lease._weakRef());
+      task?.leases.set(key, lease._weakRef());
+    }
+    return lease;
+  }
 
+  /**
+   * Leader election over `key` (see Election): `campaign()`, `leader()`, `observe()`,
+   * `resign()`. `owner` names this candidate (default: random per election).
+   */
+  election(key: string, ttlMs: number, opts: { owner?: string } = {}): Election {
+    checkKey(key);
+    if (!opts || typeof opts !== "object") throw new InvalidArgumentError("election(key, ttlMs, { owner })");
+    for (const name of Object.keys(opts)) {
+      if (name !== "owner") throw new InvalidArgumentError(`unknown option ${JSON.stringify(name)} (known: owner)`);
+    }
+    if (opts.owner !== undefined) checkOwner(opts.owner);
+    return new Election({ adapter: this.#adapter, acquire: (k, o) => this.acquire(k, o) }, key, ttlMs, opts.owner ?? randomOwner());
+  }
+
+  /** A lease ended: forget it (only if it is still the one kept for its key and owner). */
+  #forget(key: string, owner: string, token: number): void {
+    const id = heldId(key, owner);
+    const l = this.#held.get(id)?.deref();
+    if (!l || l.token === token) this.#held.delete(id);
+  }
+
+  async #acquire(
+    key: string, owner: string, ttl: number, wait: number, kind: LeaseKind, limit: number | null, bound: boolean,
+    renew: boolean, durability: Durability | null,
+  ): Promise<Lease | null> {
     const base: Arg[] = ["FLOCK.ACQUIRE", key, owner, ttl];
-    if (opts.shared) base.push("SHARED");
-    else if (opts.limit != null) base.push("LIMIT", opts.limit);
+    if (kind === "shared") base.push("SHARED");
+    else if (limit !== null) base.push("LIMIT", limit);
     if (bound) base.push("BOUND");
 
     const start = now();
@@ -96,9 +144,10 @@ export class Flock {
     const make = (token: number, sentAt: number): Lease => {
       handedOver = true;
       return new Lease({
-        key, owner, token, ttlMs: ttl, sentAt, conn, ownConn: bound, bound,
-        renew: opts.renew !== false, kind,
+        key, owner, token, ttlMs: ttl, sentAt, conn, ownConn: bound, bound, renew, kind,
         durable: durability ? { ...durability, run: (cmd, t) => this.#pool.run(cmd, durability, t) } : null,
+        watcher: this.#watcher,
+        onEnd: (k, o, t) => this.#forget(k, o, t),
       });
     };
     try {
@@ -292,6 +341,16 @@ export class Flock {
     opts: AcquireOptions,
     fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
   ): Promise<T> {
+    // fn runs in a task of its own (rule 11), or in the task of the withLock it is nested in.
+    const task = this.#tasks.getStore() ?? { owner: null, leases: new Map() };
+    return this.#tasks.run(task, () => this.#withLock(key, opts, fn));
+  }
+
+  async #withLock<T>(
+    key: string,
+    opts: AcquireOptions,
+    fn: (lease: Lease, signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
     const lease = await this.acquire(key, opts);
     if (lease === null) throw new LockBusyError(key);
     let result: T;
@@ -310,52 +369,13 @@ export class Flock {
     if (lostBefore || !released) {
       throw lease.signal.reason instanceof LockLostError
         ? lease.signal.reason
-        : new LockLostError(key, lease.token, "release-refused");
+        : new LockLostError(key, lease.token, "gone");
     }
     return result;
   }
-
-  /**
-   * FLOCK.RELEASE key owner [token] from any process (rule 7: a supervisor releasing a named
-   * owner's grant). True when a live grant was released.
-   */
-  async release(key: string, owner: string, token?: number | null): Promise<boolean> {
-    const args: Arg[] = ["FLOCK.RELEASE", key, owner];
-    if (token !== undefined && token !== null) args.push(token);
-    return Number(await this.#adapter.main.call(args)) === 1;
-  }
-
-  /** FLOCK.REVOKE key [owner]: ends the key's grants (or only `owner`'s); the number ended. */
-  async revoke(key: string, owner?: string | null): Promise<number> {
-    const args: Arg[] = ["FLOCK.REVOKE", key];
-    if (owner !== undefined && owner !== null) args.push(owner);
-    return Number(await this.#adapter.main.call(args));
-  }
-
-  /** FLOCK.CHECK key token: remaining ms of that grant, 0 when it is not live. */
-  async check(key: string, token: number): Promise<number> {
-    return Number(await this.#adapter.main.call(["FLOCK.CHECK", key, token]));
-  }
 }
 
-/** The durability asked for in `opts`, checked; null for a plain lease. */
-function checkDurability(opts: AcquireOptions, ttl: number, bound: boolean): Durability | null {
-  const replicas = opts.replicas ?? 0;
-  if (typeof replicas !== "number" || !Number.isInteger(replicas) || replicas < 0) {
-    throw new TypeError(`replicas must be a non-negative integer, got ${String(opts.replicas)}`);
-  }
-  const fsync = opts.fsync ?? false;
-  if (typeof fsync !== "boolean") throw new TypeError(`fsync must be a boolean, got ${String(opts.fsync)}`);
-  const timeoutMs = opts.durableTimeoutMs ?? Math.max(1, Math.floor(ttl / 3));
-  if (typeof timeoutMs !== "number" || !Number.isInteger(timeoutMs) || timeoutMs < 1) {
-    throw new TypeError(`durableTimeoutMs must be a positive integer of milliseconds, got ${String(opts.durableTimeoutMs)}`);
-  }
-  if (replicas === 0 && !fsync) return null;
-  if (bound) {
-    throw new TypeError("bound excludes replicas and fsync: a bound grant ends at any promotion by design, so it cannot be durable");
-  }
-  return { replicas, fsync, timeoutMs };
-}
+const heldId = (key: string, owner: string) => `${owner}\0${key}`;
 
 /** COMMAND INFO WAITAOF: nil on servers without it (Redis 7.0); else INFO's version. */
 async function hasWaitaof(main: Conn): Promise<boolean> {

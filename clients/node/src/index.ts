@@ -2,8 +2,10 @@ import "./polyfill.js";
 
 export { Flock, randomOwner, type AcquireOptions } from "./flock.js";
 export { Lease, type LeaseKind } from "./lease.js";
+export type { LockInfo, Holder, Waiter, FlockStats } from "./inspect.js";
 export {
   FlockError,
+  InvalidArgumentError,
   LockBusyError,
   LockLostError,
   LeaseTooShortError,
@@ -13,3 +15,5 @@ export {
 } from "./errors.js";
 export { keySlot } from "./adapter.js";
 export type { Durability } from "./durable.js";
+export type { WatchEvent } from "./watcher.js";
+export { Election, LeaderObserver, type Leader } from "./election.js";

@@ -3,7 +3,9 @@ import { performance } from "node:perf_hooks";
 import type { Arg, Conn } from "./adapter.js";
 import { isClosedClientError, isReplyError, replyCode } from "./adapter.js";
 import type { Acked, Durability } from "./durable.js";
-import { FencedError, FlockError, LeaseTooShortError, LockLostError, LockNotDurableError, type LossReason } from "./errors.js";
+import { FencedError, FlockError, InvalidArgumentError, LeaseTooShortError, LockLostError, LockNotDurableError, type LossReason } from "./errors.js";
+import { checkTtl } from "./options.js";
+import type { Watched, Watcher, WatchEvent } from "./watcher.js";
 
 const now = () => performance.now();
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
@@ -27,7 +29,48 @@ export interface LeaseInit {
   kind: LeaseKind;
   /** Durable renewals (rule 10): RENEW + WAIT through `run`, on a connection of Flock's pool. */
   durable?: (Durability & { run(cmd: Arg[], timeoutMs: number): Promise<Acked> }) | null;
+  /** Rule 9: the Flock's watcher, told of the lease now and of its end. */
+  watcher?: Watcher | null;
+  /** Called once when the lease ends (released, lost, or collected): the Flock forgets it. */
+  onEnd?: ((key: string, owner: string, token: number) => void) | null;
 }
+
+/** A server event (WATCH) as the loss reason of rule 12. */
+const EVENT_REASON: Record<WatchEvent, LossReason> = {
+  released: "revoked", // released by someone else with our owner (our own release is not a loss)
+  revoked: "revoked",
+  expired: "expired",
+  closed: "closed",
+  lost: "lost",
+  gone: "gone",
+};
+
+/** What releasing a forgotten lease needs, without the lease (which is gone by then). */
+interface Forgotten {
+  key: string;
+  owner: string;
+  token: number;
+  conn: Conn;
+  ownConn: boolean;
+  watcher: Watcher | null;
+  onEnd: LeaseInit["onEnd"];
+}
+
+/*
+ * Rule 11: a lease dropped without release (its last reference gone) stops renewing and is
+ * released. From its first renewal on, its timers and listeners hold it only through a WeakRef
+ * (and the watcher from when it joins the WATCH), so it can be collected; then this releases its
+ * grant with its token (and closes a bound lease's connection, which ends the grant on the server
+ * by itself). Before the first renewal they hold it strongly: a short lease, acquired and
+ * released within a third of its ttl (the common case), costs neither a WeakRef nor a
+ * registration, and a forgotten one is collected a third of a ttl later.
+ */
+const forgotten = new FinalizationRegistry<Forgotten>((f) => {
+  f.watcher?.remove(f.key, f.token);
+  f.onEnd?.(f.key, f.owner, f.token);
+  if (f.ownConn) void f.conn.close();
+  else void f.conn.call(["FLOCK.RELEASE", f.key, f.owner, f.token]).catch(() => {});
+});
 
 /**
  * One grant of a lock: its key, owner and fencing token, a local lease clock that always ends
@@ -35,7 +78,7 @@ export interface LeaseInit {
  * Loss is loud (rule 3): `lost`, `signal` (an AbortSignal aborted with a LockLostError) and
  * `waitLost()`.
  */
-export class Lease implements AsyncDisposable {
+export class Lease implements AsyncDisposable, Watched {
   readonly key: string;
   readonly owner: string;
   readonly token: number;
@@ -63,6 +106,13 @@ export class Lease implements AsyncDisposable {
   #durable: LeaseInit["durable"];
   /** A renewal that fell short still renewed on the master: its grant outlives our deadline. */
   #serverAhead = false;
+  /** Reentrant holds (rule 11): release() sends RELEASE only on the last. */
+  #holds = 1;
+  #weak: WeakRef<Lease> | null = null;
+  #registered = false;
+  #watcher: Watcher | null;
+  #onEnd: LeaseInit["onEnd"];
+  #ended = false;
 
   /** @internal use Flock.acquire() */
   constructor(init: LeaseInit) {
@@ -78,13 +128,81 @@ export class Lease implements AsyncDisposable {
     this.#deadline = init.sentAt + init.ttlMs;
     this.#watchdog = init.renew;
     this.#durable = init.durable ?? null;
-    if (init.bound) {
-      this.#unDown = init.conn.onDown(() => {
-        if (!this.#released && !this.#releasing) this.#lose("connection-closed", true);
-      });
-    }
+    this.#watcher = init.watcher ?? null;
+    this.#onEnd = init.onEnd ?? null;
+    if (init.bound) this.#listenDown();
+    this.#watcher?.add(this.key, this.token, this);
     this.#armExpiry();
     this.#scheduleRenew();
+  }
+
+  /** @internal a WeakRef to this lease (one, made when first needed). */
+  _weakRef(): WeakRef<Lease> {
+    return (this.#weak ??= new WeakRef(this));
+  }
+
+  /** Whatever holds the lease from here on (timers, listeners) holds it weakly once it renewed. */
+  #handle(): () => Lease | undefined {
+    return this.#weak ? weakHandle(this.#weak) : strongHandle(this);
+  }
+
+  #listenDown(): void {
+    this.#unDown?.();
+    const get = this.#handle();
+    this.#unDown = this.#conn.onDown(() => {
+      const l = get();
+      if (l && !l.#released && !l.#releasing) l.#lose("closed", true);
+    });
+  }
+
+  /** From the first renewal on: held weakly, released when collected (see `forgotten`). */
+  #goWeak(): void {
+    if (this.#registered) return;
+    this.#registered = true;
+    this._weakRef();
+    forgotten.register(this, {
+      key: this.key, owner: this.owner, token: this.token, conn: this.#conn, ownConn: this.#ownConn,
+      watcher: this.#watcher, onEnd: this.#onEnd,
+    }, this);
+    if (this.bound) this.#listenDown();
+  }
+
+  /** Holds of a reentrant lease (rule 11): 1, plus one per reentrant acquire not yet released. */
+  get holds(): number {
+    return this.#releasing ? 0 : this.#holds;
+  }
+
+  /** @internal a reentrant acquire of the same grant (rule 11). */
+  _hold(kind: LeaseKind, bound: boolean): void {
+    if (kind !== this.kind || bound !== this.bound) {
+      throw new InvalidArgumentError(
+        `a reentrant acquire of ${JSON.stringify(this.key)} asked for a ${bound ? "bound " : ""}${kind} lease, ` +
+          `but the lease held is a ${this.bound ? "bound " : ""}${this.kind} one`,
+      );
+    }
+    this.#holds++;
+  }
+
+  /** @internal whether the lease is live for rule 11 (neither released nor lost). */
+  get _live(): boolean {
+    return !this.released && !this.lost;
+  }
+
+  /** @internal rule 9: the server's WATCH says the grant ended. */
+  _serverEnded(event: WatchEvent): void {
+    if (this.#released || this.#releasing) return; // our own release
+    this.#lose(EVENT_REASON[event] ?? "gone", true);
+  }
+
+  /** Why the lease was lost (rule 12), or null while it is not. */
+  get lostReason(): LossReason | null {
+    return this.lost ? this.#lostReason : null;
+  }
+
+  /** FLOCK.HOLDERS of this lease's key: every live grant, oldest first. */
+  async holders(): Promise<Array<{ owner: string; token: number; ttlMs: number }>> {
+    const r = await this.#conn.call(["FLOCK.HOLDERS", this.key]);
+    return parseHolders(r);
   }
 
   /** The ttl that renewals ask for (the last one given). */
@@ -95,7 +213,7 @@ export class Lease implements AsyncDisposable {
   /** True once the lease is lost: renewal refused, local deadline passed, token fenced off... */
   get lost(): boolean {
     if (this.#lostReason === null && !this.#released && !this.#releasing && now() >= this.#deadline) {
-      this.#lose("expired", false);
+      this.#lose("deadline-passed", false);
     }
     return this.#lostReason !== null;
   }
@@ -158,7 +276,7 @@ export class Lease implements AsyncDisposable {
         this.#armExpiry();
       }
     } else if (!this.#released && !this.#releasing) {
-      this.#lose("check-refused", true);
+      this.#lose("gone", true);
     }
     return r;
   }
@@ -191,7 +309,7 @@ export class Lease implements AsyncDisposable {
    * when the local clock already says lost: the server is the judge of the write.
    */
   async fenced(...command: Array<string | number>): Promise<unknown> {
-    if (command.length === 0) throw new TypeError("fenced() needs a command");
+    if (command.length === 0) throw new InvalidArgumentError("fenced() needs a command");
     if (this.released) throw new LockLostError(this.key, this.token, "released");
     try {
       return await this.#conn.call(["FLOCK.FENCED", this.key, this.token, ...command]);
@@ -211,7 +329,14 @@ export class Lease implements AsyncDisposable {
    */
   release(): Promise<boolean> {
     if (this.#releasing) return this.#releasing;
+    if (this.#holds > 1) {
+      // Rule 11: not the last hold of a reentrant lease; the grant stays.
+      this.#holds--;
+      return Promise.resolve(true);
+    }
     this.#stopTimers();
+    if (this.#registered) forgotten.unregister(this);
+    this.#end();
     this.#releasing = this.#doRelease().finally(() => {
       this.#released = true;
       this.#unDown?.();
@@ -239,7 +364,7 @@ export class Lease implements AsyncDisposable {
         const r = Number(await this.#conn.call(args));
         if (r === 1) return true;
         if (retried) return true; // rule 4: a retry answered 0 counts as released
-        if (this.#lostReason === null) this.#lose("release-refused", true);
+        if (this.#lostReason === null) this.#lose("gone", true);
         return false;
       } catch (err) {
         if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
@@ -247,7 +372,7 @@ export class Lease implements AsyncDisposable {
           // A bound lease's connection failed (it never reconnects): the server ends the grant
           // when that connection closes, as on expiry, so nothing is left to release and the
           // lease was lost. Retrying would only wait for the deadline on a dead connection.
-          this.#lose("connection-closed", true);
+          this.#lose("closed", true);
           return false;
         }
         // A connection error: the RELEASE may or may not have run. Retry while the grant can
@@ -264,7 +389,15 @@ export class Lease implements AsyncDisposable {
   }
 
   #lostError(): LockLostError {
-    return new LockLostError(this.key, this.token, this.#lostReason ?? "expired");
+    return new LockLostError(this.key, this.token, this.#lostReason ?? "deadline-passed");
+  }
+
+  /** The lease is over for the Flock: forget it, watch it no more (once). */
+  #end(): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    this.#watcher?.remove(this.key, this.token);
+    this.#onEnd?.(this.key, this.owner, this.token);
   }
 
   #lose(reason: LossReason, confirmed: boolean): void {
@@ -272,7 +405,9 @@ export class Lease implements AsyncDisposable {
     if (this.#lostReason !== null) return;
     this.#lostReason = reason;
     this.#stopTimers();
-    if (reason === "expired" && this.#serverAhead && !this.#gone && !this.released) {
+    this.#end();
+    if (confirmed && this.#registered) forgotten.unregister(this);
+    if (reason === "deadline-passed" && this.#serverAhead && !this.#gone && !this.released) {
       // A renewal that fell short extended the grant on the master past the deadline we kept:
       // hand it back rather than leave the key held by nobody.
       void this.#conn.call(["FLOCK.RELEASE", this.key, this.owner, this.token]).catch(() => {});
@@ -290,11 +425,14 @@ export class Lease implements AsyncDisposable {
     if (this.#expiryTimer) clearTimeout(this.#expiryTimer);
     this.#expiryTimer = null;
     if (this.#lostReason !== null || this.released) return;
+    const get = this.#handle();
     this.#expiryTimer = setTimeout(() => {
-      this.#expiryTimer = null;
-      if (now() >= this.#deadline) {
-        if (!this.released) this.#lose("expired", false);
-      } else this.#armExpiry();
+      const l = get();
+      if (!l) return;
+      l.#expiryTimer = null;
+      if (now() >= l.#deadline) {
+        if (!l.released) l.#lose("deadline-passed", false);
+      } else l.#armExpiry();
     }, Math.max(0, Math.ceil(this.#deadline - now())));
     this.#expiryTimer.unref();
   }
@@ -302,14 +440,19 @@ export class Lease implements AsyncDisposable {
   #scheduleRenew(inMs = Math.floor(this.#ttl / 3)): void {
     if (!this.#watchdog || this.#lostReason !== null || this.released) return;
     if (this.#renewTimer) clearTimeout(this.#renewTimer);
+    // Once renewed, through a WeakRef: a pending renewal must not keep a forgotten lease alive.
+    const get = this.#handle();
     this.#renewTimer = setTimeout(() => {
-      this.#renewTimer = null;
-      void this.#watchdogTick();
+      const l = get();
+      if (!l) return;
+      l.#renewTimer = null;
+      void l.#watchdogTick();
     }, Math.max(1, Math.floor(inMs)));
     this.#renewTimer.unref();
   }
 
   async #watchdogTick(): Promise<void> {
+    this.#goWeak();
     const started = now();
     const r = await this.#renewOnce(this.#ttl);
     if (r === true) this.#scheduleRenew();
@@ -333,7 +476,7 @@ export class Lease implements AsyncDisposable {
       if (this.#lostReason !== null || this.released) return false;
       const sent = now();
       if (sent >= this.#deadline) {
-        this.#lose("expired", false);
+        this.#lose("deadline-passed", false);
         return false;
       }
       const seq = ++this.#renewSeq;
@@ -385,14 +528,14 @@ export class Lease implements AsyncDisposable {
       } catch (err) {
         if (this.bound && !isReplyError(err)) {
           // A bound grant dies with its connection: no retry can save it.
-          this.#lose("connection-closed", true);
+          this.#lose("closed", true);
           return false;
         }
         // A connection error (or a transient server error: LOADING, TRYAGAIN...): retry, but
         // never past the local deadline (rule 2).
         const left = this.#deadline - now();
         if (left <= 0) {
-          this.#lose("expired", false);
+          this.#lose("deadline-passed", false);
           return false;
         }
         await sleep(Math.min(delay, left));
@@ -402,8 +545,22 @@ export class Lease implements AsyncDisposable {
   }
 }
 
-export function checkTtl(ttlMs: unknown): asserts ttlMs is number {
-  if (typeof ttlMs !== "number" || !Number.isInteger(ttlMs) || ttlMs < 1) {
-    throw new TypeError(`ttlMs must be a positive integer of milliseconds, got ${String(ttlMs)}`);
-  }
+export { checkTtl };
+
+// Made outside the class on purpose: a closure made in a method shares its context with every
+// other closure of that method, and one that uses `this` would hold the lease through it.
+function weakHandle(w: WeakRef<Lease>): () => Lease | undefined {
+  return () => w.deref();
+}
+function strongHandle(l: Lease): () => Lease | undefined {
+  return () => l;
+}
+
+/** FLOCK.HOLDERS' `[owner, token, ttl]` triples as records. */
+export function parseHolders(r: unknown): Array<{ owner: string; token: number; ttlMs: number }> {
+  if (!Array.isArray(r)) return [];
+  return r.map((t) => {
+    const [owner, token, ttl] = t as [unknown, unknown, unknown];
+    return { owner: String(owner), token: Number(token), ttlMs: Number(ttl) };
+  });
 }

@@ -15,8 +15,9 @@ export interface Lib {
   close(client: any): Promise<void>;
 }
 
-export const ioredis: Lib = {
-  name: "ioredis",
+function ioredisLib(name: string, Redis: any, IoCluster: any): Lib {
+  return {
+  name,
   async client(port, name) {
     const c = new Redis({ port, host: "127.0.0.1", ...(name ? { connectionName: name } : {}) });
     c.on("error", () => {});
@@ -33,7 +34,12 @@ export const ioredis: Lib = {
   async close(c) {
     c.disconnect();
   },
-};
+  };
+}
+
+export const ioredis = ioredisLib("ioredis", Redis, IoCluster);
+const io6 = req("ioredis6");
+export const ioredis6 = ioredisLib("ioredis v6", io6.Redis ?? io6.default, io6.Cluster);
 
 function nodeRedis(name: string, pkg: string): Lib {
   const { createClient, createCluster } = req(pkg);
@@ -65,4 +71,7 @@ function nodeRedis(name: string, pkg: string): Lib {
 
 export const nodeRedis5 = nodeRedis("node-redis v5", "redis");
 export const nodeRedis4 = nodeRedis("node-redis v4", "redis4");
-export const libs: Record<string, Lib> = { ioredis, "node-redis-v5": nodeRedis5, "node-redis-v4": nodeRedis4 };
+export const nodeRedis6 = nodeRedis("node-redis v6", "redis6");
+export const libs: Record<string, Lib> = {
+  ioredis, "ioredis-v6": ioredis6, "node-redis-v5": nodeRedis5, "node-redis-v4": nodeRedis4, "node-redis-v6": nodeRedis6,
+};

@@ -186,9 +186,15 @@ export class Server {
     this.stopped = false;
   }
 
+  /**
+   * Clients blocked in a wait (FLOCK.ACQUIRE BLOCK): Redis's blocked_clients less the waiting
+   * FLOCK.WATCHes (flock_watchers), which the client's loss watcher (rule 9) keeps there.
+   */
   async blockedClients(): Promise<number> {
-    const info = await this.admin.info("clients");
-    return Number(/blocked_clients:(\d+)/.exec(info)?.[1] ?? -1);
+    const info = String(await this.admin.call("INFO", "clients", "flock"));
+    const blocked = Number(/^blocked_clients:(\d+)/m.exec(info)?.[1] ?? -1);
+    const watchers = Number(/^flock_watchers:(\d+)/m.exec(info)?.[1] ?? 0);
+    return blocked - watchers;
   }
 
   async waitBlocked(n: number, timeoutMs = 10000): Promise<void> {

@@ -100,8 +100,10 @@ export function coreSuite(lib: Lib): void {
       await flock.withLock(k, { ttlMs: 30000 }, async () => {});
       const stats = await server.admin.info("commandstats");
       const calls = Object.fromEntries(
-        [...stats.matchAll(/^cmdstat_(flock\.\w+):calls=(\d+)/gm)].map((m) => [m[1], Number(m[2])]),
+        [...stats.matchAll(/^cmdstat_(flock\.(?:acquire|release|renew|check)):calls=(\d+)/gm)].map((m) => [m[1], Number(m[2])]),
       );
+      // (A lease that lives past the watcher's arming delay is also named in a FLOCK.WATCH on a
+      // connection of its own, off this path: rule 9.)
       assert.deepEqual(calls, { "flock.acquire": 1, "flock.release": 1 });
     });
 
@@ -150,38 +152,39 @@ export function coreSuite(lib: Lib): void {
       assert.equal((await flockInfo(server)).flock_renewals ?? 0, after, "no RENEW after release");
     });
 
-    test("REVOKE from another connection: lost within a third of the ttl, signal fires, withLock rejects with LockLostError", async (t) => {
+    test("9.1 REVOKE from another connection: heard (reason revoked) well before any renewal, signal fires, withLock rejects with LockLostError", async (t) => {
       const k = key();
-      // 3 s: a third of it plus 900 ms of slack for a late renewal on a loaded machine is
-      // still before the local deadline (at least two thirds of the ttl after the REVOKE), and
-      // the reason shows the refused RENEW noticed it.
-      const ttl = 3000;
+      // ttl 30 s: the first renewal is 10 s away, so only the WATCH can have told the lease.
+      const ttl = 30000;
       let noticedAfter = -1;
       let leaseSeen: Lease | undefined;
       const p = flock.withLock(k, { ttlMs: ttl }, async (lease, signal) => {
         leaseSeen = lease;
-        await sleep(50 + Math.random() * (ttl / 3 - 50)); // anywhere in a renewal period
+        // Once the WATCH names it (a REVOKE before would be told `gone`, not `revoked`).
+        await until("the lease watched", () => flock._watcher._watching(k, lease.token));
         const revoker = server.newAdmin();
+        const aborted = once(signal, "abort");
         const t0 = performance.now();
         assert.equal(await revoker.call("FLOCK.REVOKE", k), 1);
-        revoker.disconnect();
-        const aborted = once(signal, "abort");
-        assert.equal(await lease.waitLost(ttl), true);
+        assert.equal(await lease.waitLost(ttl / 3), true);
         noticedAfter = performance.now() - t0;
+        revoker.disconnect();
         await aborted;
         assert.equal(signal.aborted, true);
         assert.ok(signal.reason instanceof LockLostError);
-        assert.equal(signal.reason.reason, "renew-refused");
+        assert.equal(signal.reason.reason, "revoked");
+        assert.equal(lease.lostReason, "revoked");
         assert.equal(lease.lost, true);
         assert.equal(lease.remainingMs(), 0);
-        assert.throws(() => lease.ensure(0), (e: unknown) => e instanceof LockLostError && !(e instanceof LeaseTooShortError));
+        assert.throws(() => lease.ensure(0), (e: unknown) => e instanceof LockLostError && !(e instanceof LeaseTooShortError) && e.reason === "revoked");
         return "done";
       });
-      await assert.rejects(p, (e: unknown) => e instanceof LockLostError && (e as Error).name === "LockLostError");
+      await assert.rejects(p, (e: unknown) => e instanceof LockLostError && (e as Error).name === "LockLostError" && e.reason === "revoked");
       assert.ok(leaseSeen!.lost);
-      // A third of the ttl, plus a round trip and timer slack on a loaded machine.
-      t.diagnostic(`revoke noticed after ${noticedAfter.toFixed(0)} ms (ttl ${ttl}, a third: ${ttl / 3})`);
-      assert.ok(noticedAfter <= ttl / 3 + 900, `noticed after ${noticedAfter.toFixed(0)} ms`);
+      // 50 ms p99 is the measured goal (bench.mjs --loss); here a generous bound for a loaded
+      // machine, still far below the 10 s a renewal would take.
+      t.diagnostic(`revoke heard after ${noticedAfter.toFixed(1)} ms (ttl ${ttl})`);
+      assert.ok(noticedAfter < 2000, `heard after ${noticedAfter.toFixed(0)} ms`);
 
       // The block's own error goes on unchanged, and lease.lost shows the loss.
       const k2 = key();
@@ -239,7 +242,7 @@ export function coreSuite(lib: Lib): void {
         const verdict = await next(5000);
         const dt = performance.now() - t0;
         assert.equal(server.stopped, true);
-        assert.match(verdict, /^ENSURE LockLostError expired true$/);
+        assert.match(verdict, /^ENSURE LockLostError deadline-passed true$/);
         t.diagnostic(`ensure() failed ${dt.toFixed(0)} ms after SIGCONT, the server still stopped`);
         assert.ok(dt < 3000, `ensure() failed only ${dt.toFixed(0)} ms after SIGCONT`);
         server.resume();
@@ -384,7 +387,10 @@ export function coreSuite(lib: Lib): void {
     test("BLOCK waiting shows as blocked clients on the server, and waiters are served first come, first served", async () => {
       const k = key();
       assert.ok(await server.admin.call("FLOCK.ACQUIRE", k, "holder", 10000));
-      const clientsBefore = Number(/connected_clients:(\d+)/.exec(await server.admin.info("clients"))?.[1]);
+      // Connections other than the loss watcher's (rule 9), which comes and goes with leases.
+      const connected = async () =>
+        String(await server.admin.call("CLIENT", "LIST")).trim().split("\n").filter((l) => !/ name=flock-watch /.test(l)).length;
+      const clientsBefore = await connected();
       const order: number[] = [];
       const waiters: Promise<void>[] = [];
       const guard = await flock.acquire(key(), { ttlMs: 600 }); // renews meanwhile on the shared connection
@@ -409,7 +415,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await server.blockedClients(), 0);
       // Each wait ran on a duplicate() of the client, closed when the wait ended.
       const t0c = performance.now();
-      while (Number(/connected_clients:(\d+)/.exec(await server.admin.info("clients"))?.[1]) !== clientsBefore) {
+      while ((await connected()) !== clientsBefore) {
         assert.ok(performance.now() - t0c < 10000, "the wait connections were not closed within 10 s");
         await sleep(10);
       }
@@ -522,7 +528,7 @@ export function coreSuite(lib: Lib): void {
 }
 
 export function libKey(lib: Lib): string {
-  return lib.name === "ioredis" ? "ioredis" : lib.name === "node-redis v5" ? "node-redis-v5" : "node-redis-v4";
+  return lib.name.replace(" ", "-");
 }
 
 /** Debug aid: FLOCK_TEST_HANDLES=1 lists what keeps the process alive after the suite. */
