@@ -11,10 +11,11 @@
 //!
 //! Lease deadlines travel as wall-clock times (G9): on the promoted server the leases that
 //! crossed over would last a day longer, and leases it grants would end at once on a server
-//! with the right clock. That is the documented cost of a wrong clock for leases, not for
-//! tokens, so the injector keeps it out of the history: it revokes every lock key (recorded
-//! as an operator's REVOKE) right after the promotion and again before it sets the clock
-//! right, both while every client is paused.
+//! with the right clock; a lock-delay slot that crossed over would hold its key a day. That is
+//! the documented cost of a wrong clock for leases, not for tokens, so the injector keeps it
+//! out of the history: it deletes every lock key (recorded as an operator's DEL; tokens must
+//! grow through DEL too) right after the promotion and again before it sets the clock right,
+//! both while every client is paused.
 
 use super::*;
 use std::path::PathBuf;
@@ -105,13 +106,13 @@ impl Injector {
         self.set_clock(replica, "-1d", 86_400_000)
     }
 
-    /// FLOCK.REVOKE of every lock key on the master, recorded as an operator's action. Called
-    /// while every client is paused.
-    fn revoke_all(&self) {
+    /// DEL of every lock key on the master (grants, waiters and lock-delay slots), recorded as
+    /// an operator's action. Called while every client is paused.
+    fn delete_all(&self) {
         let port = self.master_port();
         for k in 0..self.sh.keys {
             let send = self.sh.now();
-            let _ = raw_call(port, &["FLOCK.REVOKE", &self.sh.lock_key(k)]);
+            let _ = raw_call(port, &["DEL", &self.sh.lock_key(k)]);
             let done = self.sh.now();
             self.sh.hist().operator.push(OperatorOp {
                 key: k,
@@ -120,13 +121,14 @@ impl Injector {
                 done,
             });
         }
-        self.check("lock keys revoked around a promotion a day behind", 1);
+        self.check("lock keys deleted around a promotion a day behind", 1);
     }
 
     /// Right after the promotion of a replica a day behind (clients paused, survivors
-    /// verified): end the leases that crossed over (a day too long here) and note the span.
+    /// verified): end the leases and delays that crossed over (a day too long here) and note
+    /// the span.
     pub(crate) fn skew_begins(&self) {
-        self.revoke_all();
+        self.delete_all();
         let now = self.sh.now();
         self.sh.hist().skewed.push((now, u64::MAX));
     }
@@ -136,7 +138,7 @@ impl Injector {
     /// right, let them go on.
     pub(crate) fn skew_ends(&self) {
         self.pause_all();
-        self.revoke_all();
+        self.delete_all();
         let now = self.sh.now();
         if let Some(s) = self.sh.hist().skewed.last_mut() {
             s.1 = now;
