@@ -114,7 +114,7 @@ chaos: build
 	VK=$$(tools/adversity-deps.sh faketime patchelf valkey | tail -n 1) && \
 	FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
 	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md $(CARGO_TEST) --test chaos -- --nocapture --test-threads=1 && \
-	REDIS_SERVER=$$VK FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_VALKEY_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 \
+	REDIS_SERVER=$$VK FLOCK_MODULE=$(MODULE) FLOCK_CHAOS_SECS=$(CHAOS_VALKEY_SECS) FLOCK_CHAOS_CLIENTS=12 FLOCK_CHAOS_KEYS=6 FLOCK_CHAOS_FAKETIME=1 \
 	  FLOCK_CHAOS_REPORT=$(ADVERSITY)/chaos.md $(CARGO_TEST) --test chaos history -- --nocapture && \
 	VALKEY_SERVER=$$VK FLOCK_MODULE=$(MODULE) \
 	  $(CARGO_TEST) --test clock_steps -- --nocapture --test-threads=1

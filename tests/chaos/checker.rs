@@ -6,7 +6,11 @@ use crate::history::*;
 use crate::EPS_US;
 use std::collections::HashMap;
 
+mod failover;
 mod selftest;
+mod selftest_failover;
+
+pub(crate) use failover::check_durable_survivors;
 
 /// A sure-live span of one grant: it was live throughout (start, end).
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +72,7 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
         }
     }
     *h.checks.entry("G3 ordered grant pairs").or_default() += pairs;
+    failover::check_tokens_across_failovers(h, &mut v);
 
     // The grants of each token, and every moment each grant was seen live: its own proofs
     // and every FLOCK.HOLDERS that listed it (anyone's: a listing is the server's word).

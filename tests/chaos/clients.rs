@@ -2,7 +2,8 @@
 //! and records what it sent and what came back; and the operator, who REVOKEs and DELs lock
 //! keys at random. This file: a client's connections and how it sends a call and reads the
 //! answer; `clients/round.rs` one round of random operations, `clients/hold.rs` what a
-//! holder does with its grant, `clients/operator.rs` the operator.
+//! holder does with its grant, `clients/durable.rs` the durable clients' pipelined WAIT,
+//! `clients/operator.rs` the operator.
 
 use crate::history::*;
 use crate::EPS_US;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use std::thread::sleep;
 use std::time::Duration;
 
+mod durable;
 mod hold;
 mod operator;
 mod round;
@@ -36,6 +38,9 @@ pub(crate) struct Client {
     pub(crate) gen: u64,
     /// The grant `hold` works on now (a repeated ACQUIRE can replace it).
     pub(crate) holding: usize,
+    /// A durable client: plain acquires only (no BLOCK, no BOUND, as rule 10 has it), each
+    /// ACQUIRE and RENEW followed by `WAIT 1` on the same connection (clients/durable.rs).
+    pub(crate) durable: bool,
 }
 
 pub(crate) enum Call {

@@ -2,6 +2,7 @@
 //! master and restarts it from its AOF, kills it and promotes the replica; and the snapshots
 //! of the lock keys it takes around a kill to check durability.
 
+use crate::checker::check_durable_survivors;
 use crate::history::*;
 use flock_testkit::*;
 use std::collections::HashMap;
@@ -9,6 +10,9 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+mod clock;
+pub(crate) use clock::chaos_servers;
 
 pub(crate) fn aof_server() -> Server {
     Server::builder()
@@ -41,6 +45,9 @@ pub(crate) struct Injector {
     pub(crate) servers: Vec<Server>,
     pub(crate) master: usize,
     pub(crate) rng: Rng,
+    /// Each server's libfaketime clock file (faults/clock.rs); empty when the servers run on
+    /// the real clock (Debian's redis-server does not run under libfaketime).
+    pub(crate) clocks: Vec<std::path::PathBuf>,
 }
 
 impl Injector {
@@ -246,6 +253,10 @@ impl Injector {
         *h.checks
             .entry("G11 bound grants live at a kill -9 or failover, gone after it")
             .or_default() += gone;
+        // Durable grants: the replica acknowledged them, so no failover may lose one.
+        if !lossless {
+            check_durable_survivors(&self.sh, &mut h, &snap.holders, cut, snap.at);
+        }
         let live = self.expected_live(&h, cut, snap.at);
         let (mut kept, mut lost) = (0u64, 0u64);
         for i in live {
@@ -430,14 +441,24 @@ impl Injector {
     /// Kill the master and promote the replica. With `lagging`, the replica is first cut off
     /// (SIGSTOP, then the master drops its link) while clients go on, so that it misses grants
     /// and writes: those are lost, and what G3 promises for lost grants is put to the test.
-    pub(crate) fn failover(&mut self, lagging: bool) {
+    /// With `behind` (lagging too) the replica's clock is set a day back first, and the clients
+    /// get a while on it as the master before its clock is set right (faults/clock.rs).
+    pub(crate) fn failover(&mut self, lagging: bool, behind: bool) {
         let r = self.replica();
         if !replica_linked(&self.servers[r], &self.servers[self.master]) {
             return;
         }
         self.compare_digests();
+        if behind {
+            self.fault("kill -9 master, promote a replica a day behind that missed writes");
+            if !self.clock_back(r) {
+                return;
+            }
+        }
         if lagging {
-            self.fault("kill -9 master, promote a replica that missed writes");
+            if !behind {
+                self.fault("kill -9 master, promote a replica that missed writes");
+            }
             self.servers[r].signal("STOP");
             let _ = raw_call(self.master_port(), &["CLIENT", "KILL", "TYPE", "replica"]);
             sleep(Duration::from_millis(300 + self.rng.below(700)));
@@ -472,10 +493,17 @@ impl Injector {
         if let Some(snap) = snap {
             self.verify_survivors(&snap, cut, false);
         }
+        if behind {
+            self.skew_begins();
+        }
         self.sh.gate.resume();
         // The old master comes back from its own AOF and follows the new one.
         self.servers[old].start_again();
         self.attach_replica();
+        if behind {
+            sleep(Duration::from_millis(1500 + self.rng.below(1500)));
+            self.skew_ends();
+        }
     }
 
     pub(crate) fn run(&mut self, until: Instant) {
@@ -494,7 +522,10 @@ impl Injector {
             "client kill",
             "digest",
             "client kill",
+            "failover a day behind",
         ];
+        // Without libfaketime (the real clock) that last fault is a lagging failover.
+        let behind = !self.clocks.is_empty();
         let mut i = self.rng.below(plan.len() as u64) as usize;
         let start = Instant::now();
         let half = (until - start) / 2;
@@ -528,8 +559,9 @@ impl Injector {
                         sleep(Duration::from_millis(self.rng.below(200)));
                     }
                 }
-                "failover" => self.failover(false),
-                "lagging failover" => self.failover(true),
+                "failover" => self.failover(false, false),
+                "lagging failover" => self.failover(true, false),
+                "failover a day behind" => self.failover(true, behind),
                 "delay" => {
                     let ms = self.rng.pick(&[0u64, 0, 50, 200]);
                     self.fault("CONFIG SET flock.lock-delay-ms");

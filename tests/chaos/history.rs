@@ -91,6 +91,11 @@ pub(crate) struct GrantRec {
     /// A BOUND grant: the (client, connection generation) it is bound to (the last connection
     /// that made or repeated it with BOUND). None: not bound.
     pub(crate) bound: Option<(usize, u64)>,
+    /// A durable grant: its ACQUIRE's pipelined `WAIT 1` answered 1 (the replica had it).
+    pub(crate) durable: bool,
+    /// Send time of the last extension the replica acknowledged (the ACQUIRE, a RENEW whose
+    /// pipelined WAIT answered 1): on the replica the lease runs at least until this + ttl.
+    pub(crate) durable_lower: u64,
 }
 
 /// A `CLIENT KILL ID` of a client's lock connection that killed it (replied 1): the bound
@@ -213,6 +218,8 @@ pub(crate) struct History {
     pub(crate) closed: std::collections::HashMap<(usize, u64), u64>,
     /// Moments every connection to the master closed: kill -9 and failover (bound grants end).
     pub(crate) resets: Vec<u64>,
+    /// Spans (from, to) in which the master was a replica promoted with its clock a day behind.
+    pub(crate) skewed: Vec<(u64, u64)>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,

@@ -47,7 +47,16 @@
 //!   acknowledged + ttl), and no lease ends early while nobody revoked or deleted it.
 //! - durability: every grant and every FENCED write acknowledged before a SIGKILL is there
 //!   after the restart (AOF, fsync always). Grants and writes lost to an (asynchronous)
-//!   failover are counted, not failed.
+//!   failover are counted, not failed, except durable grants: every fourth client is durable
+//!   (docs/CLIENTS.md rule 10 with replicas=1: plain acquires and renewals each followed by
+//!   `WAIT 1` on the same connection, a grant the replica did not acknowledge released at
+//!   once), and a failover that loses a grant the replica acknowledged, whose lease from the
+//!   last acknowledged extension still runs, is a violation (checker/failover.rs).
+//! - G3 across failovers with no exception: every grant asked for after a grant lost in a
+//!   failover was acknowledged has a larger token; with FLOCK_CHAOS_FAKETIME=1 (valkey-server
+//!   under libfaketime) one fault sets the replica's clock a day back before a lagging
+//!   failover, and every grant the promoted master makes is above every earlier token
+//!   (faults/clock.rs).
 //! - G6: every waiter ends with a grant, a timeout (not early) or an error; one FIFO queue per
 //!   key for all kinds: no request sent after a waiter was seen queued is granted before it
 //!   (a smaller token) or while it still waits (before its timeout); a retried wait holds its
@@ -63,11 +72,13 @@
 //!
 //! Environment: FLOCK_CHAOS_SECS (default 20), FLOCK_CHAOS_CLIENTS (8), FLOCK_CHAOS_KEYS (4),
 //! FLOCK_CHAOS_SEED, FLOCK_CHAOS_REPORT (append a Markdown table row to this file),
+//! FLOCK_CHAOS_FAKETIME=1 (the servers under libfaketime, the fault a day behind),
 //! REDIS_SERVER (the server binary, e.g. valkey-server).
 //!
 //! Layout: `history.rs` what is recorded, `clients.rs` and `clients/` the clients and the
-//! operator that record it, `faults.rs` the fault driver, `checker.rs` the history checker
-//! (`checker/selftest.rs` its self-test); this file runs them together.
+//! operator that record it, `faults.rs` the fault driver (`faults/clock.rs` the clock a day
+//! behind), `checker.rs` the history checker (`checker/failover.rs` durable grants and tokens
+//! across failovers, `checker/selftest*.rs` its self-tests); this file runs them together.
 
 mod checker;
 mod clients;
@@ -108,6 +119,17 @@ fn grants_by_kind(h: &History) -> String {
     )
 }
 
+/// "N durable grants, N present after a failover, N lost in one".
+fn durable_summary(h: &History) -> String {
+    let n = |k: &str| h.checks.get(k).copied().unwrap_or(0);
+    format!(
+        "{} durable grants (WAIT 1 answered 1), {} present after a failover, {} lost in one",
+        h.grants.iter().filter(|g| g.durable).count(),
+        n("acknowledged durable grants present after failover"),
+        n("acknowledged durable grants lost in failover (must be 0)")
+    )
+}
+
 /// "N CLIENT KILLs, N bound grants ended by them".
 fn kills_summary(h: &History) -> String {
     format!(
@@ -131,18 +153,21 @@ fn history_checker_under_faults() {
         "chaos: {secs} s, {clients} clients, {keys} keys, seed {seed} \
          (FLOCK_CHAOS_SEED to replay the choices), server {server}"
     );
-    let a = aof_server();
-    let b = aof_server();
-    let sh = Arc::new(Shared::new(a.port(), keys, clients + 1));
+    // FLOCK_CHAOS_FAKETIME=1: the servers run under libfaketime, and one fault promotes a
+    // replica whose clock is a day behind (faults/clock.rs; valkey-server only).
+    let faked = std::env::var("FLOCK_CHAOS_FAKETIME").is_ok_and(|v| v == "1");
+    let (servers, clocks) = chaos_servers(faked);
+    let sh = Arc::new(Shared::new(servers[0].port(), keys, clients + 1));
     let uses: Vec<String> = (0..keys)
         .map(|k| format!("{}: {}", sh.lock_key(k), sh.kinds[k].name()))
         .collect();
     eprintln!("chaos: keys {}", uses.join(", "));
     let mut inj = Injector {
         sh: sh.clone(),
-        servers: vec![a, b],
+        servers,
         master: 0,
         rng: Rng::new(seed ^ 0xFA17),
+        clocks,
     };
     inj.attach_replica();
 
@@ -163,6 +188,7 @@ fn history_checker_under_faults() {
                 seq: 0,
                 gen: 0,
                 holding: 0,
+                durable: id % 4 == 3,
             };
             c.run();
         }));
@@ -265,6 +291,7 @@ fn history_checker_under_faults() {
         h.reads.len()
     );
     eprintln!("{}", kills_summary(&h));
+    eprintln!("{}", durable_summary(&h));
     eprintln!("violations: {}", h.violations.len());
     for x in h.violations.iter().take(30) {
         eprintln!("  - {x}");
@@ -277,11 +304,12 @@ fn history_checker_under_faults() {
             .unwrap_or(server.clone());
         let faults: Vec<String> = h.faults.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let row = format!(
-            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes; {}) | {total_faults} ({}) | {} |\n",
+            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes; {}; {}) | {total_faults} ({}) | {} |\n",
             h.grants.len(),
             grants_by_kind(&h),
             h.writes.len(),
             kills_summary(&h),
+            durable_summary(&h),
             faults.join(", "),
             h.violations.len()
         );
@@ -314,6 +342,12 @@ fn history_checker_under_faults() {
             h.grants.iter().filter(|g| g.kind == k).count() >= 10
                 && h.grants.iter().any(|g| g.kind == k && g.bound.is_some())
         });
+    // Durable clients took part (every fourth client is one).
+    assert!(
+        clients < 4 || h.grants.iter().filter(|g| g.durable).count() >= 10,
+        "the run had too few durable grants: {}",
+        durable_summary(&h)
+    );
     let fifo: u64 = h
         .checks
         .iter()

@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn synthetic_shared(keys: usize) -> Shared {
+pub(super) fn synthetic_shared(keys: usize) -> Shared {
     Shared::new(0, keys, 0)
 }
 
@@ -11,7 +11,7 @@ fn grant_rec(key: usize, owner: &str, token: i64, ttl_ms: u64, proofs: &[(u64, u
     kind_rec(key, owner, token, Kind::Exclusive, ttl_ms, proofs)
 }
 
-fn kind_rec(
+pub(super) fn kind_rec(
     key: usize,
     owner: &str,
     token: i64,
@@ -39,12 +39,14 @@ fn kind_rec(
         failover_epoch: 0,
         lost_in_failover: false,
         bound: None,
+        durable: false,
+        durable_lower: proofs[0].0,
     }
 }
 
 /// The violations the checker finds in `h` with these logs, on 3 keys: a mutex (0), a
 /// read/write key (1), a semaphore of 2 (2).
-fn violations_of(h: &mut History, logs: &[(usize, &[&str])]) -> Vec<String> {
+pub(super) fn violations_of(h: &mut History, logs: &[(usize, &[&str])]) -> Vec<String> {
     let sh = synthetic_shared(3);
     assert_eq!(
         sh.kinds,

@@ -185,7 +185,11 @@ impl Client {
                     if with_token {
                         args.push(token.to_string());
                     }
-                    let r = self.call(&args, timeout);
+                    let (r, acked) = if self.durable {
+                        self.call_durable(&args, timeout)
+                    } else {
+                        (self.call(&args, timeout), None)
+                    };
                     let ack = sh.now();
                     sh.hist().op(if with_token {
                         "renew with token"
@@ -195,6 +199,11 @@ impl Client {
                     match r {
                         Call::Reply(Reply::Int(t)) if t == token => {
                             self.extended(g, send, ack, "RENEW");
+                            // The replica has the extension too: a failover keeps the lease
+                            // at least this long.
+                            if acked.unwrap_or(0) >= 1 {
+                                sh.hist().grants[g].durable_lower = send;
+                            }
                         }
                         Call::Reply(Reply::Nil) => {
                             self.ended(g, send, ack);

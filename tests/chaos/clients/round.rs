@@ -48,7 +48,10 @@ impl Client {
         args.extend(self.mode_args(k, kind));
         // BOUND on some acquires of every kind of key (not on a retried wait: its grant would be
         // bound to the side connection that retried).
-        let bound = !(90..95).contains(&mode) && self.rng.chance(35);
+        // A durable client takes plain leases only: rule 10 refuses BOUND with replicas=n,
+        // and a BLOCK grant's WAIT would follow the RENEW that the clients send after it.
+        let mode = if self.durable { mode % 60 } else { mode };
+        let bound = !self.durable && !(90..95).contains(&mode) && self.rng.chance(35);
         if bound {
             args.push("BOUND".into());
         }
@@ -73,12 +76,17 @@ impl Client {
         let epoch = sh.epoch();
         let mut send = sh.now();
         let first_send = send;
+        let mut durable_acks = None;
         let (r, queued_by) = if block.is_some() && mode >= 90 {
             let (r, q, s) = self.call_block_retried(&args, limit, k, kind, ttl_ms, epoch);
             send = s;
             (r, q)
         } else if block.is_some() {
             self.call_block(&args, limit)
+        } else if self.durable {
+            let (r, acked) = self.call_durable(&args, limit);
+            durable_acks = acked;
+            (r, None)
         } else {
             (self.call(&args, limit), None)
         };
@@ -113,6 +121,13 @@ impl Client {
                 if bound {
                     sh.hist().grants[g].bound = Some((self.id, self.gen));
                     sh.hist().op("bound grant");
+                }
+                if self.durable {
+                    if durable_acks.unwrap_or(0) < 1 {
+                        return self.release_not_durable(g);
+                    }
+                    sh.hist().op("durable grant (WAIT 1 answered 1)");
+                    sh.hist().grants[g].durable = true;
                 }
                 self.hold(g);
             }
@@ -219,6 +234,8 @@ impl Client {
             failover_epoch: epoch,
             lost_in_failover: false,
             bound: None,
+            durable: false,
+            durable_lower: send,
         });
         h.grants.len() - 1
     }
