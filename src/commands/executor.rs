@@ -440,6 +440,7 @@ fn carry_out_rare(
             bindings::bind(client, token, ctx.selected_db(), key);
         }
         Effect::Unbind { client, token } => bindings::unbind(client, token, ctx.selected_db(), key),
+        Effect::TryMulti { .. } => {}
         // Handled by `carry_out` itself.
         Effect::Replicate | Effect::ReplicateDelete | Effect::DeleteKey | Effect::Arm(_) => {}
     }

@@ -223,6 +223,7 @@ pub fn block(
             ttl_ms: args.ttl_ms,
             mode: args.mode,
             bind_to,
+            multi: false,
         });
     if let Some(earlier) = replaced.and_then(|w| reg.blocked.remove(&w.id)) {
         reg.by_client.remove(&earlier.client_id);

@@ -124,6 +124,13 @@ pub enum Effect {
         client: u64,
         token: u64,
     },
+    /// The FLOCK.MACQUIRE request `waiter` is first in this key's queue and the key is free:
+    /// it may be granted now if the same holds for its other keys, which only the module can
+    /// look at together ([`crate::multi::ready`]). Until then the key stays free and those
+    /// behind the request wait (nobody overtakes it).
+    TryMulti {
+        waiter: u64,
+    },
 }
 
 /// Why the caller could not wait for the key.
@@ -198,6 +205,9 @@ impl Context for Env<'_> {
 mod reply;
 pub use reply::{Info, Reply, ReplyError};
 
+mod read;
+pub use read::{check, holders, info};
+
 /// How long `grant` was held at `now`, in ms.
 fn held_ms(grant: &Grant, now: Now) -> u64 {
     now.mono_us.saturating_sub(grant.since_mono_us) / 1000
@@ -257,8 +267,20 @@ fn settle_state(
         if env.tokens.exhausted(now) {
             return changed;
         }
-        let fits = &mut |w: &Waiter| state.fits(w.mode, now, max_holders);
+        // A MACQUIRE request is never granted one key alone: at the head of a free key it is
+        // named for the module to try on all its keys, and holds the queue until then.
+        let mut multi_first = None;
+        let fits = &mut |w: &Waiter| {
+            let fits = state.fits(w.mode, now, max_holders);
+            if w.multi && fits {
+                multi_first = Some(w.id);
+            }
+            fits && !w.multi
+        };
         let Some(waiter) = w.next_waiter_if(fits) else {
+            if let Some(waiter) = multi_first {
+                fx.push(Effect::TryMulti { waiter });
+            }
             return changed;
         };
         let Some(token) = env.tokens.issue(now) else {
@@ -329,6 +351,11 @@ fn publish_as(
         } else {
             fx.push(Effect::Replicate);
         }
+    } else if changed {
+        // Nothing held, nothing delayed, but waited on: a MACQUIRE request first in line
+        // keeps the key here (its waiters are this server's own). Replicas, which see no
+        // waiters, drop the key.
+        fx.push(Effect::ReplicateDelete);
     }
     if env.master {
         fx.push(Effect::Arm(state.next_deadline()));
@@ -556,75 +583,6 @@ fn revoke_state(
     Reply::Int(n as i64)
 }
 
-/// `FLOCK.CHECK key token` (read-only: nothing is settled; `None`: no lock key).
-#[inline]
-pub fn check(state: Option<&LockState>, token: u64, now: Now) -> Reply<'static> {
-    Reply::Int(state.map_or(0, |s| s.check(token, now)) as i64)
-}
-
-/// `FLOCK.INFO key` (read-only; `None`: no lock key). `waiters`: requests waiting for it,
-/// `waiting_mode`: the mode of the shared ones among them.
-#[inline]
-pub fn info(
-    state: Option<&LockState>,
-    waiters: usize,
-    waiting_mode: Option<Mode>,
-    now: Now,
-) -> Reply<'_> {
-    let Some(state) = state else {
-        if waiters == 0 {
-            return Reply::Null;
-        }
-        return Reply::Info(Info {
-            owner: None,
-            token: 0,
-            ttl_ms: 0,
-            waiters,
-            mode: None,
-            holders: 0,
-            limit: waiting_mode.map_or(0, Mode::limit),
-            delayed: 0,
-        });
-    };
-    let holders = state.live_count(now);
-    let delayed = state.active_delays(now);
-    if holders == 0 && waiters == 0 && delayed == 0 {
-        return Reply::Null;
-    }
-    Reply::Info(Info {
-        owner: state.exclusive_holder(now).map(|g| &*g.owner),
-        token: state
-            .live(now)
-            .map(|g| g.token)
-            .max()
-            .unwrap_or(state.last_token),
-        ttl_ms: state
-            .live(now)
-            .map(|g| g.remaining_ms(now))
-            .max()
-            .unwrap_or(0),
-        waiters,
-        mode: (holders > 0).then_some(state.mode),
-        holders,
-        limit: state
-            .limit_of_key(now, || waiting_mode)
-            .map_or(0, Mode::limit),
-        delayed,
-    })
-}
-
-/// `FLOCK.HOLDERS key` (read-only; `None`: no lock key).
-pub fn holders(state: Option<&LockState>, now: Now) -> Reply<'_> {
-    Reply::Holders(state.map_or_else(Vec::new, |s| {
-        s.grants()
-            .by_token()
-            .into_iter()
-            .filter(|g| g.is_live(now))
-            .map(|g| (&*g.owner, g.token, g.remaining_ms(now)))
-            .collect()
-    }))
-}
-
 /// The key's deadline came (its timer fired): end leases and delayed slots, hand the key on,
 /// delete it when nothing is left.
 fn expire_state(state: &mut LockState, env: &mut Env<'_>, w: &mut impl Waiters, fx: &mut Effects) {
@@ -758,7 +716,10 @@ pub use outcome::{Effects, KeyFate, Outcome, Stored};
 /// made for the operation (decoded from the one grant, or empty for a free key), which
 /// becomes the key's state afterwards.
 #[inline]
-fn with_state<R>(stored: Stored<'_>, op: impl FnOnce(&mut LockState) -> R) -> (R, KeyFate) {
+pub(crate) fn with_state<R>(
+    stored: Stored<'_>,
+    op: impl FnOnce(&mut LockState) -> R,
+) -> (R, KeyFate) {
     match stored {
         Stored::Full(state) => (op(state), KeyFate::Keep),
         Stored::Lone(lone) => {
