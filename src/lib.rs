@@ -21,7 +21,7 @@
 //! - `commands/`: the one executor (`executor.rs`: opens the key as the store holds it, runs
 //!   an engine operation, carries out the outcome), replies (`reply.rs`), the command
 //!   handlers (`handlers.rs`), FLOCK.FENCED (`fenced.rs`), FLOCK.STATS (`stats.rs`),
-//!   FLOCK.WATCH and FLOCK.WAITERS (`watch.rs`).
+//!   FLOCK.WATCH and FLOCK.WAITERS (`watch.rs`), FLOCK.MACQUIRE (`macquire.rs`).
 //! - `registration/`: the module's init and everything it registers (`module.rs`, with the
 //!   one command table: flock-core's descriptions paired with their handlers), the configs
 //!   (`config.rs`), the data type's callbacks
@@ -59,6 +59,7 @@ mod commands {
     pub mod executor;
     pub mod fenced;
     pub mod handlers;
+    pub mod macquire;
     pub mod reply;
     pub mod stats;
     pub mod watch;

@@ -15,6 +15,7 @@ use crate::peers::replication;
 use crate::server::{self, config, stats};
 use crate::store::bindings;
 use crate::store::expiry::{self, Arming};
+use crate::waiting::jobs::{self, Job};
 use crate::waiting::{waiters, watchers};
 use flock_core::args::AcquireArgs;
 use flock_core::engine::{
@@ -447,6 +448,11 @@ fn carry_out_rare(
             bindings::bind(client, token, ctx.selected_db(), key);
         }
         Effect::Unbind { client, token } => bindings::unbind(client, token, ctx.selected_db(), key),
+        // Looked at right after the command, on all the request's keys together.
+        Effect::TryMulti { waiter } => jobs::schedule(Job::TryMulti {
+            key: waiters::key_id(ctx, key_name),
+            waiter,
+        }),
         // Handled by `carry_out` itself.
         Effect::Replicate | Effect::ReplicateDelete | Effect::DeleteKey | Effect::Arm(_) => {}
     }

@@ -2,7 +2,9 @@
 //! spec and the COMMAND DOCS arrays in the layout the server reads.
 
 use super::handle::Ctx;
-use flock_core::commands::{self, ArgDoc, ArgKind, CommandSpec, KeyAccess, KeyRange, SINCE};
+use flock_core::commands::{
+    self, ArgDoc, ArgKind, CommandSpec, KeyAccess, KeyRange, KeySearch, SINCE,
+};
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -77,6 +79,37 @@ fn key_range(flags: u32, range: KeyRange) -> raw::RedisModuleCommandKeySpec {
                 limit: 0,
             },
         },
+    }
+}
+
+/// One key spec whose keys are counted: argv[`index`] is their number, they follow it
+/// (firstkey 1 after it, step 1).
+fn key_count(flags: u32, index: i32) -> raw::RedisModuleCommandKeySpec {
+    raw::RedisModuleCommandKeySpec {
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+                keynumidx: 0,
+                firstkey: 1,
+                keystep: 1,
+            },
+        },
+        ..key_range(
+            flags,
+            KeyRange {
+                first: index,
+                last: index,
+                step: 1,
+            },
+        )
+    }
+}
+
+/// The key spec of a command: its range, or its counted keys.
+fn key_spec(flags: u32, search: KeySearch) -> raw::RedisModuleCommandKeySpec {
+    match search {
+        KeySearch::Range(range) => key_range(flags, range),
+        KeySearch::Keynum { index } => key_count(flags, index),
     }
 }
 
@@ -182,7 +215,7 @@ pub fn describe_commands(ctx: Ctx<'_>, commands: &[&CommandSpec]) -> Result<(), 
         }
         let mut specs = c.key.map(|access| {
             [
-                key_range(key_flags(access).0, commands::key_range(c)),
+                key_spec(key_flags(access).0, commands::key_search(c)),
                 end_of_specs(),
             ]
         });

@@ -2,7 +2,7 @@
 //! deadline coming due (`expiry.rs` calls [`on_due`]) and deferred looks at waited keys
 //! (`jobs.rs` calls [`revisit`]). Each runs the engine through the executor.
 
-use crate::commands::executor;
+use crate::commands::{executor, macquire};
 use crate::ffi::block::{self, Found, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
 use crate::peers::cluster;
@@ -278,6 +278,7 @@ pub fn run_job(ctx: Ctx<'_>, key_name: RStr<'_>, task: Task) {
     match task {
         Task::Revisit(ghost) => revisit(ctx, key_name, ghost),
         Task::Close(client) => close(ctx, key_name, client),
+        Task::TryMulti(waiter) => macquire::try_waiting(ctx, waiter),
     }
 }
 

@@ -4,7 +4,7 @@
 //! deadlines, deferred jobs). `ffi/module.rs`'s OnLoad calls [`init`].
 
 use super::{config, events, lock_type};
-use crate::commands::{fenced, handlers, stats as stats_command, watch};
+use crate::commands::{fenced, handlers, macquire, stats as stats_command, watch};
 use crate::ffi::{self, Ctx, RStr, Status};
 use crate::peers::cluster;
 use crate::server::{self, stats};
@@ -78,6 +78,7 @@ handler!(StatsReset, stats_command::reset);
 handler!(StatsHelp, stats_command::help);
 handler!(Watch, watch::watch);
 handler!(Waiters, watch::waiters);
+handler!(Macquire, macquire::macquire);
 
 /// How a command of the table is registered.
 #[derive(Clone, Copy)]
@@ -92,7 +93,7 @@ enum Registered {
 
 /// The one command table: every command as `flock_core::commands` describes it (name, flags,
 /// arity, key spec, COMMAND DOCS), with the handler that runs it.
-const COMMANDS: [(&CommandSpec, Registered); 15] = [
+const COMMANDS: [(&CommandSpec, Registered); 16] = [
     (
         &commands::ACQUIRE,
         Registered::Command(ffi::create_command::<Acquire>),
@@ -150,6 +151,10 @@ const COMMANDS: [(&CommandSpec, Registered); 15] = [
         &commands::WAITERS,
         Registered::Command(ffi::create_command::<Waiters>),
     ),
+    (
+        &commands::MACQUIRE,
+        Registered::Command(ffi::create_command::<Macquire>),
+    ),
 ];
 
 /// Register every command of [`COMMANDS`], then tell the server what each is (arity, key
@@ -203,7 +208,7 @@ impl ffi::InfoHandler for Info {
             let tokens = server::tokens();
             (tokens.high_water(), tokens.headroom(now))
         };
-        let fields: [(&CStr, u64); 21] = [
+        let fields: [(&CStr, u64); 22] = [
             (c"grants", stats::GRANTS.get()),
             (c"releases", stats::RELEASES.get()),
             (c"expirations", stats::EXPIRATIONS.get()),
@@ -211,6 +216,8 @@ impl ffi::InfoHandler for Info {
             (c"renewals", stats::RENEWALS.get()),
             (c"contended_acquires", stats::CONTENDED.get()),
             (c"blocked_acquires", stats::BLOCKED.get()),
+            // FLOCK.MACQUIREs granted (each key's grant counts in `grants` too).
+            (c"multi_grants", stats::MULTI_GRANTS.get()),
             (
                 c"blocked_clients",
                 (waiters::blocked_now() + watchers::watching_now()) as u64,

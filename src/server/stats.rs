@@ -38,6 +38,9 @@ pub static FENCED_ACCEPTED: Counter = Counter::new();
 pub static FENCED_REJECTED: Counter = Counter::new();
 pub static FENCED_INNER_ERRORS: Counter = Counter::new();
 pub static BOUND_CLOSED: Counter = Counter::new();
+/// FLOCK.MACQUIRE requests granted (at once or after waiting); each key's grant counts in
+/// `GRANTS` too.
+pub static MULTI_GRANTS: Counter = Counter::new();
 
 thread_local! {
     /// FLOCK.STATS's table: per server, not persisted, not replicated. Only Redis's main

@@ -18,6 +18,9 @@ pub enum Job {
     ReleaseGhost { key: KeyId, token: u64 },
     /// End the grants of `key` bound to connection `client`, which closed.
     Close { key: KeyId, client: u64 },
+    /// Try to grant the waiting MACQUIRE request `waiter`, first in line on the free `key`
+    /// (one of its keys: its database is theirs).
+    TryMulti { key: KeyId, waiter: u64 },
 }
 
 /// What a job does to its key.
@@ -27,6 +30,8 @@ pub enum Task {
     Revisit(Option<u64>),
     /// End its grants bound to this connection.
     Close(u64),
+    /// Try to grant this waiting MACQUIRE request (the key is one of its keys).
+    TryMulti(u64),
 }
 
 /// Runs one job: the key's name in the database selected in `ctx`, and what to do.
@@ -107,6 +112,10 @@ fn run_jobs(ctx: Ctx<'_>) {
                 key: (db, name),
                 client,
             } => (*db, name, Task::Close(*client)),
+            Job::TryMulti {
+                key: (db, name),
+                waiter,
+            } => (*db, name, Task::TryMulti(*waiter)),
         };
         if !ctx.select_db(db) {
             continue;

@@ -27,6 +27,9 @@ struct Blocked {
     bc: BlockedClient<Waiting>,
     client_id: u64,
     key: KeyId,
+    /// A FLOCK.MACQUIRE request: its other keys, in the order given after `key` (it waits in
+    /// the queue of each). Empty for an ACQUIRE.
+    others: Vec<KeyId>,
     /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
     /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
     /// passes after the module unblocked it but before the reply went out.
@@ -223,9 +226,19 @@ pub fn block(
             ttl_ms: args.ttl_ms,
             mode: args.mode,
             bind_to,
+            multi: false,
         });
-    if let Some(earlier) = replaced.and_then(|w| reg.blocked.remove(&w.id)) {
+    if let Some((earlier_id, earlier)) =
+        replaced.and_then(|w| reg.blocked.remove(&w.id).map(|b| (w.id, b)))
+    {
         reg.by_client.remove(&earlier.client_id);
+        // A MACQUIRE replaced in one of its queues leaves the others too (this one's queue
+        // is `key`, where the new request took its place).
+        let others: Vec<KeyId> = std::iter::once(earlier.key.clone())
+            .chain(earlier.others.iter().cloned())
+            .filter(|k| *k != id)
+            .collect();
+        leave_others(reg, earlier_id, &others);
         earlier.stop_timer();
         earlier.unblock(Some(Delivery::TimedOut));
     }
@@ -235,6 +248,7 @@ pub fn block(
             bc,
             client_id,
             key: id,
+            others: Vec::new(),
             timer,
             deadline_us: if timeout_ms > 0 {
                 server::now()
@@ -258,6 +272,12 @@ pub enum Delivery {
     Token {
         token: u64,
         key: KeyId,
+        delivered: bool,
+    },
+    /// A MACQUIRE request holds each of its keys with its token (in the order given), as
+    /// `Token` for several keys.
+    Tokens {
+        grants: Vec<(KeyId, u64)>,
         delivered: bool,
     },
     Error(&'static str),
@@ -314,6 +334,11 @@ pub fn fail_all(key: &KeyId, msg: &'static str) {
     for w in q.drain() {
         if let Some(b) = reg.blocked.remove(&w.id) {
             reg.by_client.remove(&b.client_id);
+            // A MACQUIRE request leaves its other queues (this one is gone already).
+            let mut rest: Vec<KeyId> = b.others.clone();
+            rest.push(b.key.clone());
+            rest.retain(|k| k != key);
+            leave_others(reg, w.id, &rest);
             b.stop_timer();
             b.unblock(Some(Delivery::Error(msg)));
         }
@@ -353,14 +378,28 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    let look_again = reg
-        .queue_mut(b.key.0, &b.key.1)
-        .is_some_and(|q| q.leave(waiter_id));
-    reg.drop_if_empty(b.key.0, &b.key.1);
-    if look_again {
-        jobs::schedule(Job::Revisit(b.key.clone()));
-    }
+    leave_queue(reg, waiter_id, &b.key);
+    leave_others(reg, waiter_id, &b.others);
     Some(b)
+}
+
+/// Take waiter `waiter_id` out of the queue of `key`; when it was the head and others wait
+/// behind it, the key is looked at again right after (they may fit now).
+fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId) {
+    let look_again = reg
+        .queue_mut(key.0, &key.1)
+        .is_some_and(|q| q.leave(waiter_id));
+    reg.drop_if_empty(key.0, &key.1);
+    if look_again {
+        jobs::schedule(Job::Revisit(key.clone()));
+    }
+}
+
+/// A MACQUIRE request leaves the queues of `keys` (its keys but the one already handled).
+fn leave_others(reg: &mut Registry, waiter_id: u64, keys: &[KeyId]) {
+    for key in keys {
+        leave_queue(reg, waiter_id, key);
+    }
 }
 
 /// Take the calling blocked client out of its queue (CLIENT UNBLOCK, disconnect).
@@ -426,6 +465,14 @@ impl ffi::BlockedClientHandler for Waiting {
                 *delivered = true;
                 ffi::reply_int(ctx, *token as i64)
             }
+            Some(Delivery::Tokens { grants, delivered }) => {
+                *delivered = true;
+                ffi::reply_array(ctx, grants.len());
+                for (_, token) in grants.iter() {
+                    ffi::reply_int(ctx, *token as i64);
+                }
+                Status::OK
+            }
             Some(Delivery::Error(msg)) => ffi::reply_error_string(ctx, msg),
             Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
         }
@@ -448,14 +495,25 @@ impl ffi::BlockedClientHandler for Waiting {
     }
 
     fn free(d: Box<Delivery>) {
-        if let Delivery::Token {
-            token,
-            key,
-            delivered: false,
-        } = *d
-        {
-            // Granted to a client that disconnected before its reply: release it again.
-            jobs::schedule(Job::ReleaseGhost { key, token });
+        match *d {
+            Delivery::Token {
+                token,
+                key,
+                delivered: false,
+            } => {
+                // Granted to a client that disconnected before its reply: release it again.
+                jobs::schedule(Job::ReleaseGhost { key, token });
+            }
+            Delivery::Tokens {
+                grants,
+                delivered: false,
+            } => {
+                // Every key of a MACQUIRE granted to a client that went away.
+                for (key, token) in grants {
+                    jobs::schedule(Job::ReleaseGhost { key, token });
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -478,4 +536,162 @@ pub fn in_line(ctx: Ctx<'_>, key: RStr<'_>) -> Vec<(Box<[u8]>, Mode, u64)> {
             (w.owner.clone(), w.mode, since)
         })
         .collect()
+}
+
+// ---- FLOCK.MACQUIRE requests: one blocked client waiting in the queue of each of its keys ----
+
+/// Whether `owner` waits for `key` (a MACQUIRE of it is refused).
+pub fn has_owner(ctx: Ctx<'_>, key: RStr<'_>, owner: &[u8]) -> bool {
+    if blocked_now() == 0 {
+        return false;
+    }
+    let db = ctx.selected_db();
+    registry()
+        .get()
+        .queue(db, ffi::bytes(&key))
+        .is_some_and(|q| q.has_owner(owner))
+}
+
+/// Block the calling client until it is handed every key of `keys` (or times out: 0 =
+/// never) for the exclusive request `args`: one waiter, queued in each key's queue in one
+/// step (the same order as every other request in every queue they share). `flock.max-waiters`
+/// reached on any key: refused, nothing queued. The caller checked that `args.owner` waits for
+/// none of them.
+pub fn block_multi(
+    ctx: Ctx<'_>,
+    keys: &[RStr<'_>],
+    args: &AcquireArgs<'_>,
+    timeout_ms: u64,
+    bind_to: Option<u64>,
+) -> Result<(), BlockRefused> {
+    let ids: Vec<KeyId> = keys.iter().map(|k| key_id(ctx, *k)).collect();
+    let Some((first, others)) = ids.split_first() else {
+        return Err(BlockRefused::Failed);
+    };
+    let mut guard = registry();
+    let reg = guard.get();
+    let max = config::max_waiters();
+    if !ids
+        .iter()
+        .all(|k| queue::admits(reg.queue(k.0, &k.1), args.owner, max))
+    {
+        return Err(BlockRefused::TooMany);
+    }
+    let Some(bc) = BlockedClient::<Waiting>::block(ctx) else {
+        return Err(BlockRefused::Failed);
+    };
+    let client_id = ctx.client_id();
+    reg.next_id += 1;
+    let waiter_id = reg.next_id;
+    let timeout_ms = queue::block_timeout_ms(timeout_ms);
+    let timer = if timeout_ms > 0 {
+        let period = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+        ffi::create_timer::<WaiterTimeout>(ctx, period, waiter_id)
+    } else {
+        0
+    };
+    for k in &ids {
+        // Nobody is replaced: the owner waits for none of the keys.
+        let _ = reg
+            .queues
+            .entry(k.0)
+            .or_default()
+            .entry(k.1.clone())
+            .or_default()
+            .push(Waiter {
+                id: waiter_id,
+                owner: args.owner.into(),
+                ttl_ms: args.ttl_ms,
+                mode: Mode::Exclusive,
+                bind_to,
+                multi: true,
+            });
+    }
+    let now = server::now().mono_us;
+    reg.blocked.insert(
+        waiter_id,
+        Blocked {
+            bc,
+            client_id,
+            key: first.clone(),
+            others: others.to_vec(),
+            timer,
+            deadline_us: if timeout_ms > 0 {
+                now.saturating_add(timeout_ms.saturating_mul(1000))
+            } else {
+                0
+            },
+            since_us: now,
+        },
+    );
+    reg.by_client.insert(client_id, waiter_id);
+    stats::BLOCKED.incr();
+    Ok(())
+}
+
+/// A waiting MACQUIRE request as its keys' queues hold it now.
+pub struct MultiRequest {
+    pub owner: Box<[u8]>,
+    pub ttl_ms: u64,
+    pub bind_to: Option<u64>,
+    /// Its keys in the order given, each with: how many wait for it, and whether this request
+    /// is first in its queue.
+    pub keys: Vec<(KeyId, usize, bool)>,
+}
+
+/// The waiting MACQUIRE request `waiter_id` (`None`: it is gone, or not a MACQUIRE).
+pub fn multi_request(waiter_id: u64) -> Option<MultiRequest> {
+    let mut guard = registry();
+    let reg = guard.get();
+    let b = reg.blocked.get(&waiter_id)?;
+    let keys: Vec<KeyId> = std::iter::once(b.key.clone())
+        .chain(b.others.iter().cloned())
+        .collect();
+    let mut found = None;
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        let q = reg.queue_mut(k.0, &k.1)?;
+        let first = q.is_front(waiter_id);
+        if found.is_none() {
+            found = q
+                .iter_live()
+                .find(|w| w.id == waiter_id && w.multi)
+                .cloned();
+        }
+        out.push((k, q.len(), first));
+    }
+    let w = found?;
+    Some(MultiRequest {
+        owner: w.owner,
+        ttl_ms: w.ttl_ms,
+        bind_to: w.bind_to,
+        keys: out,
+    })
+}
+
+/// Hand the MACQUIRE request `waiter_id` its keys with their tokens (in its keys' order): it
+/// leaves every queue and is unblocked. How long it waited (µs), or `None` when it is gone.
+pub fn deliver_multi(waiter_id: u64, tokens: &[u64]) -> Option<u64> {
+    let mut guard = registry();
+    let reg = guard.get();
+    let b = reg.blocked.remove(&waiter_id)?;
+    reg.by_client.remove(&b.client_id);
+    let keys: Vec<KeyId> = std::iter::once(b.key.clone())
+        .chain(b.others.iter().cloned())
+        .collect();
+    for k in &keys {
+        // Those behind it face a key it holds now: nothing to look at again.
+        if let Some(q) = reg.queue_mut(k.0, &k.1) {
+            q.cancel(waiter_id);
+        }
+        reg.drop_if_empty(k.0, &k.1);
+    }
+    let waited_us = server::now().mono_us.saturating_sub(b.since_us);
+    b.stop_timer();
+    let grants = keys.into_iter().zip(tokens.iter().copied()).collect();
+    b.unblock(Some(Delivery::Tokens {
+        grants,
+        delivered: false,
+    }));
+    Some(waited_us)
 }

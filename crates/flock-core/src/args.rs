@@ -24,6 +24,8 @@ pub enum ArgError {
     },
     /// BOUND from something that is not a client connection.
     BoundNeedsClient,
+    /// FLOCK.MACQUIRE's numkeys out of 1..=[`crate::multi::MAX_KEYS`].
+    NumKeys,
 }
 
 impl ArgError {
@@ -38,6 +40,7 @@ impl ArgError {
             ArgError::Token => ErrorReply::Fixed(Fixed::Token),
             ArgError::Limit { max } => ErrorReply::Formatted(Formatted::Limit { max }),
             ArgError::BoundNeedsClient => ErrorReply::Fixed(Fixed::BoundNeedsClient),
+            ArgError::NumKeys => ErrorReply::Fixed(Fixed::NumKeys),
         }
     }
 

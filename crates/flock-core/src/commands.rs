@@ -339,6 +339,53 @@ pub const WAITERS: CommandSpec = CommandSpec {
     ],
 };
 
+/// `FLOCK.MACQUIRE numkeys key [key ...] owner ttl [BOUND] [BLOCK timeout]`: its keys are
+/// the `numkeys` arguments after argv[1] ([`key_search`]), each read and written.
+pub const MACQUIRE: CommandSpec = CommandSpec {
+    name: c"flock.macquire",
+    flags: c"write deny-oom",
+    arity: -5,
+    key: Some(KeyAccess::Update),
+    summary: Some(c"Takes several exclusive locks at once, all or nothing, and returns one fencing token per key, or waits for all of them with BLOCK."),
+    complexity: c"O(N) with N the number of keys",
+    args: &[
+        arg(c"numkeys", ArgKind::Int),
+        ArgDoc {
+            multiple: true,
+            ..KEY
+        },
+        OWNER,
+        TTL,
+        optional(keyword(c"bound", c"BOUND")),
+        ArgDoc {
+            name: c"block",
+            kind: ArgKind::Block,
+            token: Some(c"BLOCK"),
+            optional: true,
+            multiple: false,
+            sub: &BLOCK_TIMEOUT,
+        },
+    ],
+};
+
+/// How a command's keys are found (its key spec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySearch {
+    /// The keys of a [`KeyRange`].
+    Range(KeyRange),
+    /// argv[`index`] is the number of keys, which follow it (MACQUIRE's `numkeys`).
+    Keynum { index: i32 },
+}
+
+/// How the keys of `spec` are found: by their number for MACQUIRE, else by its range.
+pub fn key_search(spec: &CommandSpec) -> KeySearch {
+    if spec.name == MACQUIRE.name {
+        KeySearch::Keynum { index: 1 }
+    } else {
+        KeySearch::Range(key_range(spec))
+    }
+}
+
 /// Where a command's keys are: argv[`first`], then every `step`-th argument up to `last`
 /// (negative: counted from the end, -1 the last argument). Both the legacy key range of
 /// `RedisModule_CreateCommand` and the key spec's range are made from it.
@@ -352,7 +399,15 @@ pub struct KeyRange {
 /// The key range of `spec`: one key at argv[1] for every command but those that name
 /// several.
 pub fn key_range(spec: &CommandSpec) -> KeyRange {
-    if spec.name == WATCH.name {
+    if spec.name == MACQUIRE.name {
+        // No range: the legacy triple of a command whose keys are counted is none (Redis
+        // marks it movablekeys from its key spec).
+        KeyRange {
+            first: 0,
+            last: 0,
+            step: 0,
+        }
+    } else if spec.name == WATCH.name {
         KeyRange {
             first: 2,
             last: -1,
@@ -368,7 +423,7 @@ pub fn key_range(spec: &CommandSpec) -> KeyRange {
 }
 
 /// Every command, containers before their subcommands.
-pub const ALL: [&CommandSpec; 15] = [
+pub const ALL: [&CommandSpec; 16] = [
     &ACQUIRE,
     &RELEASE,
     &RENEW,
@@ -384,6 +439,7 @@ pub const ALL: [&CommandSpec; 15] = [
     &APPLY,
     &WATCH,
     &WAITERS,
+    &MACQUIRE,
 ];
 
 #[cfg(test)]
@@ -470,6 +526,33 @@ mod tests {
             Err(crate::watch::WatchArgError::Arity) => Err(ArgError::Arity),
             Err(_) => Err(ArgError::Syntax),
         });
+    }
+
+    #[test]
+    fn macquire_arity_agrees() {
+        agrees(&MACQUIRE, |a| {
+            crate::multi::parse_macquire(a, 1_000, 10)
+                .map(drop)
+                .map_err(|e| match e {
+                    ArgError::Arity => ArgError::Arity,
+                    _ => ArgError::Syntax,
+                })
+        });
+    }
+
+    #[test]
+    fn macquire_keys_are_counted_by_numkeys_with_no_legacy_range() {
+        assert_eq!(key_search(&MACQUIRE), KeySearch::Keynum { index: 1 });
+        assert_eq!(key_range(&MACQUIRE).first, 0);
+        assert_eq!(
+            key_search(&ACQUIRE),
+            KeySearch::Range(KeyRange {
+                first: 1,
+                last: 1,
+                step: 1
+            })
+        );
+        assert_eq!(MACQUIRE.args.get(1).map(|a| a.kind), Some(ArgKind::Key));
     }
 
     #[test]

@@ -90,6 +90,8 @@ fixed_errors! {
     WaitersCount => c"ERR invalid count: must be a positive integer",
     /// Every watcher of a replica whose master sends it a full copy of its data.
     UnblockedResync => c"UNBLOCKED this replica is loading its master's data",
+    /// FLOCK.MACQUIRE's numkeys out of 1..=`multi::MAX_KEYS` (`args::ArgError::NumKeys`).
+    NumKeys => c"ERR numkeys must be 1 to 64",
 }
 
 impl Fixed {
@@ -151,6 +153,8 @@ pub enum Formatted<'a> {
     /// Redis's own arity error for `command` (sent by `RedisModule_WrongArity`; here for the
     /// table's completeness and for hosts other than Redis).
     WrongArity { command: &'a [u8] },
+    /// FLOCK.MACQUIRE by an owner that already waits for `key` (`multi::Refusal::Waits`).
+    OwnerWaits { key: &'a [u8] },
 }
 
 impl Formatted<'_> {
@@ -190,6 +194,9 @@ impl Formatted<'_> {
                 "ERR FLOCK.FENCED refuses '{}': {what} cannot run inside it",
                 lossy(command).to_lowercase()
             ),
+            Formatted::OwnerWaits { key } => {
+                format!("ERR owner already waits for {}", lossy(key))
+            }
             Formatted::WrongArity { command } => format!(
                 "ERR wrong number of arguments for '{}' command",
                 lossy(command).to_lowercase()

@@ -30,6 +30,8 @@
 //!   token high-water mark saved as aux data.
 //! - [`errors`]: every error reply the module sends, in one table.
 //! - [`watch`]: FLOCK.WATCH's rules (what a watcher is told, and when) and FLOCK.WAITERS'.
+//! - [`multi`]: FLOCK.MACQUIRE's rules: parsing, when a request is granted (at the call or
+//!   while it waits on all its keys), each key's grant as an ordinary ACQUIRE.
 //!
 //! No `unsafe` here: the module's glue (`src/`) holds every FFI call.
 
@@ -47,6 +49,7 @@ pub mod grant;
 pub mod grants;
 pub mod keyspace;
 pub mod lock_stats;
+pub mod multi;
 pub mod queue;
 pub mod rdb;
 pub mod settings;

@@ -18,6 +18,9 @@ pub struct Waiter {
     pub mode: Mode,
     /// BOUND: the connection its grant is to live with.
     pub bind_to: Option<u64>,
+    /// A FLOCK.MACQUIRE request, which waits in the queue of each of its keys at once: never
+    /// granted one key alone (see [`crate::multi`]).
+    pub multi: bool,
 }
 
 /// The waiters of one key, first come first served, all kinds in one queue.
@@ -260,6 +263,7 @@ mod tests {
             ttl_ms,
             mode: Mode::Exclusive,
             bind_to: None,
+            multi: false,
         }
     }
 

@@ -91,4 +91,11 @@ pub enum Effect {
         client: u64,
         token: u64,
     },
+    /// The FLOCK.MACQUIRE request `waiter` is first in this key's queue and the key is free:
+    /// it may be granted now if the same holds for its other keys, which only the module can
+    /// look at together ([`crate::multi::ready`]). Until then the key stays free and those
+    /// behind the request wait (nobody overtakes it).
+    TryMulti {
+        waiter: u64,
+    },
 }

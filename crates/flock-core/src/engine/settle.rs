@@ -68,17 +68,29 @@ pub(super) fn settle_state(
         // key's name, and the look that ends such waits has not come yet) is not granted a
         // second one: its wait ends with nil, and the next head is asked.
         let mut holder = None;
+        // A MACQUIRE request is never granted one key alone: at the head of a free key it is
+        // named for the module to try on all its keys, and holds the queue until then.
+        let mut multi_first = None;
         let fits = &mut |w: &Waiter| {
             if state.owner_grant(&w.owner, now).is_some() {
                 holder = Some(w.owner.clone());
                 return false;
             }
-            state.fits(w.mode, now, max_holders)
+            let fits = state.fits(w.mode, now, max_holders);
+            if w.multi && fits {
+                multi_first = Some(w.id);
+            }
+            fits && !w.multi
         };
         let Some(waiter) = w.next_waiter_if(fits) else {
             match holder {
                 Some(owner) if w.dismiss(&owner) => continue,
-                _ => return changed,
+                _ => {
+                    if let Some(waiter) = multi_first {
+                        fx.push(Effect::TryMulti { waiter });
+                    }
+                    return changed;
+                }
             }
         };
         let Some(token) = env.tokens.issue(now) else {
@@ -163,6 +175,11 @@ pub(super) fn publish_as(
         } else {
             fx.push(Effect::Replicate);
         }
+    } else if changed {
+        // Nothing held, nothing delayed, but waited on: a MACQUIRE request first in line
+        // keeps the key here (its waiters are this server's own). Replicas, which see no
+        // waiters, drop the key.
+        fx.push(Effect::ReplicateDelete);
     }
     if env.master {
         fx.push(Effect::Arm(state.next_deadline()));

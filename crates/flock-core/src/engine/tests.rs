@@ -75,6 +75,7 @@ impl Recorder {
             Effect::Arm(None) => "disarm".into(),
             Effect::Bind { client, .. } => format!("bind {client}"),
             Effect::Unbind { client, .. } => format!("unbind {client}"),
+            Effect::TryMulti { waiter } => format!("try multi {waiter}"),
         };
         self.log.push(s);
     }
@@ -161,6 +162,7 @@ impl Waiters for Recorder {
             ttl_ms: args.ttl_ms,
             mode: args.mode,
             bind_to,
+            multi: false,
         });
         if let Some(r) = replaced {
             self.log.push(format!("replaced {}", r.id));

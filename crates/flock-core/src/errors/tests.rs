@@ -79,6 +79,7 @@ fn table_texts() -> Vec<String> {
         Formatted::WrongArity {
             command: b"FLOCK.ACQUIRE",
         },
+        Formatted::OwnerWaits { key },
     ];
     Fixed::ALL
         .iter()
@@ -146,7 +147,7 @@ fn messages_are_the_texts_sent_before() {
         "ERR invalid owner: must be 1 to {} bytes",
         crate::MAX_OWNER_LEN
     );
-    let args: [(ArgError, &str); 8] = [
+    let args: [(ArgError, &str); 9] = [
         (ArgError::Arity, "ERR wrong number of arguments"),
         (ArgError::Syntax, "ERR syntax error"),
         (ArgError::Owner, &owner),
@@ -170,6 +171,7 @@ fn messages_are_the_texts_sent_before() {
             ArgError::BoundNeedsClient,
             "ERR BOUND needs a client connection",
         ),
+        (ArgError::NumKeys, "ERR numkeys must be 1 to 64"),
     ];
     for (e, text) in args {
         assert_eq!(e.message(), text);

@@ -85,6 +85,7 @@ impl Waiters for KeyHost<'_> {
             ttl_ms: args.ttl_ms,
             mode: args.mode,
             bind_to,
+            multi: false,
         });
         if let Some(r) = replaced {
             assert_eq!(
@@ -233,7 +234,8 @@ impl Server {
                 // The module's bindings index, fed as the module feeds it.
                 Effect::Bind { client, token } => self.bindings.bind(client, k, token),
                 Effect::Unbind { client, token } => self.bindings.unbind(client, k, token),
-                Effect::Count(_) | Effect::ReplicateVerbatim => {}
+                // No MACQUIRE request waits in this model's queues.
+                Effect::Count(_) | Effect::ReplicateVerbatim | Effect::TryMulti { .. } => {}
             }
         }
         let reply = out.reply;
