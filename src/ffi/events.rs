@@ -69,6 +69,9 @@ pub trait EventHandler {
     fn keyspace(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>);
     /// A server event.
     fn server(ctx: Ctx<'_>, event: ServerEvent);
+    /// Valkey 9's atomic slot migration event: its subevent number and the slot ranges it
+    /// names, as the server passed them (inclusive `(start, end)` pairs, unchecked).
+    fn slot_migration(ctx: Ctx<'_>, subevent: u64, ranges: &[(i64, i64)]);
 }
 
 unsafe extern "C" fn on_keyspace<H: EventHandler>(
@@ -184,4 +187,63 @@ pub fn subscribe<H: EventHandler>(ctx: Ctx<'_>, classes: NotifyClasses) {
                 ctx.ptr(), raw::RedisModuleEvent { id: event, dataver: 1 }, Some(on_server::<H>))
         };
     }
+}
+
+/// `ValkeyModuleSlotRange` (Valkey 9's valkeymodule.h): one inclusive range of slots.
+#[repr(C)]
+struct SlotRange {
+    start: c_int,
+    end: c_int,
+}
+
+/// `ValkeyModuleAtomicSlotMigrationInfoV1`, the data of Valkey 9's atomic slot migration
+/// event: the crate's bundled header predates it.
+#[repr(C)]
+struct SlotMigrationInfoV1 {
+    version: u64,
+    job_name: [c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
+unsafe extern "C" fn on_slot_migration<H: EventHandler>(
+    ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    // SAFETY: the callback's live context.
+    let Some(ctx) = (unsafe { Ctx::from_raw(ctx) }) else {
+        return;
+    };
+    // SAFETY: for this event Valkey passes a `SlotMigrationInfoV1` (we subscribed with
+    // dataver 1), or null; its array holds `num_slot_ranges` ranges and lives during the
+    // callback.
+    let ranges: Vec<(i64, i64)> = match unsafe { data.cast::<SlotMigrationInfoV1>().as_ref() } {
+        Some(info) if !info.slot_ranges.is_null() => {
+            // SAFETY: as above.
+            let raw_ranges = unsafe {
+                std::slice::from_raw_parts(info.slot_ranges, info.num_slot_ranges as usize)
+            };
+            raw_ranges
+                .iter()
+                .map(|r| (i64::from(r.start), i64::from(r.end)))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    H::slot_migration(ctx, subevent, &ranges);
+}
+
+/// Subscribe `H` to server event `event` (Valkey 9's atomic slot migration, whose number the
+/// caller knows: the crate's header lacks it); false when the server refused (it has no such
+/// event).
+pub fn subscribe_slot_migration<H: EventHandler>(ctx: Ctx<'_>, event: u64) -> bool {
+    // SAFETY: the init context; the callback is a plain function of this file, and decodes
+    // the data as version 1 of the event's structure, the version asked for here.
+    let rc = unsafe {
+        api!(RedisModule_SubscribeToServerEvent, raw::REDISMODULE_ERR as c_int;
+            ctx.ptr(), raw::RedisModuleEvent { id: event, dataver: 1 }, Some(on_slot_migration::<H>))
+    };
+    rc == raw::REDISMODULE_OK as c_int
 }

@@ -27,8 +27,10 @@ pub trait LockTypeMethods {
     /// The state COPY puts in the new key (`None`: no copy).
     fn copy(state: &LockState) -> Option<LockRecord>;
     /// `block` is about to be freed (by Redis, possibly on a lazy-free thread): let go of
-    /// it. Returns whether this is the main thread, passed on to [`Self::freed`].
-    fn freeing(block: RecordPtr) -> bool;
+    /// it. `bound` reads its bound grants (connection id, token), decoding the block: call it
+    /// only when they matter. Returns whether this is the main thread, passed on to
+    /// [`Self::freed`].
+    fn freeing(block: RecordPtr, bound: impl FnOnce() -> Vec<(u64, u64)>) -> bool;
     /// The block is gone; it had clients waiting for `watched`.
     fn freed(watched: Option<Box<KeyId>>, main_thread: bool);
     /// The aux data saved before the keyspace.
@@ -225,7 +227,16 @@ unsafe extern "C" fn free<T: LockTypeMethods>(value: *mut c_void) {
     let Some(block) = (unsafe { RecordPtr::from_value(value) }) else {
         return;
     };
-    let main_thread = T::freeing(block);
+    let bound = || {
+        // SAFETY: the live block Redis is about to free, not changed while it is read.
+        let state = unsafe { block.state() };
+        state
+            .grants()
+            .iter()
+            .filter_map(|g| g.bound_client().map(|client| (client, g.token)))
+            .collect()
+    };
+    let main_thread = T::freeing(block, bound);
     // SAFETY: out of the index (`freeing`, or the flush event before a lazy free) and out of
     // the keyspace.
     let watched = unsafe { block.free() };

@@ -56,7 +56,7 @@ pub use call::{
     call_argv, call_cluster_nodes, command_keys, command_keys_with_flags, CallReply, KeysRequest,
 };
 pub use command_info::{describe_commands, KeyFlags};
-pub use events::{subscribe, EventHandler, NotifyClasses, ServerEvent};
+pub use events::{subscribe, subscribe_slot_migration, EventHandler, NotifyClasses, ServerEvent};
 pub use handle::{bytes, Ctx, RStr, RString, Status};
 pub use key::{notify, Key, KeyKind};
 pub use lock_type::{create_lock_type, Aof, Digest, LockTypeMethods, RdbReader, RdbWriter};
@@ -74,7 +74,7 @@ pub use reply::{
 };
 pub use server::{
     avoid_replica_traffic, init_module_ctx, is_connected_client, module_ctx, monotonic_us, now,
-    server_info_field,
+    server_info_field, server_info_text, server_version,
 };
 pub use timer::{create_timer, stop_timer, Timer};
 

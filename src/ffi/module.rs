@@ -38,11 +38,14 @@ pub fn on_load<M: OnLoad>(load: &Context, args: &[RedisString]) -> redis_module:
 /// flag), and a replica may load a full sync asynchronously (`repl-diskless-load swapdb`,
 /// serving reads from its old data meanwhile). The latter holds because on a replica nothing
 /// the module keeps beside the keys points into them: no timer is armed, nobody waits, no
-/// binding is kept (see tests/async_load.rs), and the token mark only grows.
-pub fn set_options(load: &Context) {
-    load.set_module_options(
-        raw::ModuleOptions::HANDLE_IO_ERRORS | raw::ModuleOptions::HANDLE_REPL_ASYNC_LOAD,
-    );
+/// binding is kept (see tests/async_load.rs), and the token mark only grows. `extra`: further
+/// option bits the caller decided this server has (Valkey 9's atomic slot migration); the
+/// crate's bindings predate them, so they go in as raw bits.
+pub fn set_options(load: &Context, extra: c_int) {
+    let known = raw::ModuleOptions::HANDLE_IO_ERRORS | raw::ModuleOptions::HANDLE_REPL_ASYNC_LOAD;
+    // SAFETY: the OnLoad context; the server reads the whole mask once (it replaces any
+    // earlier one), and a server without a bit's meaning never sees it (the caller's check).
+    unsafe { api!(RedisModule_SetModuleOptions, (); load.ctx, known.bits() | extra) };
 }
 
 /// Apply redis.conf's lines for the registered configs; false when one was refused.

@@ -93,3 +93,28 @@ pub fn is_connected_client(id: u64) -> bool {
     };
     known == raw::REDISMODULE_OK as c_int
 }
+
+/// The string INFO field `field` of `section` (`None`: no such field).
+pub fn server_info_text(ctx: Ctx<'_>, section: &CStr, field: &CStr) -> Option<String> {
+    // SAFETY: a live context; `section` is NUL-terminated.
+    let info =
+        unsafe { api!(RedisModule_GetServerInfo, ptr::null_mut(); ctx.ptr(), section.as_ptr()) };
+    if info.is_null() {
+        return None;
+    }
+    // SAFETY: `info` is the live INFO data fetched above; the returned C string lives as long
+    // as `info`, and is copied before `info` is freed (once, right after).
+    let text = unsafe {
+        let v = api!(RedisModule_ServerInfoGetFieldC, ptr::null(); info, field.as_ptr());
+        (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
+    };
+    // SAFETY: as above.
+    unsafe { api!(RedisModule_FreeServerInfo, (); ctx.ptr(), info) };
+    text
+}
+
+/// The server's version as `0x00MMmmpp` (Valkey's own number on Valkey; 0 when unknown).
+pub fn server_version() -> i32 {
+    // SAFETY: takes no arguments.
+    unsafe { api!(RedisModule_GetServerVersion, 0;) }
+}

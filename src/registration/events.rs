@@ -7,13 +7,16 @@ use crate::ffi::block::{self, Found, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
 use crate::peers::cluster;
 use crate::peers::replication;
+use crate::server::migration as moving;
 use crate::server::{self, config};
 use crate::store::bindings;
 use crate::store::expiry::{self, Arming, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
 use crate::waiting::{waiters, watchers};
 use flock_core::engine::{self, RevisitPlan};
+use flock_core::errors::Fixed;
 use flock_core::keyspace::{self, Arrival, ServerChange, Step};
+use flock_core::migration::{self, MoveStep, SlotMove, SlotRanges};
 use flock_core::watch::{self, ServerStep};
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -35,6 +38,10 @@ impl ffi::EventHandler for Events {
 
     fn server(ctx: Ctx<'_>, event: ServerEvent) {
         on_server_event(ctx, event);
+    }
+
+    fn slot_migration(ctx: Ctx<'_>, subevent: u64, ranges: &[(i64, i64)]) {
+        on_slot_migration(ctx, subevent, ranges);
     }
 }
 
@@ -217,6 +224,69 @@ fn for_watchers(event: ServerEvent) {
         ServerStep::FailAll(why) => watchers::fail_everyone(why),
         ServerStep::LookAll(db) => watchers::look_all_soon(db),
     }
+}
+
+/// A lock key leaves this node: the one path, whatever took it (DEL, UNLINK, the delete of a
+/// RELEASE or an expiry, MIGRATE's delete on its source, a slot trimmed after an atomic slot
+/// migration, eviction, an overwrite, a synchronous flush), called as Redis frees its block
+/// on the main thread. Nothing of it stays (G10): its deadline index entry, the bindings of
+/// bound grants still in it (their connection no longer holds them here). Its watchers are
+/// looked at right after the command (`watchers::run_looks`: TRYAGAIN where its slot is
+/// served elsewhere now, else what ended it), as its waiters are (the type's `freed`
+/// schedules their revisit: TRYAGAIN likewise).
+pub fn key_left(block: RecordPtr, bound: impl FnOnce() -> Vec<(u64, u64)>) {
+    expiry::disarm(block);
+    // A block that never carried its name (loaded, never armed) has no binding either.
+    let Some((db, name)) = block.name() else {
+        return;
+    };
+    if bindings::any() {
+        for (client, token) in bound() {
+            bindings::unbind(client, token, db, name);
+        }
+    }
+    if watchers::any() {
+        watchers::look_soon(db, name);
+    }
+}
+
+/// Valkey 9's atomic slot migration event (flock-core's `migration::on_slot_move`).
+fn on_slot_migration(ctx: Ctx<'_>, subevent: u64, pairs: &[(i64, i64)]) {
+    let Some(m) = SlotMove::from_subevent(subevent) else {
+        return;
+    };
+    let ranges = migration::ranges_of(pairs.iter().copied());
+    for step in migration::on_slot_move(m, server::is_master()) {
+        match step {
+            MoveStep::HoldImports => moving::set_importing(&ranges, true),
+            MoveStep::EndImports => moving::set_importing(&ranges, false),
+            MoveStep::ArmArrived => {
+                expiry::arm_where(ctx, |name| migration::key_in(&ranges, name));
+                replication::mark_soon();
+            }
+            MoveStep::StreamEffects => {
+                moving::set_exporting(true);
+                server::assume_replication_consumed();
+            }
+            MoveStep::EndStreamEffects => moving::set_exporting(false),
+            MoveStep::Departed => slots_left(&ranges),
+        }
+    }
+}
+
+/// The slots `ranges` now belong to another node and the server deletes their keys next (each
+/// then leaves by [`key_left`]). Until then nothing here may act on them: their deadline
+/// entries go, and their waiters and watchers are told TRYAGAIN now (the new owner serves
+/// them; a grant made here from now on would be a second copy of the lock).
+fn slots_left(ranges: &SlotRanges) {
+    let moved = |name: &[u8]| migration::key_in(ranges, name);
+    expiry::forget_where(moved);
+    for key in waiters::waited_keys(None) {
+        if moved(&key.1) {
+            waiters::fail_all(&key, Fixed::WaitedKeyMoved.as_str());
+        }
+    }
+    watchers::fail_where(moved, Fixed::WaitedKeyMoved);
 }
 
 /// The module was loaded: the steps of a start (before any data is loaded).

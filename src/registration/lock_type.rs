@@ -5,12 +5,13 @@
 //!
 //! [`Snapshot`]: flock_core::Snapshot
 
+use super::events;
 use crate::ffi::block::{KeyId, LockRecord, RecordPtr};
 use crate::ffi::{self, Aof, Digest, RStr, RdbReader, RdbWriter};
 use crate::peers::replication;
 use crate::server;
 use crate::store::expiry;
-use crate::waiting::{jobs, watchers};
+use crate::waiting::jobs;
 use flock_core::{engine, keyspace, rdb, LockState};
 use std::ffi::c_int;
 use std::ffi::CStr;
@@ -61,20 +62,14 @@ impl ffi::LockTypeMethods for FlockLock {
         })
     }
 
-    /// DEL, UNLINK, RELEASE, overwrite, eviction and a synchronous flush free on the main
-    /// thread: take the block out of the deadline index now (G10). A lazy-free thread
-    /// (FLUSHALL ASYNC) must not touch the index; the flush event already took those out.
-    /// A watched lock that goes (overwritten by another type, too, which no keyspace event
-    /// flock follows tells of) is looked at right after the command.
-    fn freeing(block: RecordPtr) -> bool {
+    /// DEL, UNLINK, RELEASE, overwrite, eviction, MIGRATE's delete, a slot trimmed after it
+    /// moved, and a synchronous flush free on the main thread: the key leaves this node, by
+    /// the one path of `events::key_left`. A lazy-free thread (FLUSHALL ASYNC) must not touch
+    /// the index; the flush event already took those out.
+    fn freeing(block: RecordPtr, bound: impl FnOnce() -> Vec<(u64, u64)>) -> bool {
         let main_thread = server::on_main_thread();
         if main_thread {
-            expiry::disarm(block);
-            if watchers::any() {
-                if let Some((db, name)) = block.name() {
-                    watchers::look_soon(db, name);
-                }
-            }
+            events::key_left(block, bound);
         }
         main_thread
     }

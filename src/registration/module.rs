@@ -11,6 +11,7 @@ use crate::server::{self, stats};
 use crate::store::{bindings, expiry};
 use crate::waiting::{jobs, waiters, watchers};
 use flock_core::commands::{self, CommandSpec};
+use flock_core::migration;
 use redis_module::{Context, RedisString};
 use std::ffi::{c_int, CStr, CString};
 
@@ -37,7 +38,12 @@ fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
         return Err(());
     }
     server::init(ctx);
-    ffi::set_options(load);
+    let extra = if slot_migration_handled(ctx, load) {
+        migration::OPTION_HANDLE_ATOMIC_SLOT_MIGRATION
+    } else {
+        0
+    };
+    ffi::set_options(load, extra);
     expiry::set_due_handler(events::on_due);
     jobs::set_runner(events::run_job);
     watchers::set_slot_check(cluster::serves_stably);
@@ -50,6 +56,24 @@ fn init(ctx: Ctx<'_>, load: &Context, args: &[RedisString]) -> Result<(), ()> {
     cluster::init(ctx);
     events::on_start();
     Ok(())
+}
+
+/// On Valkey 9 and later, follow its atomic slot migration events; true when the server may
+/// then be told that flock handles such migrations (`CLUSTER MIGRATESLOTS` is refused while
+/// a loaded module has not said so). Elsewhere the option's bit is not Valkey's: nothing.
+fn slot_migration_handled(ctx: Ctx<'_>, load: &Context) -> bool {
+    let name = ffi::server_info_text(ctx, c"server", c"server_name");
+    let version = ffi::server_version();
+    if !migration::declares_atomic_slot_migration(name.as_deref(), version) {
+        return false;
+    }
+    if !ffi::subscribe_slot_migration::<events::Events>(ctx, migration::EVENT_ATOMIC_SLOT_MIGRATION)
+    {
+        load.log_warning("the atomic slot migration event could not be followed: not declaring it");
+        return false;
+    }
+    load.log_notice("declaring atomic slot migration support (CLUSTER MIGRATESLOTS)");
+    true
 }
 
 /// A command handler type for each function of `handlers.rs` and `commands/stats.rs`.

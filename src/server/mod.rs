@@ -6,6 +6,7 @@
 //! which touches none of this but [`on_main_thread`].
 
 pub mod config;
+pub mod migration;
 pub mod stats;
 
 use crate::ffi::{self, Ctx};
@@ -61,8 +62,8 @@ pub fn set_master(master: bool) {
     IS_MASTER.store(master, Ordering::Relaxed);
 }
 
-/// Whether anything consumes the replication stream: an AOF, replicas, or a replication
-/// backlog (which replicas partially resync from). When nothing does, effects are not built
+/// Whether anything consumes the replication stream: an AOF, replicas, a replication
+/// backlog (which replicas partially resync from), or a slot export (Valkey 9). When nothing does, effects are not built
 /// at all (building them costs as much as the rest of ACQUIRE). Starts true, is raised at once
 /// by every event that can start a consumer (a fork for BGSAVE or replica sync, an AOF
 /// rewrite, a replica change, a role or config change, loading), and lowered only by
@@ -78,8 +79,11 @@ pub fn assume_replication_consumed() {
 }
 
 /// Look at INFO: with no AOF, no replica and no replication backlog, stop building effects.
+/// Never while a slot export streams effects to its target (Valkey feeds the export from what
+/// is propagated: an effect not built would never reach the target).
 pub fn recheck_replication(ctx: Ctx<'_>) {
-    let quiet = ffi::server_info_field(ctx, c"persistence", c"aof_enabled") == Some(0)
+    let quiet = !migration::exporting()
+        && ffi::server_info_field(ctx, c"persistence", c"aof_enabled") == Some(0)
         && ffi::server_info_field(ctx, c"replication", c"repl_backlog_active") == Some(0)
         && ffi::server_info_field(ctx, c"replication", c"connected_slaves") == Some(0);
     REPLICATION_CONSUMED.store(!quiet, Ordering::Relaxed);

@@ -179,6 +179,11 @@ pub fn take(client: u64) -> Vec<KeyId> {
     keys
 }
 
+/// Whether any connection holds a bound grant (lets a key's departure skip decoding it).
+pub fn any() -> bool {
+    with_index(|idx| !idx.is_empty())
+}
+
 /// Bound grants this index knows of (INFO `bound_grants`).
 pub fn count() -> usize {
     with_index(|idx| idx.values().map(Bound::live).sum())

@@ -111,8 +111,12 @@ fn arm_made(block: RecordPtr, next: Option<Deadline>) {
     let Some(next) = next.filter(|_| server::is_master()) else {
         return;
     };
-    if block.name().is_none() {
-        return;
+    match block.name() {
+        None => return,
+        // A lock the source still owns (an atomic slot migration importing it): armed when
+        // the import completes.
+        Some((_, name)) if server::migration::importing(name) => return,
+        Some(_) => {}
     }
     let mut e = expiry();
     if e.index.insert(next.mono_us, block, &mut place) {
@@ -130,7 +134,8 @@ fn arm_with(
     if !server::is_master() {
         return Ok(());
     }
-    let Some(next) = next else {
+    let Some(next) = next.filter(|_| !server::migration::importing(ffi::bytes(&key))) else {
+        // Never due, or still the source's (an import under way: armed when it completes).
         disarm(block);
         return Ok(());
     };
@@ -194,6 +199,17 @@ pub fn forget_db(db: Option<c_int>) {
     e.index.drain_where(
         // The index holds live blocks only.
         |block| db.is_none_or(|d| block.name().is_some_and(|(bd, _)| bd == d)),
+        &mut place,
+    );
+}
+
+/// Take out the entries of the keys `gone` accepts (their slots moved to another node: the
+/// server deletes them next, and nothing here may act on them before).
+pub fn forget_where(gone: impl Fn(&[u8]) -> bool) {
+    let mut e = expiry();
+    e.index.drain_where(
+        // The index holds live blocks only.
+        |block| block.name().is_some_and(|(_, name)| gone(name)),
         &mut place,
     );
 }
@@ -333,6 +349,12 @@ pub fn name_and_arm(ctx: Ctx<'_>, key_name: RStr<'_>, key: &mut Key, replace: bo
 
 /// Arm a timer for every lock in every database (after promotion, loading or SWAPDB).
 pub fn arm_all(ctx: Ctx<'_>) {
+    arm_where(ctx, |_| true);
+}
+
+/// Arm every lock whose key name `wanted` accepts (the slots an import brought), as
+/// [`arm_all`] does: bound grants with no connection here come due at once.
+pub fn arm_where(ctx: Ctx<'_>, wanted: impl Fn(&[u8]) -> bool) {
     if !server::is_master() {
         return;
     }
@@ -343,7 +365,9 @@ pub fn arm_all(ctx: Ctx<'_>) {
     while ctx.select_db(db) {
         let mut unnamed: Vec<Vec<u8>> = Vec::new();
         if !ffi::scan_db(ctx, |ctx, keyname, key| {
-            arm_scanned(ctx, keyname, key, &mut unnamed)
+            if wanted(ffi::bytes(&keyname)) {
+                arm_scanned(ctx, keyname, key, &mut unnamed);
+            }
         }) {
             return;
         }

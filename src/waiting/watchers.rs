@@ -375,6 +375,15 @@ pub fn run_looks(ctx: Ctx<'_>) {
     ctx.select_db(db_before);
 }
 
+/// Unblock every watcher of a key `which` accepts with an error (the key's slot moved away).
+pub fn fail_where(which: impl Fn(&[u8]) -> bool, msg: Fixed) {
+    for (db, name) in watched_keys(None) {
+        if which(&name) {
+            fail_key(db, &name, msg);
+        }
+    }
+}
+
 /// Unblock every watcher of `db`/`name` with an error.
 fn fail_key(db: c_int, name: &[u8], msg: Fixed) {
     let mut guard = registry();

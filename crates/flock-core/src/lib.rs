@@ -24,6 +24,8 @@
 //! - [`fence`]: FLOCK.FENCED's rules: what a token lets the inner command do.
 //! - [`keyspace`]: what becomes of locks when Redis moves keys or the server changes role,
 //!   loads, flushes or swaps databases.
+//! - [`migration`]: Valkey 9's atomic slot migration: whether to declare it, and what each of
+//!   its events asks.
 //! - [`apply`]: the `FLOCK.APPLY` effect command's encoder (its decoder is
 //!   [`args::parse_apply`]).
 //! - [`rdb`]: the RDB layout of a lock value (encoding versions 1 and 2), its digest, and the
@@ -49,6 +51,7 @@ pub mod grant;
 pub mod grants;
 pub mod keyspace;
 pub mod lock_stats;
+pub mod migration;
 pub mod multi;
 pub mod queue;
 pub mod rdb;
