@@ -83,7 +83,9 @@ fn on_load(
 
 redis_module::redis_module! {
     name: "flock",
-    version: 1,
+    // MODULE LIST's `ver`: the crate's version 0.1.0 as major * 10000 + minor * 100 + patch
+    // (the form Redis's own modules use), checked against Cargo.toml by tests/commands.rs.
+    version: 100,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     // The data type is created by the init (`create_lock_type`), first thing.
     data_types: [],

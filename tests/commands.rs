@@ -805,12 +805,6 @@ fn command_docs_and_arity() {
             &["arg"],
         ),
     ];
-    fn field<'a>(pairs: &'a [(Reply, Reply)], name: &str) -> Option<&'a Reply> {
-        pairs
-            .iter()
-            .find(|(k, _)| k.string().as_deref() == Some(name))
-            .map(|(_, v)| v)
-    }
     for (cmd, arity, names, optional) in table {
         let r = call(&mut c, &["COMMAND", "DOCS", cmd]);
         let outer = r
@@ -826,7 +820,7 @@ fn command_docs_and_arity() {
         assert!(summary.len() > 20, "{cmd}: summary {summary:?}");
         assert_eq!(
             field(&doc, "since").and_then(|s| s.string()).as_deref(),
-            Some("1.0.0")
+            Some(env!("CARGO_PKG_VERSION"))
         );
         let args = field(&doc, "arguments")
             .and_then(|a| a.array())
@@ -911,4 +905,32 @@ fn command_docs_and_arity() {
         "HELP FLOCK.ACQUIRE: {help}"
     );
     assert!(help.contains("fencing token"), "HELP FLOCK.ACQUIRE: {help}");
+}
+
+/// MODULE LIST's `ver` is the crate's version (major * 10000 + minor * 100 + patch), the same
+/// version COMMAND DOCS gives as `since` and CHANGELOG.md names.
+#[test]
+fn module_version_is_the_crate_version() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let part = |v: &str| v.parse::<i64>().unwrap_or(-1);
+    let want = part(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+        + part(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + part(env!("CARGO_PKG_VERSION_PATCH"));
+    let r = call(&mut c, &["MODULE", "LIST"]);
+    let modules = r.array().unwrap_or_default();
+    let flock = modules
+        .iter()
+        .filter_map(|m| m.pairs())
+        .find(|m| field(m, "name").and_then(|n| n.string()).as_deref() == Some("flock"))
+        .unwrap_or_else(|| panic!("flock not in MODULE LIST: {r:?}"));
+    assert_eq!(field(&flock, "ver").and_then(|v| v.int()), Some(want));
+}
+
+/// The value of `name` in a map reply read as pairs.
+fn field<'a>(pairs: &'a [(Reply, Reply)], name: &str) -> Option<&'a Reply> {
+    pairs
+        .iter()
+        .find(|(k, _)| k.string().as_deref() == Some(name))
+        .map(|(_, v)| v)
 }

@@ -79,7 +79,7 @@ impl CommandSpec {
 }
 
 /// The module version the commands appeared in (COMMAND DOCS `since`).
-pub const SINCE: &CStr = c"1.0.0";
+pub const SINCE: &CStr = c"0.1.0";
 
 const fn arg(name: &'static CStr, kind: ArgKind) -> ArgDoc {
     ArgDoc {
