@@ -12,6 +12,7 @@
 use flock_testkit::*;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::thread::{self, sleep};
@@ -482,6 +483,9 @@ fn a_cancelled_or_failed_migration_loses_nothing_on_either_side() {
     }
 }
 
+static MOVED: AtomicUsize = AtomicUsize::new(0);
+static TRYAGAIN: AtomicUsize = AtomicUsize::new(0);
+
 /// A cluster connection that follows MOVED and retries TRYAGAIN, for the load test.
 struct Routed {
     port: u16,
@@ -502,6 +506,7 @@ impl Routed {
             };
             match call_raw(c, args) {
                 Ok(Reply::Err(e)) if e.starts_with("MOVED") => {
+                    MOVED.fetch_add(1, SeqCst);
                     let to = e.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
                     if let Some(p) = to {
                         self.port = p;
@@ -538,10 +543,17 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
         };
         workers.push(thread::spawn(move || {
             let mut rng = Rng::new(w as u64 + 1);
+            let mut n = 0u64;
             while !sh.stop.load(SeqCst) {
                 let k = rng.below(keys as u64) as usize;
-                let owner = format!("c{w}");
-                let ttl_ms = 3_000u64;
+                // A new owner each time: an owner's repeated ACQUIRE returns its live grant's
+                // token (G4), which is not a new grant.
+                n += 1;
+                let owner = format!("c{w}-{n}");
+                // One grant in eight is left to expire: its lease ends by the server's timer,
+                // which hands the key to a waiter from there (an effect the export must stream).
+                let abandon = rng.below(8) == 0;
+                let ttl_ms = if abandon { 400 } else { 3_000u64 };
                 let (kind, extra): (Kind, Vec<String>) = match sh.kinds[k] {
                     KeyKind::Exclusive => (Kind::Exclusive, vec![]),
                     KeyKind::ReadWrite if rng.below(2) == 0 => (Kind::Shared, s(&["SHARED"])),
@@ -589,6 +601,10 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
                     });
                     h.grants.len() - 1
                 };
+                if abandon {
+                    sh.hist().op("left to expire");
+                    continue;
+                }
                 sleep(Duration::from_millis(rng.below(20)));
                 // A proof that it is still live, then its release.
                 let send = sh.now();
@@ -647,8 +663,11 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
     let logs: HashMap<usize, Vec<String>> = (0..keys).map(|k| (k, Vec::new())).collect();
     check_history(&sh, &mut h, &logs);
     eprintln!(
-        "asm: slot {slot} moved {moves} times under {clients} clients on {keys} keys: {grants} grants, \
-         checks {:?}, {} violations",
+        "asm: slot {slot} moved {moves} times under {clients} clients on {keys} keys: {grants} grants \
+         ({} left to expire), {} MOVED and {} TRYAGAIN answers followed, checks {:?}, {} violations",
+        h.ops.get("left to expire").copied().unwrap_or(0),
+        MOVED.load(SeqCst),
+        TRYAGAIN.load(SeqCst),
         h.checks,
         h.violations.len()
     );
