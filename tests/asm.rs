@@ -674,3 +674,71 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
     assert!(grants > 100, "the clients made {grants} grants");
     assert!(h.violations.is_empty(), "violations: {:#?}", h.violations);
 }
+
+#[test]
+fn a_grant_the_servers_timer_makes_while_the_slot_streams_reaches_the_target() {
+    let cl = cluster();
+    let mut any = cl.nodes[0].srv.conn();
+    let (key, slot) = tagged(&mut any, "timer");
+    let src = cl.master_of(slot);
+    let dst = cl.other_master(src);
+    let (mut sc, mut dc) = (src.srv.conn(), dst.srv.conn());
+    let s_ = slot.to_string();
+    let k = key("k");
+    let first = grant(&mut sc, &k, "short", 1_500);
+    let waiter = blocked(
+        &src.srv,
+        s(&["FLOCK.ACQUIRE", &k, "next", "600000", "BLOCK", "0"]),
+    );
+    wait_until("the waiter blocked", || {
+        flock_stat(&mut sc, "blocked_clients") == 1
+    });
+    assert_ok(
+        &call(&mut sc, &["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        "prevent pause",
+    );
+    assert_ok(
+        &call(
+            &mut sc,
+            &[
+                "CLUSTER",
+                "MIGRATESLOTS",
+                "SLOTSRANGE",
+                &s_,
+                &s_,
+                "NODE",
+                &dst.id,
+            ],
+        ),
+        "MIGRATESLOTS",
+    );
+    wait_until("the source streams the slot", || {
+        matches!(
+            last_job_state(&src.srv).as_str(),
+            "replicating" | "waiting-to-pause"
+        )
+    });
+    // The lease runs out on the source while it streams: its timer hands the key on.
+    let next = waiter
+        .join()
+        .expect("waiter")
+        .int()
+        .expect("the waiter granted by the timer");
+    assert!(next > first);
+    assert_ok(
+        &call(&mut sc, &["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        "allow pause",
+    );
+    wait_until(
+        "the target owns the slot and the source kept no key of it",
+        || {
+            owner_seen_by(&src.srv, slot).as_deref() == Some(dst.id.as_str())
+                && call(&mut sc, &["CLUSTER", "COUNTKEYSINSLOT", &s_]).int() == Some(0)
+        },
+    );
+    assert_eq!(
+        holders(&mut dc, &k),
+        vec![("next".to_string(), next)],
+        "the target holds the grant the source's timer made"
+    );
+}
