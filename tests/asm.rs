@@ -742,3 +742,40 @@ fn a_grant_the_servers_timer_makes_while_the_slot_streams_reaches_the_target() {
         "the target holds the grant the source's timer made"
     );
 }
+
+#[test]
+fn replicas_of_both_sides_follow_a_moved_slot() {
+    let cl = Cluster::start_on(Some(&valkey9()), 1, &[]);
+    let mut any = cl.nodes[0].srv.conn();
+    let (key, slot) = tagged(&mut any, "replicas");
+    let src = cl.master_of(slot);
+    let dst = cl.other_master(src);
+    let (src_r, dst_r) = (cl.replica_of(src), cl.replica_of(dst));
+    let mut sc = src.srv.conn();
+    let locks = fill(&mut sc, &key, 50);
+    let bound_key = key("bound");
+    let mut bc = src.srv.conn();
+    call(
+        &mut bc,
+        &["FLOCK.ACQUIRE", &bound_key, "b", "600000", "BOUND"],
+    )
+    .int()
+    .expect("bound grant");
+    migrate(slot, src, dst);
+    let s_ = slot.to_string();
+    // The target's replica holds what the target holds, the bound grant's end included.
+    let mut rc = dst_r.srv.conn();
+    assert_ok(&call(&mut rc, &["READONLY"]), "READONLY");
+    wait_until("the target's replica has every moved lock", || {
+        locks.iter().all(|(k, h)| &holders(&mut rc, k) == h)
+    });
+    wait_until("the bound grant's end reached the target's replica", || {
+        holders(&mut rc, &bound_key).is_empty()
+    });
+    // The source's replica deleted the slot's keys as its master did.
+    let mut sr = src_r.srv.conn();
+    wait_until("the source's replica holds none of the slot's keys", || {
+        call(&mut sr, &["CLUSTER", "COUNTKEYSINSLOT", &s_]).int() == Some(0)
+    });
+    assert_eq!(flock_stat(&mut sr, "bound_grants"), 0);
+}
