@@ -281,6 +281,7 @@ fn locks_move_whole_waiters_and_watchers_get_tryagain_and_the_source_keeps_nothi
         .map(|n: u32| tagged(&mut any, &n.to_string()))
         .find(|(_, s)| *s != slot && cl.master_of(*s).id == src.id)
         .expect("another slot of the source");
+    let clients = info_i64(&mut sc, "clients", "connected_clients");
     let control = fill(&mut sc, &other, 1_970);
     let (_, _, bc, blocked_there) = blockers(&src.srv, &other, &control);
     migrate(other_slot, src, dst);
@@ -295,11 +296,16 @@ fn locks_move_whole_waiters_and_watchers_get_tryagain_and_the_source_keeps_nothi
             .contains("declaring atomic slot migration support"),
         "the module says it handles atomic slot migration on Valkey 9"
     );
+    // Measured with the same connections as at the start (a client's own structure is not in
+    // mem_clients_normal): the blocked clients' and the bound grant's closed.
+    wait_until("the control's connections closed", || {
+        info_i64(&mut sc, "clients", "connected_clients") == clients
+    });
     let base = info_i64(&mut sc, "memory", "used_memory") - server_side0(&mut sc);
 
     // Locks of every kind, a bound grant, waiters (one per kind) and watchers.
     let locks = fill(&mut sc, &key, 1_970);
-    let (bound_key, _, _bc, waiters) = blockers(&src.srv, &key, &locks);
+    let (bound_key, _, bc, waiters) = blockers(&src.srv, &key, &locks);
     let src_mark = flock_stat(&mut sc, "token_high_water");
 
     let t0 = Instant::now();
@@ -366,6 +372,10 @@ fn locks_move_whole_waiters_and_watchers_get_tryagain_and_the_source_keeps_nothi
         .map(|f| info_i64(c, "memory", f))
         .sum::<i64>()
     };
+    drop(bc);
+    wait_until("the blocked clients' connections closed", || {
+        info_i64(&mut sc, "clients", "connected_clients") == clients
+    });
     let residue = info_i64(&mut sc, "memory", "used_memory") - server_side(&mut sc) - base;
     eprintln!(
         "asm: slot {slot}: {} locks ({} grants) and 3 waiters, 2 watchers moved in {:.0} ms; \
@@ -374,7 +384,10 @@ fn locks_move_whole_waiters_and_watchers_get_tryagain_and_the_source_keeps_nothi
         locks.iter().map(|(_, h)| h.len()).sum::<usize>() + 1,
         took.as_secs_f64() * 1e3
     );
-    assert!(residue.abs() < 16 * 1024, "source residue {residue} bytes");
+    // The server's own 16 KB buffers (a query buffer it keeps or lets go) come and go between
+    // two readings: anything flock kept per lock (an index entry is 16 bytes, 2,011 grants)
+    // would pass 24 KB.
+    assert!(residue.abs() < 24 * 1024, "source residue {residue} bytes");
 }
 
 #[test]
