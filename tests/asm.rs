@@ -556,7 +556,7 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
     let a = cl.master_of(slot);
     let b = cl.other_master(a);
     let keys = 6;
-    let clients = 6;
+    let clients = 8;
     let sh = Arc::new(Shared::new(a.srv.port(), keys, clients));
     let names: Vec<String> = (0..keys).map(|k| key(&format!("k{k}"))).collect();
     let mut workers = Vec::new();
@@ -671,7 +671,7 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
         }));
     }
     // The slot goes back and forth while they run.
-    let moves = 6;
+    let moves = 8;
     let mut at = a;
     for _ in 0..moves {
         sleep(Duration::from_millis(300));
