@@ -17,7 +17,7 @@ help:
 	@echo "make test-one T=kinds::queue  one test binary (kinds) and a name filter (queue); T=name: that filter in every binary; docs/TESTING.md"
 	@echo "make lint    cargo fmt --check and clippy -D warnings on the whole workspace (not fuzz/)"
 	@echo "make build   install what is missing (scripts/deps.sh), then build the module: $(MODULE)"
-	@echo "make compat  the integration suite on every server the README claims: Redis 7.0, Valkey 8.1, Valkey 9.1"
+	@echo "make compat  the integration suite on every server the README claims: Redis 7.0, Valkey 8.1, Valkey 9.1 (and its cluster binaries again as valkey-9.1-cluster)"
 	@echo "make bench   build, then benchmark flock against SET NX PX and Lua locks; writes docs/BENCHMARKS.md (QUICK=1: under a minute)"
 	@echo "make clean   remove build output (target/); keeps .run/ (make run's data) and .venv/"
 	@echo "make distclean  make clean, and also delete .run/ (make run's AOF and RDB) and .venv/"
@@ -90,7 +90,7 @@ bench: build
 
 # Runs the integration tests once per server; each server comes from a package registry
 # (scripts/servers.sh). Prints one summary line per server and fails if any failed.
-COMPAT_SERVERS ?= redis-7.0 valkey-8.1 valkey-9.1
+COMPAT_SERVERS ?= redis-7.0 valkey-8.1 valkey-9.1 valkey-9.1-cluster
 compat: build
 	@bash scripts/compat.sh $(COMPAT_SERVERS)
 

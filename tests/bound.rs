@@ -486,3 +486,40 @@ fn stale_tokens_change_nothing() {
         check(&mut c, "k", t2) == 0
     });
 }
+
+#[test]
+fn a_bound_lock_deleted_or_migrated_away_leaves_no_binding() {
+    // The one path a lock key leaves a node by (DEL, UNLINK, MIGRATE's delete, a trimmed
+    // slot) drops the bindings of its bound grants with it (G10).
+    let m = Server::start();
+    let other = Server::start();
+    let mut c = m.conn();
+    let mut holder = m.conn();
+    for key in ["del-me", "unlink-me", "migrate-me"] {
+        bound(&mut holder, key, "h", 60_000);
+    }
+    bound(&mut holder, "kept", "h", 60_000);
+    assert_eq!(flock_stat(&mut c, "bound_grants"), 4);
+    assert_eq!(call(&mut c, &["DEL", "del-me"]).int(), Some(1));
+    assert_eq!(call(&mut c, &["UNLINK", "unlink-me"]).int(), Some(1));
+    let port = other.port().to_string();
+    assert_ok(
+        &call(
+            &mut c,
+            &["MIGRATE", "127.0.0.1", &port, "migrate-me", "0", "5000"],
+        ),
+        "MIGRATE",
+    );
+    assert_eq!(
+        flock_stat(&mut c, "bound_grants"),
+        1,
+        "only the kept lock's binding"
+    );
+    // The connection's one live bound grant still ends with it.
+    drop(holder);
+    wait_until(
+        "the kept lock's bound grant ended with its connection",
+        || holders(&mut c, "kept").is_empty(),
+    );
+    assert_eq!(flock_stat(&mut c, "bound_grants"), 0);
+}
