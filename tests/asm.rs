@@ -623,6 +623,8 @@ fn a_slot_moved_back_and_forth_under_load_keeps_every_guarantee() {
                         touched: send,
                         failover_epoch: 0,
                         lost_in_failover: false,
+                        durable: false,
+                        durable_lower: send,
                         bound: None,
                     });
                     h.grants.len() - 1
