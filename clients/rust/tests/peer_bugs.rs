@@ -312,3 +312,23 @@ async fn redisson_2515_5698_the_watchdog_survives_connection_errors() {
     lease.release().await.expect("release");
     mon.close();
 }
+
+/// redisson#4698: no signal at all when renewal failed. Here a server that stops answering
+/// (SIGSTOP) for longer than the lease leaves the lease lost by its local deadline, and its
+/// lost signal turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_4698_a_renewal_that_fails_for_good_is_loud() {
+    let srv = Server::start();
+    let flock = Flock::new(srv.client());
+    let lease = flock.lock("pb:4698", MS(900)).await.expect("lock");
+    let signal = lease.lost_signal();
+    srv.signal("STOP");
+    let t0 = tokio::time::Instant::now();
+    let lost = lease.wait_lost(MS(10_000)).await;
+    let took = t0.elapsed();
+    srv.signal("CONT");
+    assert!(lost, "not marked lost while the server was stopped");
+    assert!(took < MS(2000), "lost only after {took:?}");
+    assert!(*signal.borrow());
+    drop(lease);
+}
