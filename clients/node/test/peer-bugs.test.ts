@@ -1,0 +1,4 @@
+import { libs } from "./libs.js";
+import { peerBugsSuite } from "./peer-bugs.js";
+
+for (const lib of Object.values(libs)) peerBugsSuite(lib);
