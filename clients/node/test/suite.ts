@@ -519,6 +519,25 @@ export function coreSuite(lib: Lib): void {
         assert.equal(await lease.fenced("SET", `{move-${libKey(lib)}}:data`, "v"), "OK");
         assert.equal(await lease.release(), true);
         assert.equal(await dst.admin.exists(k), 0);
+
+        // 9.1 in a cluster: one watching connection per slot with leases, each WATCH on the
+        // slot's master; a REVOKE there is heard at once (the ttl is 30 s).
+        const a = await cf.acquire(k, { ttlMs: 30000 });
+        const other = `{other-${libKey(lib)}}:lock`;
+        const b = await cf.acquire(other, { ttlMs: 30000 });
+        assert.ok(a && b);
+        await until("both watched", () => cf._watcher._watching(k, a.token) && cf._watcher._watching(other, b.token));
+        // (Lines of the slots used above close after 2 s idle.)
+        await until("one watching connection per slot", () => cf._watcher.connections === (keySlot(k) === keySlot(other) ? 1 : 2));
+        const ownerB = await cluster.ownerOf(keySlot(other));
+        for (const [l, node] of [[a, dst], [b, ownerB]] as const) {
+          const t0 = performance.now();
+          assert.equal(await node.admin.call("FLOCK.REVOKE", l.key), 1);
+          assert.equal(await l.waitLost(10000), true);
+          const ms = performance.now() - t0;
+          assert.equal(l.lostReason, "revoked");
+          assert.ok(ms < 2000, `heard after ${ms.toFixed(0)} ms`);
+        }
       } finally {
         await lib.close(cc);
         cluster.kill();
