@@ -137,7 +137,7 @@ function ioredisCommandClass(c: AnyClient): any {
     const e = m?.exports;
     for (const x of [e, e?.default]) {
       if (x && (typeof x === "object" || typeof x === "function")) {
-        if (x.Cluster === c.constructor && typeof x.Command === "function") found = x.Command;
+        if (typeof x.Cluster === "function" && typeof x.Command === "function" && c instanceof x.Cluster) found = x.Command;
       }
     }
     if (found) break;

@@ -316,7 +316,7 @@ export function rulesSuite(lib: Lib): void {
       assert.equal(after - calls, 1, "only the one valid acquire was sent");
     });
 
-    test("12.6 each loss names its reason on the lease and on the LockLostError", async () => {
+    test("12.6 2.2 each loss names its reason on the lease and on the LockLostError", async () => {
       const reasons: Record<string, string> = {};
       const lose = async (what: string, opts: object, how: (l: Lease) => Promise<unknown>) => {
         const l = await flock.acquire(key(), { ttlMs: 30000, ...opts });
