@@ -180,7 +180,7 @@ export class Watcher {
         }
         let reply: unknown;
         try {
-          const conn = line.conn ?? (line.conn = await this.#adapter.dedicated({ bound: false, noResend: true, unref: true, name: WATCH_CONN_NAME }));
+          const conn = line.conn ?? (line.conn = await this.#adapter.nodeConn(route, WATCH_CONN_NAME));
           if (this.#closed) break;
           // CLIENT ID right before the WATCH on the same connection: the id that CLIENT UNBLOCK
           // needs, current after any reconnection, at no added latency.
@@ -198,12 +198,18 @@ export class Watcher {
             const code = replyCode(err);
             if (code === "WRONGTYPE") {
               await this.#sortWrongType(line, entries.map(([, e]) => e));
+            } else if (["TRYAGAIN", "MOVED", "ASK"].includes(code) && this.#cluster && line.conn) {
+              // The slot moved: watch on its new master (a connection to the old one is of no use).
+              void line.conn.close();
+              line.conn = null;
+              void this.#adapter.main.call(["FLOCK.CHECK", route, 1]).catch(() => {}); // learn the new owner
             } else if (!["TRYAGAIN", "UNBLOCKED", "LOADING", "CLUSTERDOWN", "MOVED", "ASK", "MASTERDOWN"].includes(code)) {
               // Refused for good (no FLOCK.WATCH on this server, an ACL): renewals find losses.
               this.disabled = (err as Error).message;
               break;
             }
-          } else if (isClosedClientError(err) && line.conn) {
+          } else if ((isClosedClientError(err) || this.#cluster) && line.conn) {
+            // (In a cluster a node connection that failed may belong to a node that is gone.)
             void line.conn.close();
             line.conn = null;
           }

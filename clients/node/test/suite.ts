@@ -529,6 +529,12 @@ export function coreSuite(lib: Lib): void {
         await until("both watched", () => cf._watcher._watching(k, a.token) && cf._watcher._watching(other, b.token));
         // (Lines of the slots used above close after 2 s idle.)
         await until("one watching connection per slot", () => cf._watcher.connections === (keySlot(k) === keySlot(other) ? 1 : 2));
+        // On the servers: one connection per watched slot, to that slot's master, and no more.
+        let watching = 0;
+        for (const node of cluster.nodes) {
+          watching += String(await node.admin.call("CLIENT", "LIST")).split("\n").filter((l) => / name=flock-watch /.test(l)).length;
+        }
+        assert.equal(watching, keySlot(k) === keySlot(other) ? 1 : 2, "watching connections on the servers");
         const ownerB = await cluster.ownerOf(keySlot(other));
         for (const [l, node] of [[a, dst], [b, ownerB]] as const) {
           const t0 = performance.now();
