@@ -45,6 +45,9 @@ const EVENT_REASON: Record<WatchEvent, LossReason> = {
   gone: "gone",
 };
 
+/** How long a bound lease told `gone` waits for its connection's close event (reason `closed`). */
+const GONE_GRACE_MS = 20;
+
 /** What releasing a forgotten lease needs, without the lease (which is gone by then). */
 interface Forgotten {
   key: string;
@@ -191,6 +194,16 @@ export class Lease implements AsyncDisposable, Watched {
   /** @internal rule 9: the server's WATCH says the grant ended. */
   _serverEnded(event: WatchEvent): void {
     if (this.#released || this.#releasing) return; // our own release
+    if (event === "gone" && this.bound) {
+      // Ended before the WATCH named it: for a bound lease most likely its connection closed,
+      // whose close event says so (`closed`) a moment later; give it that moment.
+      const get = this.#handle();
+      setTimeout(() => {
+        const l = get();
+        if (l && !l.#released && !l.#releasing) l.#lose("gone", true);
+      }, GONE_GRACE_MS).unref();
+      return;
+    }
     this.#lose(EVENT_REASON[event] ?? "gone", true);
   }
 
