@@ -275,7 +275,9 @@ export function durableSuite(lib: Lib): void {
         assert.ok(r1 <= r0 - 350, `the local deadline moved: ${r0} -> ${r1}`);
         assert.equal(lease.lost, false, "a short renewal does not lose the lease");
         const onMaster = Number(await master.admin.call("FLOCK.CHECK", k, lease.token));
-        assert.ok(onMaster > r1 + 300, `the master renewed it (${onMaster} ms) but the client kept ${r1} ms`);
+        // The two deadlines differ by the time between the renewals (the 300 ms sleep and a
+        // little more): 300 itself was seen on a loaded machine, so leave room below it.
+        assert.ok(onMaster > r1 + 200, `the master renewed it (${onMaster} ms) but the client kept ${r1} ms`);
       } finally {
         replica.resume();
       }
