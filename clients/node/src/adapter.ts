@@ -37,6 +37,13 @@ export interface Adapter {
    * connection (ioredis' autoResendUnfulfilledCommands), so a pipeline never straddles two.
    */
   dedicated(opts: { bound: boolean; noResend?: boolean; unref?: boolean; name?: string }): Promise<Conn>;
+  /**
+   * A connection of its own to the server that serves `key` (rule 9's watching connection):
+   * outside a cluster a duplicate of the client; in a cluster one connection to the master of
+   * the key's slot (a duplicate of the cluster's own client for that node), not a whole cluster
+   * client. Named `name`, unref'd, commands in flight never resent after a reconnection.
+   */
+  nodeConn(key: string, name: string): Promise<Conn>;
 }
 
 import { createRequire } from "node:module";
@@ -137,7 +144,7 @@ function ioredisCommandClass(c: AnyClient): any {
     const e = m?.exports;
     for (const x of [e, e?.default]) {
       if (x && (typeof x === "object" || typeof x === "function")) {
-        if (x.Cluster === c.constructor && typeof x.Command === "function") found = x.Command;
+        if (typeof x.Cluster === "function" && typeof x.Command === "function" && c instanceof x.Cluster) found = x.Command;
       }
     }
     if (found) break;
@@ -311,6 +318,40 @@ function nodeRedisUnref(d: AnyClient): void {
 }
 
 export function adapt(client: unknown): Adapter {
+  const a = adaptLibrary(client);
+  return { ...a, nodeConn: (key, name) => nodeConn(a, client as AnyClient, key, name) };
+}
+
+async function nodeConn(a: Omit<Adapter, "nodeConn">, c: AnyClient, key: string, name: string): Promise<Conn> {
+  if (a.library === "ioredis" || a.library === "node-redis") return a.dedicated({ bound: false, noResend: true, unref: true, name });
+  const slot = keySlot(key);
+  for (let attempt = 0; ; attempt++) {
+    if (a.library === "ioredis-cluster") {
+      const nodeKey = c.slots?.[slot]?.[0];
+      const node = nodeKey ? c.connectionPool?.getInstanceByKey?.(nodeKey) : null;
+      if (node) {
+        const d = node.duplicate({ lazyConnect: false, autoResendUnfulfilledCommands: false, connectionName: name });
+        d.on("error", () => {});
+        ioredisUnref(d);
+        return ioredisConn(d, true);
+      }
+    } else {
+      const master = c.getSlotMaster?.(slot);
+      const node = master ? await c.nodeClient(master) : null;
+      if (node) {
+        const d = node.duplicate({ name });
+        d.on("error", () => {});
+        await d.connect();
+        nodeRedisUnref(d);
+        return nodeRedisConn(d, true);
+      }
+    }
+    if (attempt >= 3) throw new Error(`no connection to the master of slot ${slot}`);
+    await a.main.call(["FLOCK.CHECK", key, 1]); // lets the cluster client learn the slot's owner
+  }
+}
+
+function adaptLibrary(client: unknown): Omit<Adapter, "nodeConn"> {
   if (client === null || typeof client !== "object") throw new TypeError("Flock needs an ioredis or node-redis client");
   const c = client as AnyClient;
 

@@ -25,9 +25,23 @@ interface Task {
   leases: Map<string, WeakRef<Lease>>;
 }
 
+/*
+ * Random owners come from a pool of CSPRNG bytes, each 16 used once: one randomBytes call per 256
+ * owners instead of one per lease (the call dominated the client's own cost of a lease).
+ */
+let ownerPool = Buffer.alloc(0);
+let ownerOffset = 0;
+
 /** A random 128-bit owner (rule 7). */
 export function randomOwner(): string {
-  return randomBytes(16).toString("hex");
+  if (ownerOffset + 16 > ownerPool.length) {
+    ownerPool = randomBytes(4096);
+    ownerOffset = 0;
+  }
+  const owner = ownerPool.toString("hex", ownerOffset, ownerOffset + 16);
+  ownerPool.fill(0, ownerOffset, ownerOffset + 16); // used: not kept in memory
+  ownerOffset += 16;
+  return owner;
 }
 
 /**
@@ -40,6 +54,8 @@ export class Flock extends Inspection {
   readonly #watcher: Watcher;
   /** Live leases by key and owner (rule 11), weakly: a forgotten lease can still be collected. */
   readonly #held = new Map<string, WeakRef<Lease>>();
+  /** Acquires in flight by key and owner (named or per-task owners only): rule 11 for concurrent calls. */
+  readonly #pending = new Map<string, Promise<Lease | null>>();
   readonly #tasks = new AsyncLocalStorage<Task>();
   /** Whether the server has WAITAOF (asked once, on the first `fsync` acquire). */
   #hasWaitaof: Promise<boolean> | null = null;
@@ -75,8 +91,19 @@ export class Flock extends Inspection {
     const task = this.#tasks.getStore();
     let owner = o.owner;
     if (owner === null && o.reentrant && task) owner = task.owner ??= randomOwner();
+    // A random owner is never asked for again: only named and per-task owners are kept.
+    const named = owner !== null;
     if (owner !== null) {
-      // Rule 11: one grant, one lease object.
+      // Rule 11: one grant, one lease object, also for two calls at once (the server would
+      // answer both with the same token, G4).
+      const inflight = this.#pending.get(heldId(key, owner));
+      if (inflight) {
+        if (!o.reentrant) {
+          throw new LockBusyError(key, `lock ${JSON.stringify(key)} is being acquired by this Flock with owner ${JSON.stringify(owner)} (reentrant: true re-enters it)`);
+        }
+        await inflight.catch(() => null);
+        return this.acquire(key, opts); // now held (re-entered) or free again
+      }
       const held = this.#held.get(heldId(key, owner))?.deref();
       if (held?._live) {
         if (!o.reentrant) {
@@ -93,16 +120,22 @@ export class Flock extends Inspection {
     const own = task?.leases.get(key)?.deref();
     const selfWait = wait > 0 && own?._live === true && !(kind === "permit" && own.kind === "permit");
     if (selfWait) wait = 0;
-    if (durability?.fsync) await this.#requireWaitaof();
-    const lease = await this.#acquire(key, owner, o.ttl, wait, kind, o.limit, bound, o.renew, durability);
+    const pid = named ? heldId(key, owner) : null;
+    const pending = (async () => {
+      if (durability?.fsync) await this.#requireWaitaof();
+      const got = await this.#acquire(key, owner, o.ttl, wait, kind, o.limit, bound, o.renew, durability);
+      if (got && pid !== null) this.#held.set(pid, got._weakRef());
+      return got;
+    })();
+    if (pid !== null) {
+      this.#pending.set(pid, pending);
+      void pending.catch(() => {}).finally(() => this.#pending.delete(pid));
+    }
+    const lease = await pending;
     if (lease === null && selfWait) {
       throw new LockBusyError(key, `lock ${JSON.stringify(key)} is held by this task's own lease: waiting would wait on itself`);
     }
-    if (lease) {
-      // A random owner is never asked for again: only named and per-task owners are kept.
-      if (o.owner !== null || o.reentrant) this.#held.set(heldId(key, owner), lease._weakRef());
-      task?.leases.set(key, lease._weakRef());
-    }
+    if (lease) task?.leases.set(key, lease._weakRef());
     return lease;
   }
 

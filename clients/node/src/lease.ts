@@ -45,6 +45,9 @@ const EVENT_REASON: Record<WatchEvent, LossReason> = {
   gone: "gone",
 };
 
+/** How long a bound lease told `gone` waits for its connection's close event (reason `closed`). */
+const GONE_GRACE_MS = 20;
+
 /** What releasing a forgotten lease needs, without the lease (which is gone by then). */
 interface Forgotten {
   key: string;
@@ -53,6 +56,7 @@ interface Forgotten {
   conn: Conn;
   ownConn: boolean;
   watcher: Watcher | null;
+  watchId: string | null;
   onEnd: LeaseInit["onEnd"];
 }
 
@@ -66,7 +70,7 @@ interface Forgotten {
  * registration, and a forgotten one is collected a third of a ttl later.
  */
 const forgotten = new FinalizationRegistry<Forgotten>((f) => {
-  f.watcher?.remove(f.key, f.token);
+  if (f.watchId !== null) f.watcher?.remove(f.watchId);
   f.onEnd?.(f.key, f.owner, f.token);
   if (f.ownConn) void f.conn.close();
   else void f.conn.call(["FLOCK.RELEASE", f.key, f.owner, f.token]).catch(() => {});
@@ -85,14 +89,14 @@ export class Lease implements AsyncDisposable, Watched {
   readonly kind: LeaseKind;
   readonly bound: boolean;
   /** Aborted (reason: a LockLostError) the moment the lease is known to be lost. */
-  readonly signal: AbortSignal;
 
   #conn: Conn;
   #ownConn: boolean;
   #ttl: number;
   #deadline: number;
   #watchdog: boolean;
-  #ctl = new AbortController();
+  /** Made when `signal` is first read (most leases never need one: it costs a microsecond). */
+  #ctl: AbortController | null = null;
   #lostReason: LossReason | null = null;
   /** The server told us the grant is gone (nothing left to release). */
   #gone = false;
@@ -113,6 +117,7 @@ export class Lease implements AsyncDisposable, Watched {
   #watcher: Watcher | null;
   #onEnd: LeaseInit["onEnd"];
   #ended = false;
+  #watchId: string | null = null;
 
   /** @internal use Flock.acquire() */
   constructor(init: LeaseInit) {
@@ -121,7 +126,6 @@ export class Lease implements AsyncDisposable, Watched {
     this.token = init.token;
     this.kind = init.kind;
     this.bound = init.bound;
-    this.signal = this.#ctl.signal;
     this.#conn = init.conn;
     this.#ownConn = init.ownConn;
     this.#ttl = init.ttlMs;
@@ -131,7 +135,7 @@ export class Lease implements AsyncDisposable, Watched {
     this.#watcher = init.watcher ?? null;
     this.#onEnd = init.onEnd ?? null;
     if (init.bound) this.#listenDown();
-    this.#watcher?.add(this.key, this.token, this);
+    this.#watchId = this.#watcher?.add(this.key, this.token, this) ?? null;
     this.#armExpiry();
     this.#scheduleRenew();
   }
@@ -162,9 +166,18 @@ export class Lease implements AsyncDisposable, Watched {
     this._weakRef();
     forgotten.register(this, {
       key: this.key, owner: this.owner, token: this.token, conn: this.#conn, ownConn: this.#ownConn,
-      watcher: this.#watcher, onEnd: this.#onEnd,
+      watcher: this.#watcher, watchId: this.#watchId, onEnd: this.#onEnd,
     }, this);
     if (this.bound) this.#listenDown();
+  }
+
+  /** Aborted (reason: a LockLostError) the moment the lease is known to be lost. */
+  get signal(): AbortSignal {
+    if (!this.#ctl) {
+      this.#ctl = new AbortController();
+      if (this.#lostReason !== null) this.#ctl.abort(new LockLostError(this.key, this.token, this.#lostReason));
+    }
+    return this.#ctl.signal;
   }
 
   /** Holds of a reentrant lease (rule 11): 1, plus one per reentrant acquire not yet released. */
@@ -191,6 +204,16 @@ export class Lease implements AsyncDisposable, Watched {
   /** @internal rule 9: the server's WATCH says the grant ended. */
   _serverEnded(event: WatchEvent): void {
     if (this.#released || this.#releasing) return; // our own release
+    if (event === "gone" && this.bound) {
+      // Ended before the WATCH named it: for a bound lease most likely its connection closed,
+      // whose close event says so (`closed`) a moment later; give it that moment.
+      const get = this.#handle();
+      setTimeout(() => {
+        const l = get();
+        if (l && !l.#released && !l.#releasing) l.#lose("gone", true);
+      }, GONE_GRACE_MS).unref();
+      return;
+    }
     this.#lose(EVENT_REASON[event] ?? "gone", true);
   }
 
@@ -396,7 +419,7 @@ export class Lease implements AsyncDisposable, Watched {
   #end(): void {
     if (this.#ended) return;
     this.#ended = true;
-    this.#watcher?.remove(this.key, this.token);
+    if (this.#watchId !== null) this.#watcher?.remove(this.#watchId);
     this.#onEnd?.(this.key, this.owner, this.token);
   }
 
@@ -412,7 +435,7 @@ export class Lease implements AsyncDisposable, Watched {
       // hand it back rather than leave the key held by nobody.
       void this.#conn.call(["FLOCK.RELEASE", this.key, this.owner, this.token]).catch(() => {});
     }
-    this.#ctl.abort(new LockLostError(this.key, this.token, reason));
+    this.#ctl?.abort(new LockLostError(this.key, this.token, reason));
   }
 
   #stopTimers(): void {

@@ -13,6 +13,7 @@
  * A lease's own release needs nothing: its `released` event wakes the WATCH, which then leaves it
  * out. The watcher holds leases weakly: it never keeps a forgotten lease alive (rule 11).
  */
+import { performance } from "node:perf_hooks";
 import { isClosedClientError, isReplyError, keySlot, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
 
 /** The events of a WATCH reply for a watched grant (SPEC "WATCH and WAITERS"). */
@@ -43,6 +44,8 @@ interface Entry {
   /** Until the lease joins a WATCH (ARM_DELAY_MS): held strongly, no WeakRef made for leases that end sooner. */
   lease: Watched | null;
   ref: WeakRef<Watched> | null;
+  /** performance.now() when added: only entries ARM_DELAY_MS old start or wake a WATCH. */
+  addedAt: number;
 }
 
 /** One watching connection and the up to 64 leases it watches. */
@@ -94,8 +97,9 @@ export class Watcher {
     return !!line && line.connId !== null && !!line.inFlight?.has(idOf(key, token));
   }
 
-  add(key: string, token: number, lease: Watched): void {
-    if (this.#closed || this.disabled !== null) return;
+  /** Watches a lease from ARM_DELAY_MS on; the id to remove() it with, or null when not watching. */
+  add(key: string, token: number, lease: Watched): string | null {
+    if (this.#closed || this.disabled !== null) return null;
     if (!this.#unDown) {
       // The caller's client closing ends watching: no connection of ours outlives it.
       this.#unDown = this.#adapter.main.onDown(() => this.#onMainDown());
@@ -106,21 +110,23 @@ export class Watcher {
     let line = lines.find((l) => l.entries.size < MAX_PAIRS);
     if (!line) lines.push((line = new Line(group)));
     const id = idOf(key, token);
-    line.entries.set(id, { key, token, lease, ref: null });
+    line.entries.set(id, { key, token, lease, ref: null, addedAt: performance.now() });
     this.#lineOf.set(id, line);
     // (An idle timer left running finds the line busy again and leaves it: no timer churn.)
-    if (!line.armTimer) {
-      line.armTimer = setTimeout(() => {
-        line.armTimer = null;
-        this.#arm(line);
-      }, ARM_DELAY_MS);
-      line.armTimer.unref();
-    }
+    if (!line.armTimer) this.#schedule(line, ARM_DELAY_MS);
+    return id;
+  }
+
+  #schedule(line: Line, ms: number): void {
+    line.armTimer = setTimeout(() => {
+      line.armTimer = null;
+      this.#arm(line);
+    }, Math.max(1, Math.ceil(ms)));
+    line.armTimer.unref();
   }
 
   /** The lease ended on our side (released, lost, collected): watch it no more. */
-  remove(key: string, token: number): void {
-    const id = idOf(key, token);
+  remove(id: string): void {
     const line = this.#lineOf.get(id);
     if (!line) return;
     this.#lineOf.delete(id);
@@ -129,20 +135,30 @@ export class Watcher {
     if (line.entries.size === 0 && !line.running) this.#idle(line);
   }
 
+  /**
+   * Starts or wakes the WATCH for the entries not in it that are ARM_DELAY_MS old; younger ones
+   * wait for their turn (a short critical section that started meanwhile costs nothing).
+   */
   #arm(line: Line): void {
     if (this.#closed || line.entries.size === 0) return;
-    if (!line.running) {
-      void this.#run(line);
+    const now = performance.now();
+    let due = false;
+    let nextDue = Infinity;
+    for (const [id, e] of line.entries) {
+      if (line.inFlight?.has(id)) continue;
+      const at = e.addedAt + ARM_DELAY_MS;
+      if (at <= now + 0.5) {
+        due = true;
+        break;
+      }
+      nextDue = Math.min(nextDue, at);
+    }
+    if (!due) {
+      if (Number.isFinite(nextDue) && !line.armTimer) this.#schedule(line, nextDue - now);
       return;
     }
-    if (line.inFlight) {
-      for (const id of line.entries.keys()) {
-        if (!line.inFlight.has(id)) {
-          void this.#unblock(line);
-          return;
-        }
-      }
-    }
+    if (!line.running) void this.#run(line);
+    else if (line.inFlight) void this.#unblock(line);
   }
 
   /** Wakes the line's WATCH (nil reply) so that it is sent again with the new set. */
@@ -180,7 +196,7 @@ export class Watcher {
         }
         let reply: unknown;
         try {
-          const conn = line.conn ?? (line.conn = await this.#adapter.dedicated({ bound: false, noResend: true, unref: true, name: WATCH_CONN_NAME }));
+          const conn = line.conn ?? (line.conn = await this.#adapter.nodeConn(route, WATCH_CONN_NAME));
           if (this.#closed) break;
           // CLIENT ID right before the WATCH on the same connection: the id that CLIENT UNBLOCK
           // needs, current after any reconnection, at no added latency.
@@ -198,12 +214,18 @@ export class Watcher {
             const code = replyCode(err);
             if (code === "WRONGTYPE") {
               await this.#sortWrongType(line, entries.map(([, e]) => e));
+            } else if (["TRYAGAIN", "MOVED", "ASK"].includes(code) && this.#cluster && line.conn) {
+              // The slot moved: watch on its new master (a connection to the old one is of no use).
+              void line.conn.close();
+              line.conn = null;
+              void this.#adapter.main.call(["FLOCK.CHECK", route, 1]).catch(() => {}); // learn the new owner
             } else if (!["TRYAGAIN", "UNBLOCKED", "LOADING", "CLUSTERDOWN", "MOVED", "ASK", "MASTERDOWN"].includes(code)) {
               // Refused for good (no FLOCK.WATCH on this server, an ACL): renewals find losses.
               this.disabled = (err as Error).message;
               break;
             }
-          } else if (isClosedClientError(err) && line.conn) {
+          } else if ((isClosedClientError(err) || this.#cluster) && line.conn) {
+            // (In a cluster a node connection that failed may belong to a node that is gone.)
             void line.conn.close();
             line.conn = null;
           }

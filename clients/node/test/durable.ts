@@ -80,7 +80,7 @@ export function durableSuite(lib: Lib): void {
       lone.kill();
     });
 
-    test("rule 10: replicas 1 with a live replica hands the lease over once the replica holds the grant; ACQUIRE and WAIT on one connection", async (t) => {
+    test("10.1 rule 10: replicas 1 with a live replica hands the lease over once the replica holds the grant; ACQUIRE and WAIT on one connection", async (t) => {
       const k = key();
       const mon = await watch(master);
       try {
@@ -111,7 +111,7 @@ export function durableSuite(lib: Lib): void {
       }
     });
 
-    test("rule 10: replicas 1 on a master without replicas throws LockNotDurableError after about durableTimeoutMs, and the key is free", async (t) => {
+    test("10.2 rule 10: replicas 1 on a master without replicas throws LockNotDurableError after about durableTimeoutMs, and the key is free", async (t) => {
       const k = key();
       let t0 = performance.now();
       let thrown: LockNotDurableError | undefined;
@@ -148,7 +148,7 @@ export function durableSuite(lib: Lib): void {
       assert.equal(await plain.release(), true);
     });
 
-    test("rule 10: replicas 2 with one replica throws LockNotDurableError (1 of 2), and the key is free", async () => {
+    test("10.2 rule 10: replicas 2 with one replica throws LockNotDurableError (1 of 2), and the key is free", async () => {
       const k = key();
       await assert.rejects(
         flock.acquire(k, { ttlMs: 3000, replicas: 2, durableTimeoutMs: 300 }),
@@ -158,7 +158,7 @@ export function durableSuite(lib: Lib): void {
       await until("the release on the replica", async () => (await replica.admin.exists(k)) === 0);
     });
 
-    test("rule 10: fsync on a server without WAITAOF (Redis 7.0) throws a clear error before anything is sent; asked once per Flock", async () => {
+    test("10.3 rule 10: fsync on a server without WAITAOF (Redis 7.0) throws a clear error before anything is sent; asked once per Flock", async () => {
       assert.deepEqual(await lone.admin.call("COMMAND", "INFO", "WAITAOF"), [null], "this test needs a server without WAITAOF");
       const k = key();
       const fresh = new Flock(loneClient);
@@ -220,7 +220,7 @@ export function durableSuite(lib: Lib): void {
       }
     });
 
-    test("rule 10: bound with replicas or fsync, and bad durable options, are refused before anything is sent", async () => {
+    test("10.3 rule 10: bound with replicas or fsync, and bad durable options, are refused before anything is sent", async () => {
       const k = key();
       await lone.admin.call("CONFIG", "RESETSTAT");
       const bad: Array<[object, RegExp]> = [
@@ -275,7 +275,9 @@ export function durableSuite(lib: Lib): void {
         assert.ok(r1 <= r0 - 350, `the local deadline moved: ${r0} -> ${r1}`);
         assert.equal(lease.lost, false, "a short renewal does not lose the lease");
         const onMaster = Number(await master.admin.call("FLOCK.CHECK", k, lease.token));
-        assert.ok(onMaster > r1 + 300, `the master renewed it (${onMaster} ms) but the client kept ${r1} ms`);
+        // The two deadlines differ by the time between the renewals (the 300 ms sleep and a
+        // little more): 300 itself was seen on a loaded machine, so leave room below it.
+        assert.ok(onMaster > r1 + 200, `the master renewed it (${onMaster} ms) but the client kept ${r1} ms`);
       } finally {
         replica.resume();
       }

@@ -61,7 +61,7 @@ export function kindsSuite(lib: Lib): void {
       server.kill();
     });
 
-    test("shared leases hold together; a writer waits with BLOCK until every reader released; tokens distinct and growing", async () => {
+    test("8.2 shared leases hold together; a writer waits with BLOCK until every reader released; tokens distinct and growing", async () => {
       const k = key();
       const readers: Lease[] = [];
       for (let i = 0; i < 3; i++) {
@@ -115,7 +115,7 @@ export function kindsSuite(lib: Lib): void {
       assert.ok(readers.every((l) => !l.lost));
     });
 
-    test("counted leases: LIMIT n admits n holders, the n+1-th waits and gets a released permit", async () => {
+    test("8.2 counted leases: LIMIT n admits n holders, the n+1-th waits and gets a released permit", async () => {
       const k = key();
       await flock.withLock(k, { ttlMs: 5000, limit: 3 }, async (first) => {
         assert.equal(first.kind, "permit");
@@ -201,7 +201,7 @@ export function kindsSuite(lib: Lib): void {
       await assert.rejects(flock.acquire(key(), { ttlMs: 5000, limit: 2, shared: true }), InvalidArgumentError);
     });
 
-    test("a bound lease whose connection is killed is lost at once (signal, withLock rejects) and a waiter gets the lock", async () => {
+    test("8.1 a bound lease whose connection is killed is lost at once (signal, withLock rejects) and a waiter gets the lock", async () => {
       const k = key();
       const ttl = 3000;
       const name = `bound-${libKey(lib)}`;
@@ -260,7 +260,7 @@ export function kindsSuite(lib: Lib): void {
       }
     });
 
-    test("a bound lease renews on its own connection and releases there; it closes with the lease", async () => {
+    test("8.1 a bound lease renews on its own connection and releases there; it closes with the lease", async () => {
       const k = key();
       const name = `bound-own-${libKey(lib)}`;
       const own = await lib.client(server.port, name);

@@ -174,6 +174,32 @@ export function rulesSuite(lib: Lib): void {
       assert.equal(lease.lost, false);
       assert.ok((await flock.check(k, lease.token)) > 0);
       assert.equal(await lease.release(), true);
+      // Two calls at once with one owner: one lease object, never two sharing the grant.
+      const k2 = key();
+      const both = await Promise.allSettled([
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1" }),
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1" }),
+      ]);
+      assert.deepEqual(both.map((r) => r.status).sort(), ["fulfilled", "rejected"]);
+      const won = both.find((r) => r.status === "fulfilled") as PromiseFulfilledResult<Lease | null>;
+      assert.ok((both.find((r) => r.status === "rejected") as PromiseRejectedResult).reason instanceof LockBusyError);
+      assert.ok(won.value);
+      const [r1, r2] = await Promise.all([
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1b", reentrant: true }).catch((e) => e),
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1b", reentrant: true }).catch((e) => e),
+      ]);
+      assert.equal(r1, null, "another owner holds k2");
+      assert.equal(r2, null);
+      await won.value.release();
+      const [c1, c2] = await Promise.all([
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1c", reentrant: true }),
+        flock.acquire(k2, { ttlMs: 5000, owner: "o-11-1c", reentrant: true }),
+      ]);
+      assert.ok(c1 && c1 === c2);
+      assert.equal(c1.holds, 2);
+      await c1.release();
+      await c1.release();
+      assert.equal(await flock.locked(k2), false);
       // Released: the same owner may take it again, as a new lease.
       const again = await flock.acquire(k, { ttlMs: 5000, owner: "o-11-1" });
       assert.ok(again && again !== lease);
@@ -316,7 +342,7 @@ export function rulesSuite(lib: Lib): void {
       assert.equal(after - calls, 1, "only the one valid acquire was sent");
     });
 
-    test("12.6 each loss names its reason on the lease and on the LockLostError", async () => {
+    test("12.6 2.2 each loss names its reason on the lease and on the LockLostError", async () => {
       const reasons: Record<string, string> = {};
       const lose = async (what: string, opts: object, how: (l: Lease) => Promise<unknown>) => {
         const l = await flock.acquire(key(), { ttlMs: 30000, ...opts });

@@ -62,7 +62,7 @@ export function coreSuite(lib: Lib): void {
       reportHandles();
     });
 
-    test("scoped lock: withLock holds a live token, writes with it, and releases", async () => {
+    test("3.1 3.2 scoped lock: withLock holds a live token, writes with it, and releases", async () => {
       const k = key();
       let seen: Lease | undefined;
       const out = await flock.withLock(k, { ttlMs: 5000 }, async (lease, signal) => {
@@ -107,7 +107,7 @@ export function coreSuite(lib: Lib): void {
       assert.deepEqual(calls, { "flock.acquire": 1, "flock.release": 1 });
     });
 
-    test("acquire/release by lease; release(key, owner, token) and revoke(key, owner) from anywhere", async () => {
+    test("4.1 7.1 acquire/release by lease; release(key, owner, token) and revoke(key, owner) from anywhere", async () => {
       const k = key();
       const a = await flock.acquire(k, { ttlMs: 5000, owner: "worker-a" });
       assert.ok(a);
@@ -128,7 +128,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(c.lost, false);
     });
 
-    test("the watchdog keeps a 600 ms lease alive for 3 s", async () => {
+    test("2.1 the watchdog keeps a 600 ms lease alive for 3 s", async () => {
       const k = key();
       const before = (await flockInfo(server)).flock_renewals ?? 0;
       // 600 ms (renewed every 200 ms): a renewal may come 400 ms late on a loaded machine
@@ -202,7 +202,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(l2!.lost, true);
     });
 
-    test("a SIGSTOPped holder process: ensure() fails from its own clock at SIGCONT (server stopped too), its fenced write is refused", async (t) => {
+    test("1.2 a SIGSTOPped holder process: ensure() fails from its own clock at SIGCONT (server stopped too), its fenced write is refused", async (t) => {
       const k = key();
       const ttl = 1000;
       const child = spawn(process.execPath, [join(__dirname, "holder.js"), libKey(lib), String(server.port), k, String(ttl)], {
@@ -262,7 +262,7 @@ export function coreSuite(lib: Lib): void {
       }
     });
 
-    test("remainingMs() is never above the server's CHECK", async () => {
+    test("1.1 remainingMs() is never above the server's CHECK", async () => {
       const k = key();
       // No watchdog here: a renewal sent after a CHECK (its reply may be handled before the
       // CHECK's continuation) would make the comparison unfair. Renew by hand, in between.
@@ -285,7 +285,7 @@ export function coreSuite(lib: Lib): void {
       await lease.release();
     });
 
-    test("CLIENT KILL of the lease's connection during a renewal: the unbound lease survives", async () => {
+    test("2.3 CLIENT KILL of the lease's connection during a renewal: the unbound lease survives", async () => {
       const k = key();
       // 1.8 s: the held RENEW went out a third of the ttl after the last one; the rest (1.2 s)
       // covers finding it, the kill, the reconnection and the retry on a loaded machine.
@@ -327,7 +327,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await lease.release(), true);
     });
 
-    test("release across a killed connection is retried and ends the grant", async () => {
+    test("4.1 release across a killed connection is retried and ends the grant", async () => {
       const k = key();
       // No watchdog: a RENEW in flight would be the command held below instead of the RELEASE.
       const lease = await flock.acquire(k, { ttlMs: 5000, renew: false });
@@ -349,7 +349,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await flock.check(k, lease.token), 0);
     });
 
-    test("a BLOCK wait longer than the ttl is followed at once by a token-qualified RENEW", async () => {
+    test("1.3 a BLOCK wait longer than the ttl is followed at once by a token-qualified RENEW", async () => {
       const k = key();
       assert.ok(await server.admin.call("FLOCK.ACQUIRE", k, "holder", 10000));
       const monitor = await server.admin.monitor();
@@ -384,7 +384,7 @@ export function coreSuite(lib: Lib): void {
       monitor.disconnect();
     });
 
-    test("BLOCK waiting shows as blocked clients on the server, and waiters are served first come, first served", async () => {
+    test("5.1 5.2 BLOCK waiting shows as blocked clients on the server, and waiters are served first come, first served", async () => {
       const k = key();
       assert.ok(await server.admin.call("FLOCK.ACQUIRE", k, "holder", 10000));
       // Connections other than the loss watcher's (rule 9), which comes and goes with leases.
@@ -430,7 +430,7 @@ export function coreSuite(lib: Lib): void {
       await server.admin.call("FLOCK.RELEASE", k, "holder");
     });
 
-    test("await using: leaving the block releases the lease", async () => {
+    test("3.1 await using: leaving the block releases the lease", async () => {
       const k = key();
       let token = 0;
       {
@@ -452,7 +452,7 @@ export function coreSuite(lib: Lib): void {
       );
     });
 
-    test("fenced() with a stale token throws FencedError and marks the lease lost", async () => {
+    test("6.1 fenced() with a stale token throws FencedError and marks the lease lost", async () => {
       const k = key();
       const lease = await flock.acquire(k, { ttlMs: 5000 });
       assert.ok(lease);
@@ -464,7 +464,7 @@ export function coreSuite(lib: Lib): void {
       assert.equal(await lease.release(), false);
     });
 
-    test("cluster (3 masters): commands go to the slot's master; a wait survives a slot move and completes on the new node", async () => {
+    test("5.3 9.1 cluster (3 masters): commands go to the slot's master; a wait survives a slot move and completes on the new node", async () => {
       const cluster = await Cluster.start();
       const cc = await lib.cluster(cluster.nodes[0].port);
       const cf = new Flock(cc);
@@ -519,6 +519,31 @@ export function coreSuite(lib: Lib): void {
         assert.equal(await lease.fenced("SET", `{move-${libKey(lib)}}:data`, "v"), "OK");
         assert.equal(await lease.release(), true);
         assert.equal(await dst.admin.exists(k), 0);
+
+        // 9.1 in a cluster: one watching connection per slot with leases, each WATCH on the
+        // slot's master; a REVOKE there is heard at once (the ttl is 30 s).
+        const a = await cf.acquire(k, { ttlMs: 30000 });
+        const other = `{other-${libKey(lib)}}:lock`;
+        const b = await cf.acquire(other, { ttlMs: 30000 });
+        assert.ok(a && b);
+        await until("both watched", () => cf._watcher._watching(k, a.token) && cf._watcher._watching(other, b.token));
+        // (Lines of the slots used above close after 2 s idle.)
+        await until("one watching connection per slot", () => cf._watcher.connections === (keySlot(k) === keySlot(other) ? 1 : 2));
+        // On the servers: one connection per watched slot, to that slot's master, and no more.
+        let watching = 0;
+        for (const node of cluster.nodes) {
+          watching += String(await node.admin.call("CLIENT", "LIST")).split("\n").filter((l) => / name=flock-watch /.test(l)).length;
+        }
+        assert.equal(watching, keySlot(k) === keySlot(other) ? 1 : 2, "watching connections on the servers");
+        const ownerB = await cluster.ownerOf(keySlot(other));
+        for (const [l, node] of [[a, dst], [b, ownerB]] as const) {
+          const t0 = performance.now();
+          assert.equal(await node.admin.call("FLOCK.REVOKE", l.key), 1);
+          assert.equal(await l.waitLost(10000), true);
+          const ms = performance.now() - t0;
+          assert.equal(l.lostReason, "revoked");
+          assert.ok(ms < 2000, `heard after ${ms.toFixed(0)} ms`);
+        }
       } finally {
         await lib.close(cc);
         cluster.kill();
