@@ -748,7 +748,12 @@ fn a_shared_holder_s_wait_ends_and_the_next_readers_come_in() {
                 3,
                 Arrive("a", S, 100, true),
                 "-",
-                &["dismissed 1", "acquired", "repl shared [a b] delays 0", "arm"],
+                &[
+                    "dismissed 1",
+                    "acquired",
+                    "repl shared [a b] delays 0",
+                    "arm",
+                ],
             ),
         ],
     );
