@@ -262,13 +262,6 @@ pub(super) fn copy_key(
     if real.states[dst].is_some() && !replace {
         return None;
     }
-    // Not onto a name whose shared waiters have another limit than the copy's: a key has one
-    // limit, and what becomes of waiters of another is not decided yet (left out here).
-    if let Some(waiting) = real.queues[dst].shared_mode() {
-        if !source.mode.is_exclusive() && source.mode != waiting {
-            return None;
-        }
-    }
     let mut copy = keyspace::copy_of(source);
     let had_bound = source.grants().iter().any(|g| g.bound());
     real.replica.keys[dst] = real.replica.keys[src].as_ref().map(keyspace::copy_of);
@@ -313,15 +306,24 @@ pub(super) fn copy_key(
         if out.armed.is_some() {
             timers[dst] = out.armed;
         }
-        // Onto a name clients wait for, the copy's holders may be among the waiters: an
-        // owner never both holds and waits, so their waits end with nil before any hand-off.
+        // Onto a name clients wait for: what ran out ends first; the copy's holders may be
+        // among the waiters (an owner never both holds and waits: their waits end with nil),
+        // and the copy may give the key another limit than its shared waiters' (they are
+        // refused); then the key is handed on.
+        model.end_due(dst, now, set);
         model.dismiss_holders(dst, now);
+        model.refuse_other_limits(dst, now);
         model.settle(dst, now, set);
         assert_eq!(
             out.dismissed, model.dismissed,
             "waits ended because their owner holds the copy (engine, model)"
         );
+        assert_eq!(
+            out.refused, model.refused,
+            "waits refused for another limit than the copy's (engine, model)"
+        );
         model.seen.holders_dismissed += model.dismissed.len();
+        model.seen.limits_refused += model.refused.len();
     }
     if real.states[dst].is_none() {
         timers[dst] = None;

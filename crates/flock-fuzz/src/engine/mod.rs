@@ -165,6 +165,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         issued: Issued::default(),
         handed: Vec::new(),
         dismissed: Vec::new(),
+        refused: Vec::new(),
         recent_handoffs: VecDeque::new(),
         step: 0,
         max_holders_seen: set.max_holders,
@@ -187,6 +188,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         model.step = steps;
         model.handed.clear();
         model.dismissed.clear();
+        model.refused.clear();
         model.events.clear();
         // The engine's hand-offs in this step, to compare with the model's (FIFO, G6).
         let mut delivered: Vec<(u64, u64)> = Vec::new();

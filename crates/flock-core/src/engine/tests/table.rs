@@ -816,3 +816,154 @@ fn a_waiter_whose_arrived_grant_ran_out_is_granted() {
         ],
     );
 }
+
+/// A value that arrives under a waited name gives the key its limit: the shared waiters of
+/// another limit are refused as they would be if they asked now (limit mismatch, naming the
+/// key's new limit); exclusive waiters keep their places
+#[test]
+fn an_arrived_limit_refuses_the_waiters_of_another() {
+    run_case(
+        "an arrived limit refuses the waiters of another",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (
+                1,
+                Kind("a", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (2, AcquireBlock("b", 100), "Blocked", &["contended", "arm"]),
+            (
+                3,
+                Kind("c", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (
+                4,
+                Arrive("z", P2, 100, true),
+                "-",
+                &[
+                    "refused 1: ERR limit mismatch: k admits 2 shared holders",
+                    "refused 3: ERR limit mismatch: k admits 2 shared holders",
+                    "arm",
+                ],
+            ),
+            // The key's limit is the arrived one's: a request of it is queued behind b.
+            (
+                5,
+                Kind("d", P2, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+        ],
+    );
+}
+
+/// waiters of the arrived value's own limit keep their places and are granted if they fit
+#[test]
+fn an_arrived_limit_keeps_the_waiters_of_the_same() {
+    run_case(
+        "an arrived limit keeps the waiters of the same",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (
+                1,
+                Kind("a", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (
+                2,
+                Arrive("z", P3, 100, true),
+                "-",
+                &["acquired", "repl permits [z a] delays 0", "arm"],
+            ),
+        ],
+    );
+}
+
+/// an exclusive arrival gives the key no limit: shared waiters keep theirs
+#[test]
+fn an_exclusive_arrival_refuses_no_shared_waiter() {
+    run_case(
+        "an exclusive arrival refuses no shared waiter",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (
+                1,
+                Kind("a", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (2, Arrive("z", X, 100, true), "-", &["arm"]),
+            (
+                3,
+                Release("z"),
+                "Int(1)",
+                &["released", "acquired", "repl permits [a] delays 0", "arm"],
+            ),
+        ],
+    );
+}
+
+/// before the look comes, a hand-off that meets a shared head of another limit refuses it
+/// and its like rather than let it hold the queue
+#[test]
+fn a_head_of_another_limit_is_refused_at_a_hand_off() {
+    run_case(
+        "a head of another limit is refused at a hand-off",
+        0,
+        &[
+            (
+                0,
+                Acquire("x", 100),
+                "Int(token)",
+                &["repl grant x", "arm", "acquired"],
+            ),
+            (
+                1,
+                Kind("a", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (
+                2,
+                Kind("c", P3, 100, true),
+                "Blocked",
+                &["contended", "arm"],
+            ),
+            (3, Arrive("z", P2, 100, false), "-", &[]),
+            (
+                4,
+                Kind("n", P2, 100, false),
+                "Int(token)",
+                &[
+                    "refused 1: ERR limit mismatch: k admits 2 shared holders",
+                    "refused 2: ERR limit mismatch: k admits 2 shared holders",
+                    "repl permits [z n] delays 0",
+                    "arm",
+                    "acquired",
+                ],
+            ),
+        ],
+    );
+}
