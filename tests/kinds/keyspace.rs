@@ -171,3 +171,49 @@ fn a_waiter_whose_grant_arrives_under_its_key_is_answered_nil() {
     wait_ends_nil(&mut c, h, "COPY of a shared grant");
     assert_eq!(holder_tokens(&mut c, "lk"), hv(&[("w", tw), ("r", tr)]));
 }
+
+#[test]
+fn an_arrived_limit_refuses_the_shared_waiters_of_another() {
+    // SPEC "Lock kinds": a key has one limit. A value arriving under a waited name whose
+    // shared grants have another limit than the waiting shared requests' ends those waits
+    // with the limit mismatch error naming the arrived limit; an exclusive waiter stays.
+    let srv = Server::start();
+    let mut c = srv.conn();
+    grant_kind(&mut c, "src", "z", 60_000, &["LIMIT", "2"]);
+    grant_kind(&mut c, "lk", "x", 60_000, &[]);
+    let a = spawn_acq(&srv, "lk", "a", 60_000, &["LIMIT", "3", "BLOCK", "60000"]);
+    wait_blocked(&mut c, 1);
+    let b = spawn_acq(&srv, "lk", "b", 60_000, &["BLOCK", "60000"]);
+    wait_blocked(&mut c, 2);
+    assert_eq!(
+        call(&mut c, &["COPY", "src", "lk", "REPLACE"]),
+        Reply::Int(1)
+    );
+    assert_eq!(
+        join(a, "the waiter of LIMIT 3"),
+        Reply::Err("ERR limit mismatch: lk admits 2 shared holders".into())
+    );
+    assert_eq!(blocked_clients(&mut c), 1, "the exclusive waiter stays");
+    let k = kinfo(&mut c, "lk");
+    assert_eq!((k.limit, k.holders, k.waiters), (2, 1, 1));
+    // The key's limit is the arrived one's now: LIMIT 3 is refused, LIMIT 2 queues.
+    refused_with(
+        &mut c,
+        "lk",
+        "n",
+        &["LIMIT", "3"],
+        "ERR limit mismatch: lk admits 2 shared holders",
+    );
+    refused(
+        &mut c,
+        "lk",
+        "n",
+        &["LIMIT", "2"],
+        "the exclusive waiter is first",
+    );
+    rel(&mut c, "lk", "z");
+    tok(
+        &join(b, "the exclusive waiter"),
+        "the exclusive waiter after z's release",
+    );
+}
