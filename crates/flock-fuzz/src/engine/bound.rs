@@ -1,5 +1,6 @@
 //! BOUND grants on the host's side: the bindings index as the module keeps it
-//! (`src/store/bindings.rs`: client id -> the (key, token) of its bound grants, fed by the engine's
+//! (`flock_core::bindings`, kept by `src/store/bindings.rs`: client id -> the (key, token) of its
+//! bound grants, fed by the engine's
 //! `Bind`/`Unbind` effects, taken whole when the connection closes), and what is checked of it
 //! after every step (G11).
 //!

@@ -7,7 +7,8 @@
 //! all or of one owner, CHECK, FENCED's verdict, INFO, HOLDERS, timers, waiters leaving (then
 //! a revisit) or vanishing, grants whose client left before the reply, a client connection
 //! closing (its waits end, its bound grants end as on expiry), DEL, COPY (bound grants left
-//! out), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
+//! out; onto a waited name too: the waits of owners the copy holds grants of end with nil, and
+//! shared waiters of another limit than the copy's are refused), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
 //! the microsecond of a deadline, too) and new settings (lock-delay, max-holders).
 //!
 //! The model is written from the contract (SPEC.md: "Lock kinds: exclusive, shared, counted",
