@@ -1,8 +1,7 @@
 //! BOUND grants on the host's side: the bindings index as the module keeps it
-//! (`flock_core::bindings`, kept by `src/store/bindings.rs`: client id -> the (key, token) of its
-//! bound grants, fed by the engine's
-//! `Bind`/`Unbind` effects, taken whole when the connection closes), and what is checked of it
-//! after every step (G11).
+//! (`flock_core::bindings`, kept by `src/store/bindings.rs`: client id -> the (key, token) of
+//! its bound grants, fed by the engine's `Bind`/`Unbind` effects, taken whole when the
+//! connection closes), and what is checked of it after every step (G11).
 //!
 //! Like the module's, the index is not told when a key goes away outside the engine (DEL,
 //! FLUSHALL, DEBUG RELOAD): such entries are stale, harmless (closing their client settles
