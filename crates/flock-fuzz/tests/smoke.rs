@@ -61,6 +61,7 @@ fn state_machine_driver_on_random_inputs() {
             ("orphaned live", seen.orphaned_live),
             ("holders dismissed", seen.holders_dismissed),
             ("limits refused", seen.limits_refused),
+            ("renames", seen.renames),
         ] {
             assert!(n > 0, "no BOUND path {what} in {steps} steps: {seen:?}");
         }

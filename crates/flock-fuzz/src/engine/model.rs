@@ -222,6 +222,9 @@ pub struct BoundSeen {
     pub holders_dismissed: usize,
     /// Waits refused because a COPY gave the key another limit than theirs.
     pub limits_refused: usize,
+    /// RENAME of a lock key, and of a bound grant whose twin stays bound under a third key.
+    pub renames: usize,
+    pub twin_moves: usize,
     /// A connection bound to two grants of one token (a COPY's twin, on two keys).
     pub twin_binds: usize,
 }
@@ -234,7 +237,7 @@ impl BoundSeen {
         sum!(bound_granted bound_handed bound_queued rebound bound_to_unbound unbound_to_bound
             same_binding closes closes_with_grants closed_grants closed_after_lease
             bound_waiters_left orphaned orphaned_live bound_released bound_revoked bound_expired
-            copies copies_without_bound holders_dismissed limits_refused twin_binds);
+            copies copies_without_bound holders_dismissed limits_refused renames twin_moves twin_binds);
     }
 }
 
