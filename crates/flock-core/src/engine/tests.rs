@@ -360,6 +360,7 @@ fn run_case(name: &str, lock_delay: u64, steps: &[Step]) {
     }
 }
 
+mod arrivals;
 mod table;
 
 #[test]
