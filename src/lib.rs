@@ -12,8 +12,8 @@
 //!   replication consumers (`mod.rs`), the configs' live values (`config.rs`), the INFO
 //!   counters and FLOCK.STATS's table (`stats.rs`).
 //! - `store/`: what is kept per lock key beside its block: the deadline index and its timer
-//!   (`expiry.rs`), which connection holds which BOUND grant (`bindings.rs`), key names kept
-//!   inline (`key_name.rs`).
+//!   (`expiry.rs`), and the one index of which connection holds which BOUND grant
+//!   (`bindings.rs`: flock-core's `BindingIndex`, kept on the main thread).
 //! - `waiting/`: blocked clients and their queues (`waiters.rs`), deferred work on keys
 //!   (`jobs.rs`), blocked FLOCK.WATCH clients and what they are told (`watchers.rs`).
 //! - `peers/`: what other servers are told: the replication effects (`replication.rs`), the
@@ -41,7 +41,6 @@ mod server;
 mod store {
     pub mod bindings;
     pub mod expiry;
-    pub mod key_name;
 }
 
 mod waiting {

@@ -308,6 +308,46 @@ fn the_binding_follows_rename_and_move_and_copy_leaves_it_out() {
 }
 
 #[test]
+fn moving_one_copy_twin_leaves_the_other_bound() {
+    // COPY gives the copy the token of an unbound grant; its holder may then bind both twins
+    // to one connection (a repeated ACQUIRE with BOUND). RENAME or MOVE of one twin must
+    // leave the other's binding where it is: when the connection closes, both end.
+    let srv = Server::start();
+    let mut c = srv.conn();
+    for how in ["RENAME", "MOVE"] {
+        let mut h = srv.conn();
+        let t = grant(&mut h, "a", "me", 60_000);
+        assert_eq!(call(&mut c, &["COPY", "a", "b"]).int(), Some(1), "{how}");
+        // The copy's twin is bound last: an index that looked for the token alone would
+        // find it first.
+        assert_eq!(bound(&mut h, "a", "me", 60_000), t, "{how}");
+        assert_eq!(bound(&mut h, "b", "me", 60_000), t, "{how}");
+        assert_eq!(flock_stat(&mut c, "bound_grants"), 2, "{how}");
+        let (moved_db, moved_key) = if how == "RENAME" {
+            let r = call(&mut c, &["RENAME", "a", "c"]);
+            assert_eq!(r, Reply::Status("OK".into()), "{how}");
+            ("0", "c")
+        } else {
+            assert_eq!(call(&mut c, &["MOVE", "a", "1"]).int(), Some(1), "{how}");
+            ("1", "a")
+        };
+        assert_eq!(flock_stat(&mut c, "bound_grants"), 2, "{how}");
+        drop(h);
+        wait_until(
+            &format!("{how}: the twin left in place ends with its connection"),
+            || check(&mut c, "b", t) == 0,
+        );
+        call(&mut c, &["SELECT", moved_db]);
+        wait_until(
+            &format!("{how}: the moved twin ends with its connection"),
+            || check(&mut c, moved_key, t) == 0,
+        );
+        call(&mut c, &["SELECT", "0"]);
+        assert_eq!(flock_stat(&mut c, "bound_grants"), 0, "{how}");
+    }
+}
+
+#[test]
 fn restart_debug_reload_restore_and_migrate_end_bound_grants() {
     let mut srv = Server::builder()
         .arg("appendonly", "yes")

@@ -140,6 +140,13 @@ impl Waiters for KeyWaiters<'_> {
         waiters::dismiss(self.ctx, self.key_name, owner)
     }
 
+    fn refuse_other_limits(&mut self, limit: Mode) -> usize {
+        if self.watched.is_none() {
+            return 0;
+        }
+        waiters::refuse_other_limits(self.ctx, self.key_name, limit)
+    }
+
     #[inline]
     fn block(
         &mut self,

@@ -3,7 +3,7 @@
 //! (`jobs.rs` calls [`revisit`]). Each runs the engine through the executor.
 
 use crate::commands::{executor, macquire};
-use crate::ffi::block::{self, Found, RecordPtr};
+use crate::ffi::block::{self, Found, KeyId, RecordPtr};
 use crate::ffi::{self, Ctx, Key, KeyKind, NotifyClasses, RStr, RString, ServerEvent};
 use crate::peers::cluster;
 use crate::peers::replication;
@@ -48,6 +48,12 @@ impl ffi::EventHandler for Events {
 /// The database MOVE moved a key from ("move_from" comes just before "move_to"), -1 when none.
 static MOVE_SOURCE_DB: AtomicI32 = AtomicI32::new(-1);
 
+thread_local! {
+    /// The key RENAME renamed ("rename_from" comes just before "rename_to", on the main
+    /// thread): the bindings of the grants that arrive are found under it.
+    static RENAME_SOURCE: std::cell::RefCell<Option<KeyId>> = const { std::cell::RefCell::new(None) };
+}
+
 /// A lock put under a new name, database or value (RESTORE, COPY, RENAME, MOVE) gets its
 /// timer there. A key with waiters that was deleted, flushed, renamed away or overwritten is
 /// looked at again right after the command: its waiters get the lock or an error.
@@ -63,13 +69,27 @@ fn on_keyspace_event(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
     if watchers::any() {
         watchers::look_soon(ctx.selected_db(), ffi::bytes(&key));
     }
+    // RENAME's old name, kept from its "rename_from" for the "rename_to" right after it;
+    // any event takes it, so that it never serves a later command.
+    let renamed_from = RENAME_SOURCE.with(|s| s.borrow_mut().take());
+    let source = match event {
+        b"rename_from" => {
+            let old = (ctx.selected_db(), ffi::bytes(&key).to_vec());
+            RENAME_SOURCE.with(|s| *s.borrow_mut() = Some(old));
+            None
+        }
+        b"rename_to" => renamed_from,
+        _ => None,
+    };
     match event {
         b"move_from" => {
             MOVE_SOURCE_DB.store(ctx.selected_db(), Ordering::Relaxed);
         }
         b"move_to" => {
             if server::is_master() {
-                look_at(ctx, event, key);
+                let from = MOVE_SOURCE_DB.load(Ordering::Relaxed);
+                let source = (from >= 0).then(|| (from, ffi::bytes(&key).to_vec()));
+                look_at(ctx, event, key, source);
             }
             let source = MOVE_SOURCE_DB.swap(-1, Ordering::Relaxed);
             if source >= 0 {
@@ -80,14 +100,15 @@ fn on_keyspace_event(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
         _ => {}
     }
     if server::is_master() {
-        look_at(ctx, event, key);
+        look_at(ctx, event, key, source);
     }
 }
 
-fn look_at(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
+/// `source`: where a renamed or moved value came from (RENAME's old name, MOVE's database).
+fn look_at(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>, source: Option<KeyId>) {
     let plan = keyspace::on_key_event(event, server::is_master());
     if let Some(how) = plan.arrival {
-        arrived(ctx, key, how);
+        arrived(ctx, key, how, source);
     }
     if plan.revisit_if_waited && waiters::blocked_now() > 0 {
         let db = ctx.selected_db();
@@ -100,8 +121,9 @@ fn look_at(ctx: Ctx<'_>, event: &[u8], key: RStr<'_>) {
 
 /// A lock value arrived under `key` (`how`): the engine adjusts it (`keyspace::arrive`), and
 /// what it says is carried out: the bindings follow the value, the timer is armed anew under
-/// the key's name, a vacant lock is looked at right after the command.
-fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival) {
+/// the key's name, a vacant lock is looked at right after the command. `source`: where a
+/// renamed or moved value came from, under which its bindings are found.
+fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival, source: Option<KeyId>) {
     // Opened for reading (a write-mode close would signal the key as modified again); only
     // what Redis never sees changes: the timer slot, and the binding of grants that arrived
     // without one (RESTORE, MIGRATE), which the timer then ends and replicates.
@@ -111,10 +133,11 @@ fn arrived(ctx: Ctx<'_>, key: RStr<'_>, how: Arrival) {
     if let Found::Lock(mut lock) = block::lock_mut(&mut k) {
         let state = lock.state();
         let arrival = keyspace::arrive(state, how);
-        if arrival.rebind {
+        if let (true, Some((from_db, from))) = (arrival.rebind, &source) {
+            let to = (ctx.selected_db(), ffi::bytes(&key));
             for g in state.grants().iter() {
                 if let Some(client) = g.bound_client() {
-                    bindings::moved(client, g.token, ctx.selected_db(), ffi::bytes(&key));
+                    bindings::moved(client, g.token, (*from_db, from), to);
                 }
             }
         }

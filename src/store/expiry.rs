@@ -15,11 +15,11 @@
 //! effects. When a server becomes master (promotion, the end of loading) it scans its keyspace
 //! and arms every lock.
 
-use super::key_name::KeyName;
 use crate::ffi::block::{self, Found, RecordPtr};
 use crate::ffi::{self, Ctx, Key, RStr, RString};
 use crate::server;
 use flock_core::deadlines::{DeadlineIndex, NOWHERE};
+use flock_core::key_name::KeyName;
 use flock_core::Deadline;
 use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard};

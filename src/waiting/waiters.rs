@@ -14,7 +14,7 @@ use crate::ffi::block::KeyId;
 use crate::ffi::{self, BlockedClient, Ctx, RStr, Status};
 use crate::server::{self, config, stats};
 use flock_core::args::AcquireArgs;
-use flock_core::engine::BlockRefused;
+use flock_core::engine::{BlockRefused, ReplyError};
 use flock_core::queue;
 use flock_core::state::Mode;
 use flock_core::{WaitQueue, Waiter};
@@ -281,6 +281,8 @@ pub enum Delivery {
         delivered: bool,
     },
     Error(&'static str),
+    /// An error whose text names the key (the limit mismatch).
+    Refused(String),
     TimedOut,
 }
 
@@ -322,6 +324,33 @@ pub fn dismiss(ctx: Ctx<'_>, key: RStr<'_>, owner: &[u8]) -> bool {
         b.unblock(Some(Delivery::TimedOut));
     }
     true
+}
+
+/// Every shared request waiting for `key` with another limit than `limit` leaves its queue
+/// and gets the limit mismatch error for `limit` (the engine's rule:
+/// `Waiters::refuse_other_limits`). Returns how many.
+pub fn refuse_other_limits(ctx: Ctx<'_>, key: RStr<'_>, limit: Mode) -> usize {
+    if blocked_now() == 0 {
+        return 0;
+    }
+    let db = ctx.selected_db();
+    let name = ffi::bytes(&key);
+    let mut guard = registry();
+    let reg = guard.get();
+    let Some(q) = reg.queue_mut(db, name) else {
+        return 0;
+    };
+    let out = q.take_other_limits(limit);
+    reg.drop_if_empty(db, name);
+    for w in &out {
+        if let Some(b) = reg.blocked.remove(&w.id) {
+            reg.by_client.remove(&b.client_id);
+            b.stop_timer();
+            let text = ReplyError::LimitMismatch(limit).message(name);
+            b.unblock(Some(Delivery::Refused(text)));
+        }
+    }
+    out.len()
 }
 
 /// Unblock every waiter of `key` with an error (`msg` ends with NUL).
@@ -474,6 +503,7 @@ impl ffi::BlockedClientHandler for Waiting {
                 Status::OK
             }
             Some(Delivery::Error(msg)) => ffi::reply_error_string(ctx, msg),
+            Some(Delivery::Refused(text)) => ffi::reply_error_string(ctx, text),
             Some(Delivery::TimedOut) | None => ffi::reply_null(ctx),
         }
     }

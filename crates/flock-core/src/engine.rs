@@ -69,6 +69,10 @@ pub trait Waiters {
     /// the owner came to hold the key another way (a value holding its grant arrived under
     /// the key's name), and an owner never both holds and waits. Returns whether one left.
     fn dismiss(&mut self, owner: &[u8]) -> bool;
+    /// Every shared request waiting for this key with another limit than `limit` leaves the
+    /// queue, answered [`ReplyError::LimitMismatch`]`(limit)`: a value that arrived under the
+    /// key's name gave the key that limit. Returns how many left.
+    fn refuse_other_limits(&mut self, limit: Mode) -> usize;
     /// Make the caller wait for this key (BLOCK) with the request `args`; `timeout_ms` 0 waits
     /// without limit. An earlier request of the same owner leaves the queue (it gets nil).
     /// `bind_to`: with BOUND, the connection the grant is to live with.

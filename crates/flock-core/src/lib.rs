@@ -22,6 +22,9 @@
 //! - [`slots`]: Redis Cluster key slots and `CLUSTER NODES` parsing.
 //! - [`engine`]: every operation on a key: state and clock in, reply and effects out.
 //! - [`fence`]: FLOCK.FENCED's rules: what a token lets the inner command do.
+//! - [`key_name`]: a key name kept inline when short (the bindings index, the module's
+//!   deadline entries).
+//! - [`bindings`]: which connection holds which BOUND grant, by key and token.
 //! - [`keyspace`]: what becomes of locks when Redis moves keys or the server changes role,
 //!   loads, flushes or swaps databases.
 //! - [`migration`]: Valkey 9's atomic slot migration: whether to declare it, and what each of
@@ -41,6 +44,7 @@
 
 pub mod apply;
 pub mod args;
+pub mod bindings;
 pub mod clock;
 pub mod commands;
 pub mod deadlines;
@@ -49,6 +53,7 @@ pub mod errors;
 pub mod fence;
 pub mod grant;
 pub mod grants;
+pub mod key_name;
 pub mod keyspace;
 pub mod lock_stats;
 pub mod migration;

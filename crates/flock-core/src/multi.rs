@@ -232,6 +232,10 @@ impl<W: Waiters> Waiters for FirstInLine<'_, W> {
         // Nobody is seen waiting ahead or behind, so nobody is dismissed through it.
         false
     }
+    fn refuse_other_limits(&mut self, _limit: Mode) -> usize {
+        // MACQUIRE grants exclusive locks only, and nobody is seen waiting through it.
+        0
+    }
     fn block(
         &mut self,
         _args: &AcquireArgs<'_>,

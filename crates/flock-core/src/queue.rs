@@ -242,6 +242,24 @@ impl WaitQueue {
         was_front && !self.is_empty()
     }
 
+    /// Every live shared request whose limit is not `limit` leaves the queue, returned in
+    /// order to be answered (a value that arrived under the key's name gave it that limit).
+    /// O(n): only then is it asked for.
+    pub fn take_other_limits(&mut self, limit: Mode) -> Vec<Waiter> {
+        let live = &self.live;
+        let out: Vec<Waiter> = self
+            .entries
+            .iter()
+            .filter(|w| !w.mode.is_exclusive() && w.mode != limit && live.contains_key(&w.id))
+            .cloned()
+            .collect();
+        for w in &out {
+            self.cancel(w.id);
+        }
+        self.refresh_shared_mode();
+        out
+    }
+
     /// `owner`'s request leaves the queue, returned to be answered (its owner came to hold
     /// the key another way: an owner never both holds and waits). O(1) when `owner` does not
     /// wait.
@@ -355,6 +373,30 @@ mod tests {
         assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS), MAX_BLOCK_TIMEOUT_MS);
         assert_eq!(block_timeout_ms(MAX_BLOCK_TIMEOUT_MS + 1), 0);
         assert_eq!(block_timeout_ms(u64::MAX), 0);
+    }
+
+    #[test]
+    fn shared_requests_of_other_limits_are_taken_out_in_order() {
+        let mut q = WaitQueue::default();
+        let of = |id, mode| Waiter {
+            mode,
+            ..waiter(id, &format!("w{id}"), 10)
+        };
+        q.push(of(1, Mode::Permits(3)));
+        q.push(of(2, Mode::Exclusive));
+        q.push(of(3, Mode::Permits(3)));
+        q.push(of(4, Mode::Permits(2)));
+        assert!(q.cancel(3));
+        let out: Vec<u64> = q
+            .take_other_limits(Mode::Permits(2))
+            .iter()
+            .map(|w| w.id)
+            .collect();
+        assert_eq!(out, vec![1], "a cancelled one is not taken again");
+        assert_eq!(q.shared_mode(), Some(Mode::Permits(2)));
+        assert!(q.take_other_limits(Mode::Permits(2)).is_empty());
+        let left: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|w| w.id).collect();
+        assert_eq!(left, vec![2, 4]);
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn state_machine_driver_on_random_inputs() {
     assert!(steps > iterations() * 10, "the driver ran: {steps} steps");
     // The BOUND paths are reached: granted at once and handed to a waiter, rebound, closed
     // with grants, orphaned by travel while live; and a COPY onto a waited name that ends the
-    // waits of the owners it brings grants of.
+    // waits of the owners it brings grants of, or refuses the waiters of another limit.
     if iterations() >= 300 {
         for (what, n) in [
             ("granted", seen.bound_granted),
@@ -60,6 +60,8 @@ fn state_machine_driver_on_random_inputs() {
             ("waiters left", seen.bound_waiters_left),
             ("orphaned live", seen.orphaned_live),
             ("holders dismissed", seen.holders_dismissed),
+            ("limits refused", seen.limits_refused),
+            ("renames", seen.renames),
         ] {
             assert!(n > 0, "no BOUND path {what} in {steps} steps: {seen:?}");
         }

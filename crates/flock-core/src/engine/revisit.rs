@@ -1,7 +1,7 @@
 //! A second look at a waited key after something happened to it outside the lock commands
 //! (deleted, flushed, renamed, overwritten, a waiter left or vanished).
 
-use super::settle::{dismiss_holders, held_ms, settle, unbind};
+use super::settle::{dismiss_holders, end_due, held_ms, refuse_other_limits, settle, unbind};
 use super::{with_state, Context, Effect, Effects, Env, Event, Outcome, Reply, Stored, Waiters};
 use crate::errors::Fixed;
 use crate::state::LockState;
@@ -30,8 +30,11 @@ pub(super) fn revisit_state(
             changed = true;
         }
     }
+    // What ran out ends first: a grant that arrived run out holds nothing and has no say.
+    changed |= end_due(state, env, fx);
     // After the ghost's release (its owner may wait again), before any hand-off.
     dismiss_holders(state, env.now, w);
+    refuse_other_limits(state, env.now, w);
     settle(state, env, w, fx, changed);
 }
 

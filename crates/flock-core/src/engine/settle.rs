@@ -23,9 +23,9 @@ pub(super) fn unbind(fx: &mut Effects, grant: &Grant) {
 }
 
 /// Bring the key up to date at `now`: end run-out leases (`flock.expired` each), end finished
-/// delayed slots, and grant from the head of the queue while the head fits (a run of readers
-/// goes together; a head that does not fit holds everyone behind it). Publishes nothing.
-/// Returns whether the state changed (and so must be replicated).
+/// delayed slots ([`end_due`]), and grant from the head of the queue while the head fits (a
+/// run of readers goes together; a head that does not fit holds everyone behind it).
+/// Publishes nothing. Returns whether the state changed (and so must be replicated).
 #[inline]
 pub(super) fn settle_state(
     state: &mut LockState,
@@ -33,6 +33,15 @@ pub(super) fn settle_state(
     w: &mut impl Waiters,
     fx: &mut Effects,
 ) -> bool {
+    let changed = end_due(state, env, fx);
+    hand_off(state, env, w, fx, changed)
+}
+
+/// The first half of [`settle_state`]: end run-out leases (`flock.expired` each, or
+/// `flock.closed` for a bound grant that lost its connection) and finished delayed slots.
+/// Returns whether the state changed. Running it again at the same `now` changes nothing.
+#[inline]
+pub(super) fn end_due(state: &mut LockState, env: &Env<'_>, fx: &mut Effects) -> bool {
     let now = env.now;
     let mut changed = false;
     if !state.grants().is_empty()
@@ -54,6 +63,20 @@ pub(super) fn settle_state(
     if !state.delays.is_empty() {
         changed |= state.end_delays(now);
     }
+    changed
+}
+
+/// The second half of [`settle_state`]: grant from the head of the queue while the head
+/// fits. `changed`: the state changed already. Returns whether it changed.
+#[inline]
+fn hand_off(
+    state: &mut LockState,
+    env: &mut Env<'_>,
+    w: &mut impl Waiters,
+    fx: &mut Effects,
+    mut changed: bool,
+) -> bool {
+    let now = env.now;
     let max_holders = env.max_holders;
     if !state.could_admit(now, max_holders) || w.waiting() == 0 {
         return changed;
@@ -67,14 +90,24 @@ pub(super) fn settle_state(
         // A head whose owner holds a grant already (a value holding it arrived under the
         // key's name, and the look that ends such waits has not come yet) is not granted a
         // second one: its wait ends with nil, and the next head is asked.
+        // Likewise a shared head of another limit than the key's (queued before that look,
+        // see `refuse_other_limits`): it and its like are refused, never left to hold the
+        // queue until the key's grants end.
         let mut holder = None;
         // A MACQUIRE request is never granted one key alone: at the head of a free key it is
         // named for the module to try on all its keys, and holds the queue until then.
         let mut multi_first = None;
+        let mut other_limit = None;
         let fits = &mut |w: &Waiter| {
             if state.owner_grant(&w.owner, now).is_some() {
                 holder = Some(w.owner.clone());
                 return false;
+            }
+            if let Some(limit) = state.held_mode(now) {
+                if !limit.is_exclusive() && !w.mode.is_exclusive() && limit != w.mode {
+                    other_limit = Some(limit);
+                    return false;
+                }
             }
             let fits = state.fits(w.mode, now, max_holders);
             if w.multi && fits {
@@ -83,8 +116,9 @@ pub(super) fn settle_state(
             fits && !w.multi
         };
         let Some(waiter) = w.next_waiter_if(fits) else {
-            match holder {
-                Some(owner) if w.dismiss(&owner) => continue,
+            match (holder, other_limit) {
+                (Some(owner), _) if w.dismiss(&owner) => continue,
+                (None, Some(limit)) if w.refuse_other_limits(limit) > 0 => continue,
                 _ => {
                     if let Some(waiter) = multi_first {
                         fx.push(Effect::TryMulti { waiter });
@@ -131,6 +165,24 @@ pub(super) fn dismiss_holders(state: &LockState, now: Now, w: &mut impl Waiters)
     for g in state.live(now) {
         w.dismiss(&g.owner);
     }
+}
+
+/// A key has one limit (SPEC "Lock kinds"): when a value that arrived under the key's name
+/// gives it one (its live shared grants or delayed slots) other than its waiting shared
+/// requests', those requests leave the queue answered the limit mismatch error for the key's
+/// limit, as they would be if they asked now ([`Waiters::refuse_other_limits`]). Exclusive
+/// waiters, and those of the key's limit, keep their places. Requests of the key's limit
+/// queue behind those of another (a request naming another limit than the key's is refused,
+/// never queued), so the first shared waiter's mode tells whether any must go, at no cost
+/// per waiter; a shared head of another limit met at a hand-off goes too (`hand_off`).
+pub(super) fn refuse_other_limits(state: &LockState, now: Now, w: &mut impl Waiters) {
+    let Some(limit) = state.held_mode(now).filter(|m| !m.is_exclusive()) else {
+        return;
+    };
+    if w.waiting() == 0 || w.waiting_mode().is_none_or(|m| m == limit) {
+        return;
+    }
+    w.refuse_other_limits(limit);
 }
 
 /// Replicate the state when it `changed`; delete the key when nothing is left of it (no

@@ -145,6 +145,14 @@ impl Waiters for Recorder {
         self.log.push(format!("dismissed {}", w.id));
         true
     }
+    fn refuse_other_limits(&mut self, limit: Mode) -> usize {
+        let out = self.queue.take_other_limits(limit);
+        for w in &out {
+            let text = ReplyError::LimitMismatch(limit).message(b"k");
+            self.log.push(format!("refused {}: {text}", w.id));
+        }
+        out.len()
+    }
     fn block(
         &mut self,
         args: &AcquireArgs<'_>,
@@ -354,6 +362,7 @@ fn run_case(name: &str, lock_delay: u64, steps: &[Step]) {
     }
 }
 
+mod arrivals;
 mod table;
 
 #[test]

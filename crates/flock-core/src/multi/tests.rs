@@ -259,6 +259,9 @@ impl Waiters for Queue {
     fn dismiss(&mut self, owner: &[u8]) -> bool {
         self.queue.take_owner(owner).is_some()
     }
+    fn refuse_other_limits(&mut self, limit: Mode) -> usize {
+        self.queue.take_other_limits(limit).len()
+    }
     fn block(
         &mut self,
         _args: &AcquireArgs<'_>,

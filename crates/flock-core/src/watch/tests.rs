@@ -359,6 +359,9 @@ impl crate::engine::Waiters for NoWaiters {
     fn dismiss(&mut self, _owner: &[u8]) -> bool {
         false
     }
+    fn refuse_other_limits(&mut self, _limit: Mode) -> usize {
+        0
+    }
     fn block(
         &mut self,
         _args: &crate::args::AcquireArgs<'_>,

@@ -1,7 +1,7 @@
 //! BOUND grants on the host's side: the bindings index as the module keeps it
-//! (`src/store/bindings.rs`: client id -> the (key, token) of its bound grants, fed by the engine's
-//! `Bind`/`Unbind` effects, taken whole when the connection closes), and what is checked of it
-//! after every step (G11).
+//! (`flock_core::bindings`, kept by `src/store/bindings.rs`: client id -> the (key, token) of
+//! its bound grants, fed by the engine's `Bind`/`Unbind` effects, taken whole when the
+//! connection closes), and what is checked of it after every step (G11).
 //!
 //! Like the module's, the index is not told when a key goes away outside the engine (DEL,
 //! FLUSHALL, DEBUG RELOAD): such entries are stale, harmless (closing their client settles
@@ -10,7 +10,8 @@
 
 use super::model::{Model, Settings};
 use super::server::Server;
-use super::KEYS;
+use super::{KEYS, KEY_NAMES};
+use flock_core::bindings::BindingIndex;
 use flock_core::engine::{self, Event};
 use flock_core::keyspace::{self, Arrival};
 use flock_core::state::Binding;
@@ -19,12 +20,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
 pub(super) struct Bindings {
+    /// The module's own index, fed the same calls: what closing a connection looks at must
+    /// be what this reference says.
+    index: BindingIndex,
     /// Client id -> its (key, token) entries, in the order they were bound.
     by_client: BTreeMap<u64, Vec<(usize, u64)>>,
     /// Entries (client, key, token) whose key went away outside the engine.
     stale: BTreeSet<(u64, usize, u64)>,
     /// Binds of a token the client has bound under another key already (a COPY's twin).
     pub(super) twin_binds: usize,
+    /// RENAMEs of a bound grant whose twin the client has bound under a third key.
+    pub(super) twin_moves: usize,
 }
 
 impl Bindings {
@@ -32,6 +38,7 @@ impl Bindings {
     /// connection). A grant is its key and token: COPY makes a second grant of a token under
     /// another key.
     pub(super) fn bind(&mut self, client: u64, k: usize, token: u64) {
+        self.index.bind(client, token, (0, KEY_NAMES[k]));
         let entries = self.by_client.entry(client).or_default();
         // A stale entry of the same grant (COPY REPLACE brought the token back to the key):
         // the module's index lists it again, which comes to the same.
@@ -49,6 +56,7 @@ impl Bindings {
     /// `Effect::Unbind`: only of a grant bound to that client (and not one the index lost
     /// track of).
     pub(super) fn unbind(&mut self, client: u64, k: usize, token: u64) {
+        self.index.unbind(client, token, (0, KEY_NAMES[k]));
         let entries = self.by_client.get_mut(&client);
         let at = entries
             .as_ref()
@@ -74,7 +82,40 @@ impl Bindings {
         let mut keys: Vec<usize> = entries.into_iter().map(|(k, _)| k).collect();
         keys.sort_unstable();
         keys.dedup();
+        let names: Vec<(i32, Vec<u8>)> = keys.iter().map(|&k| (0, KEY_NAMES[k].to_vec())).collect();
+        assert_eq!(
+            self.index.take(client),
+            names,
+            "the keys the module's index looks at when client {client} closes"
+        );
         keys
+    }
+
+    /// RENAME moved key `from`'s grant `token`, bound to `client`, to key `to` (the index
+    /// is told, by key and token). An entry of that token `to`'s overwritten value left (a
+    /// COPY twin's) goes: `to` has one grant of a token.
+    pub(super) fn moved(&mut self, client: u64, token: u64, from: usize, to: usize) {
+        self.index
+            .moved(client, token, (0, KEY_NAMES[from]), (0, KEY_NAMES[to]));
+        let entries = self.by_client.entry(client).or_default();
+        self.twin_moves += usize::from(
+            entries
+                .iter()
+                .any(|&(k, t)| t == token && k != from && k != to),
+        );
+        entries.retain(|&e| e != (to, token));
+        self.stale.remove(&(client, to, token));
+        let at = entries
+            .iter()
+            .rposition(|&e| e == (from, token))
+            .unwrap_or_else(|| {
+                panic!("RENAME of grant {token} of key {from}, not bound to {client}")
+            });
+        assert!(
+            !self.stale.contains(&(client, from, token)),
+            "RENAME of a grant the index lost track of"
+        );
+        entries[at] = (to, token);
     }
 
     /// Key `k` went away (or lost its bindings) outside the engine: its entries are stale.
@@ -90,6 +131,7 @@ impl Bindings {
 
     /// A new process (restart, promotion): no binding at all.
     pub(super) fn clear(&mut self) {
+        self.index = BindingIndex::default();
         self.by_client.clear();
         self.stale.clear();
     }
@@ -240,6 +282,13 @@ pub(super) fn close_conn(
     (delivered, events, touched)
 }
 
+/// Waits ended in one operation, in id order: which end matters, not in which order (the
+/// engine goes by grant, the model by queue).
+fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
+    ids.sort_unstable();
+    ids
+}
+
 /// `COPY src dst [REPLACE]` of a lock key, as Redis and the module do it: the copy is the same
 /// lock but its bound grants (`keyspace::copy_of`: a binding lives with one connection and one
 /// value, G11), replicated as the command (the replica copies its own value); it arrives
@@ -261,13 +310,6 @@ pub(super) fn copy_key(
     let source = real.states[src].as_ref()?;
     if real.states[dst].is_some() && !replace {
         return None;
-    }
-    // Not onto a name whose shared waiters have another limit than the copy's: a key has one
-    // limit, and what becomes of waiters of another is not decided yet (left out here).
-    if let Some(waiting) = real.queues[dst].shared_mode() {
-        if !source.mode.is_exclusive() && source.mode != waiting {
-            return None;
-        }
     }
     let mut copy = keyspace::copy_of(source);
     let had_bound = source.grants().iter().any(|g| g.bound());
@@ -313,18 +355,117 @@ pub(super) fn copy_key(
         if out.armed.is_some() {
             timers[dst] = out.armed;
         }
-        // Onto a name clients wait for, the copy's holders may be among the waiters: an
-        // owner never both holds and waits, so their waits end with nil before any hand-off.
+        // Onto a name clients wait for: what ran out ends first; the copy's holders may be
+        // among the waiters (an owner never both holds and waits: their waits end with nil),
+        // and the copy may give the key another limit than its shared waiters' (they are
+        // refused); then the key is handed on.
+        model.end_due(dst, now, set);
         model.dismiss_holders(dst, now);
+        model.refuse_other_limits(dst, now);
         model.settle(dst, now, set);
         assert_eq!(
-            out.dismissed, model.dismissed,
+            sorted(out.dismissed),
+            sorted(model.dismissed.clone()),
             "waits ended because their owner holds the copy (engine, model)"
         );
+        assert_eq!(
+            out.refused, model.refused,
+            "waits refused for another limit than the copy's (engine, model)"
+        );
         model.seen.holders_dismissed += model.dismissed.len();
+        model.seen.limits_refused += model.refused.len();
     }
     if real.states[dst].is_none() {
         timers[dst] = None;
+    }
+    Some((delivered, events, Some(dst)))
+}
+
+/// `RENAME src dst` of a lock key, as Redis and the module do it: the value takes `dst`'s
+/// name with its bound grants (their bindings follow: the index moves each entry by key and
+/// token), replicated as the command; `dst`'s own value, if any, is dropped (the index is not
+/// told of it). The value arrives (`keyspace::arrive`, `Renamed`: armed for its next deadline)
+/// and is looked at right after when it holds nothing or is waited for; `src`'s waiters, if
+/// any, are handed the free name then, as after DEL. Nothing happens when `src` holds no lock.
+pub(super) fn rename_key(
+    real: &mut Server,
+    model: &mut Model,
+    src: usize,
+    dst: usize,
+    now: Now,
+    set: Settings,
+    timers: &mut [Option<Option<u64>>],
+) -> Option<Done> {
+    let mut state = real.states[src].take()?;
+    real.replica.keys[dst] = real.replica.keys[src].take();
+    if real.states[dst].is_some() {
+        real.bindings.key_gone(dst);
+    }
+    let arrived = keyspace::arrive(&mut state, Arrival::Renamed);
+    assert!(arrived.rebind, "a renamed lock's bindings follow it");
+    for g in state.grants().iter() {
+        if let Some(client) = g.bound_client() {
+            real.bindings.moved(client, g.token, src, dst);
+        }
+    }
+    real.states[dst] = Some(state);
+    timers[dst] = Some(arrived.next.map(|d| d.mono_us));
+    timers[src] = None;
+
+    // The model: the lock moves, each name keeps its waiters.
+    let waiting_src = std::mem::take(&mut model.keys[src].queue);
+    let waiting_dst = std::mem::take(&mut model.keys[dst].queue);
+    model.keys[dst] = std::mem::take(&mut model.keys[src]);
+    model.keys[src].queue = waiting_src;
+    model.keys[dst].queue = waiting_dst;
+    model.seen.renames += 1;
+
+    let (mut delivered, mut events) = (Vec::new(), Vec::new());
+    if arrived.look_again || !real.queues[dst].is_empty() {
+        let (_, out) = real
+            .run(dst, now, set, false, |s, env, host| {
+                engine::revisit(s, env, host, None)
+            })
+            .expect("the renamed lock exists");
+        delivered.extend(out.delivered);
+        events.extend(out.events);
+        if out.armed.is_some() {
+            timers[dst] = out.armed;
+        }
+        model.end_due(dst, now, set);
+        model.dismiss_holders(dst, now);
+        model.refuse_other_limits(dst, now);
+        model.settle(dst, now, set);
+        assert_eq!(
+            sorted(out.dismissed),
+            sorted(model.dismissed.clone()),
+            "RENAME: waits ended (engine, model)"
+        );
+        assert_eq!(
+            out.refused, model.refused,
+            "RENAME: waits refused (engine, model)"
+        );
+        model.seen.holders_dismissed += model.dismissed.len();
+        model.seen.limits_refused += model.refused.len();
+    }
+    if !real.queues[src].is_empty() {
+        let (_, out) = real
+            .run(src, now, set, true, |s, env, host| {
+                engine::revisit(s, env, host, None)
+            })
+            .expect("a revisit of a waited free name creates it");
+        delivered.extend(out.delivered);
+        events.extend(out.events);
+        if out.armed.is_some() {
+            timers[src] = out.armed;
+        }
+        model.keys[src].exists = true;
+        model.settle(src, now, set);
+    }
+    for k in [src, dst] {
+        if real.states[k].is_none() {
+            timers[k] = None;
+        }
     }
     Some((delivered, events, Some(dst)))
 }

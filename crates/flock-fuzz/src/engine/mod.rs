@@ -7,7 +7,9 @@
 //! all or of one owner, CHECK, FENCED's verdict, INFO, HOLDERS, timers, waiters leaving (then
 //! a revisit) or vanishing, grants whose client left before the reply, a client connection
 //! closing (its waits end, its bound grants end as on expiry), DEL, COPY (bound grants left
-//! out), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
+//! out; onto a waited name too: the waits of owners the copy holds grants of end with nil, and
+//! shared waiters of another limit than the copy's are refused), RENAME (bound grants follow,
+//! the bindings index moves them by key and token; the same look at the new name), travel through RDB (bound grants arrive without their connection), restarts with and without the token mark, failovers to the replica, clock steps (to
 //! the microsecond of a deadline, too) and new settings (lock-delay, max-holders).
 //!
 //! The model is written from the contract (SPEC.md: "Lock kinds: exclusive, shared, counted",
@@ -62,7 +64,7 @@ mod server;
 mod travel;
 mod watch;
 
-use bound::{check_bindings, close_conn, copy_key};
+use bound::{check_bindings, close_conn, copy_key, rename_key};
 use check::{assert_same, events_view, short, show, Issued};
 pub use model::BoundSeen;
 use model::{MGrant, MKey, Model, Settings};
@@ -165,6 +167,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         issued: Issued::default(),
         handed: Vec::new(),
         dismissed: Vec::new(),
+        refused: Vec::new(),
         recent_handoffs: VecDeque::new(),
         step: 0,
         max_holders_seen: set.max_holders,
@@ -187,6 +190,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         model.step = steps;
         model.handed.clear();
         model.dismissed.clear();
+        model.refused.clear();
         model.events.clear();
         // The engine's hand-offs in this step, to compare with the model's (FIFO, G6).
         let mut delivered: Vec<(u64, u64)> = Vec::new();
@@ -201,7 +205,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
             .iter()
             .map(|s| watch::live_before(s.as_ref(), now))
             .collect();
-        let op = r.u8() % 24;
+        let op = r.u8() % 25;
         let k = r.below(KEYS);
         let o = r.below(OWNERS);
         let owner = owner_bytes(o);
@@ -609,6 +613,19 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                 }
                 full = true;
             }
+            // RENAME of the key to another name (over a lock there, or not).
+            23 => {
+                let dst = (k + 1 + r.below(KEYS - 1)) % KEYS;
+                if let Some((d, e, t)) =
+                    rename_key(&mut real, &mut model, k, dst, now, set, &mut timers)
+                {
+                    (delivered, events) = (d, e);
+                    touched = t.unwrap_or(dst);
+                    write = true;
+                    said = format!("RENAME to {dst}");
+                }
+                full = true;
+            }
             // A restart or a failover: state travels, waiters are gone; the high-water mark
             // comes along (RDB aux data; a failover has the replica's) or not (an AOF
             // without preamble).
@@ -761,5 +778,6 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         }
     }
     model.seen.twin_binds = real.bindings.twin_binds;
+    model.seen.twin_moves = real.bindings.twin_moves;
     (steps, model.seen)
 }

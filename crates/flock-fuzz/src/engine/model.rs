@@ -166,6 +166,8 @@ pub(super) struct Model {
     pub(super) handed: Vec<(u64, u64)>,
     /// The waiters answered nil in the current step because their owner holds the key.
     pub(super) dismissed: Vec<u64>,
+    /// The waiters refused in the current step: their limit is not the key's (given here).
+    pub(super) refused: Vec<(u64, Mode)>,
     /// Recent hand-offs as (key, token): grants whose reply may yet fail to reach the client.
     pub(super) recent_handoffs: VecDeque<(usize, u64)>,
     pub(super) step: usize,
@@ -218,6 +220,11 @@ pub struct BoundSeen {
     pub copies_without_bound: usize,
     /// Waits ended with nil because a COPY brought the waiting owner's grant onto the key.
     pub holders_dismissed: usize,
+    /// Waits refused because a COPY gave the key another limit than theirs.
+    pub limits_refused: usize,
+    /// RENAME of a lock key, and of a bound grant whose twin stays bound under a third key.
+    pub renames: usize,
+    pub twin_moves: usize,
     /// A connection bound to two grants of one token (a COPY's twin, on two keys).
     pub twin_binds: usize,
 }
@@ -230,7 +237,7 @@ impl BoundSeen {
         sum!(bound_granted bound_handed bound_queued rebound bound_to_unbound unbound_to_bound
             same_binding closes closes_with_grants closed_grants closed_after_lease
             bound_waiters_left orphaned orphaned_live bound_released bound_revoked bound_expired
-            copies copies_without_bound holders_dismissed twin_binds);
+            copies copies_without_bound holders_dismissed limits_refused renames twin_moves twin_binds);
     }
 }
 
@@ -277,6 +284,13 @@ impl Model {
     /// once); finished slots end; then waiters are granted from the head while the head fits
     /// (a vanished one costs a token and is skipped). Hand-offs go to `handed`.
     pub(super) fn settle_state(&mut self, k: usize, now: Now, set: Settings) {
+        self.end_due(k, now, set);
+        self.hand_off(k, now, set);
+    }
+
+    /// The first half of [`Model::settle_state`]: run-out leases and lost bound grants end,
+    /// finished slots end. Again at the same `now`, nothing happens.
+    pub(super) fn end_due(&mut self, k: usize, now: Now, set: Settings) {
         let d = set.lock_delay_ms;
         let key = &mut self.keys[k];
         let (kept, ended): (Vec<MGrant>, Vec<MGrant>) = std::mem::take(&mut key.grants)
@@ -303,6 +317,11 @@ impl Model {
             }
         }
         self.keys[k].delays.retain(|(m, _)| now.mono_us < *m);
+    }
+
+    /// The second half of [`Model::settle_state`]: waiters are granted from the head while
+    /// the head fits.
+    fn hand_off(&mut self, k: usize, now: Now, set: Settings) {
         loop {
             let key = &self.keys[k];
             let Some(head) = key.queue.front() else {
@@ -315,6 +334,15 @@ impl Model {
                 self.waiter_conn.remove(&w.id);
                 self.dismissed.push(w.id);
                 continue;
+            }
+            // "A key's limit is that of its live shared grants, its delayed slots and its
+            // waiting shared requests": a shared head of another limit than the key's is
+            // refused with the waiters like it (see `refuse_other_limits`).
+            if let Some(limit) = key.taken(now).then_some(key.mode) {
+                if limit != Mode::Exclusive && head.mode != Mode::Exclusive && head.mode != limit {
+                    self.refuse_other_limits(k, now);
+                    continue;
+                }
             }
             if !key.fits(head.mode, now, set.max_holders) {
                 return;
@@ -355,6 +383,26 @@ impl Model {
         for w in gone {
             self.waiter_conn.remove(&w.id);
             self.dismissed.push(w.id);
+        }
+    }
+
+    /// A value arrived under key `k`'s name and the key is looked at: when its live grants or
+    /// delayed slots give the key a shared limit, every waiting shared request of another
+    /// limit leaves the queue with `ERR limit mismatch` for the key's (SPEC "Lock kinds":
+    /// the key has one limit; a request naming another one is refused).
+    pub(super) fn refuse_other_limits(&mut self, k: usize, now: Now) {
+        let key = &mut self.keys[k];
+        if !key.taken(now) || key.mode == Mode::Exclusive {
+            return;
+        }
+        let limit = key.mode;
+        let (gone, kept): (VecDeque<MWaiter>, VecDeque<MWaiter>) = std::mem::take(&mut key.queue)
+            .into_iter()
+            .partition(|w| w.mode != Mode::Exclusive && w.mode != limit);
+        key.queue = kept;
+        for w in gone {
+            self.waiter_conn.remove(&w.id);
+            self.refused.push((w.id, limit));
         }
     }
 

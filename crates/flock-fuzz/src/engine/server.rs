@@ -41,6 +41,8 @@ pub(super) struct KeyHost<'s> {
     pub(super) blocked: Option<u64>,
     /// Waiters whose wait ended with nil in this operation (their owner holds the key).
     pub(super) dismissed: Vec<u64>,
+    /// Waiters refused in this operation: their limit is not the key's (given here).
+    pub(super) refused: Vec<(u64, Mode)>,
 }
 
 impl Waiters for KeyHost<'_> {
@@ -66,6 +68,11 @@ impl Waiters for KeyHost<'_> {
         };
         self.dismissed.push(w.id);
         true
+    }
+    fn refuse_other_limits(&mut self, limit: Mode) -> usize {
+        let out = self.queue.take_other_limits(limit);
+        self.refused.extend(out.iter().map(|w| (w.id, limit)));
+        out.len()
     }
     fn block(
         &mut self,
@@ -103,6 +110,8 @@ pub(super) struct Ran {
     pub(super) delivered: Vec<(u64, u64)>,
     /// Waiters answered nil because their owner holds the key.
     pub(super) dismissed: Vec<u64>,
+    /// Waiters refused because their limit is not the key's (given here).
+    pub(super) refused: Vec<(u64, Mode)>,
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
     pub(super) events: Vec<Event>,
@@ -176,6 +185,7 @@ impl Server {
             delivered: Vec::new(),
             blocked: None,
             dismissed: Vec::new(),
+            refused: Vec::new(),
         };
         let mut env = Env {
             now,
@@ -197,6 +207,7 @@ impl Server {
         let mut outcome = Ran {
             delivered: host.delivered,
             dismissed: host.dismissed,
+            refused: host.refused,
             blocked: host.blocked,
             armed: None,
             events: Vec::new(),

@@ -31,6 +31,9 @@ impl Waiters for Log {
     fn dismiss(&mut self, _owner: &[u8]) -> bool {
         false
     }
+    fn refuse_other_limits(&mut self, _limit: Mode) -> usize {
+        0
+    }
     fn block(
         &mut self,
         _args: &AcquireArgs<'_>,
