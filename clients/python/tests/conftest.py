@@ -131,7 +131,13 @@ class Server:
             return c.info(section)
 
     def blocked_clients(self) -> int:
-        return int(self.info("clients")["blocked_clients"])
+        """Blocked clients other than the clients' own FLOCK.WATCH (rule 9), which count in
+        Redis's blocked_clients too."""
+        return int(self.info("clients")["blocked_clients"]) - self.watchers()
+
+    def watchers(self) -> int:
+        """FLOCK.WATCH commands waiting on this server."""
+        return int(self.info("flock").get("flock_watchers", 0))
 
     def stop_process(self) -> None:
         os.kill(self.proc.pid, signal.SIGSTOP)
@@ -225,8 +231,10 @@ def replicated() -> Iterator[Replicated]:
 
 
 def flock_blocked(server) -> int:
-    """Clients blocked in ACQUIRE ... BLOCK (a WAIT counts in blocked_clients, not here)."""
-    return int(server.info("flock")["flock_blocked_clients"])
+    """Clients blocked in ACQUIRE ... BLOCK (a WAIT counts in blocked_clients, not here; a
+    FLOCK.WATCH counts in both, and is taken off)."""
+    info = server.info("flock")
+    return int(info["flock_blocked_clients"]) - int(info.get("flock_watchers", 0))
 
 
 def has_waitaof(server) -> bool:

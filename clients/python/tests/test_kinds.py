@@ -148,10 +148,14 @@ def test_limit_mismatch_and_mode_conflicts_are_the_servers_errors(server):
     # An exclusive request on a limited key is no mismatch: it waits its turn (None at once).
     assert flock.acquire("lim", 5000) is None
     # The owner holding a permit asks again in another mode: the server's error.
+    # (From another Flock: this one refuses a second lease of owner "a" itself, rule 11.)
+    other = Flock(server.client())
     with pytest.raises(redis.ResponseError, match="owner already holds a permit grant of lim"):
+        other.acquire("lim", 5000, owner="a")
+    with pytest.raises(redis.ResponseError, match="owner already holds a permit grant of lim"):
+        other.acquire("lim", 5000, owner="a", shared=True, wait_ms=1000)
+    with pytest.raises(LockBusyError):
         flock.acquire("lim", 5000, owner="a")
-    with pytest.raises(redis.ResponseError, match="owner already holds a permit grant of lim"):
-        flock.acquire("lim", 5000, owner="a", shared=True, wait_ms=1000)
     # Nothing changed: same holders, both leases live.
     assert r.execute_command("FLOCK.HOLDERS", "lim")[0][:2] == before[0][:2]
     assert len(r.execute_command("FLOCK.HOLDERS", "lim")) == 2
@@ -164,7 +168,7 @@ def test_limit_mismatch_and_mode_conflicts_are_the_servers_errors(server):
     with pytest.raises(redis.ResponseError, match="limit mismatch: sh admits any number of shared"):
         flock.acquire("sh", 5000, limit=2)
     with pytest.raises(redis.ResponseError, match="owner already holds a shared grant of sh"):
-        flock.acquire("sh", 5000, owner="s")
+        other.acquire("sh", 5000, owner="s")
     s.release()
     # A shared request on an exclusively held key is busy, not an error.
     x = flock.acquire("ex", 5000)
@@ -207,7 +211,7 @@ def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(ser
             # Reported as lost at its next renewal at the latest (a third of the ttl).
             assert lease.wait_lost(ttl / 3 + 1000), "the loss was not noticed in time"
             noticed_ms = (time.monotonic() - t0) * 1000
-            assert "connection" in lease.lost_reason, lease.lost_reason
+            assert lease.lost_reason in ("closed", "gone"), lease.lost_reason
             assert lease.remaining_ms() == 0
             with pytest.raises(LockLostError):
                 lease.ensure()
@@ -333,7 +337,7 @@ def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
     # at its next renewal (a third of the ttl), with slack for a loaded machine; the reason
     # shows it was the connection, not the local deadline
     assert lease.wait_lost(3000 / 3 + 1000)
-    assert "connection" in lease.lost_reason, lease.lost_reason
+    assert lease.lost_reason in ("closed", "gone"), lease.lost_reason
     assert lease.release() is False
 
 
@@ -364,6 +368,6 @@ def test_a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(
     # The grant ended with its connection (as on expiry): not a clean release, and at once.
     assert got.get("ok") is False, got
     assert got["at"] - t0 < ttl / 3000
-    assert lease.lost and "connection" in lease.lost_reason
+    assert lease.lost and lease.lost_reason == "closed"
     wait_until(lambda: admin.execute_command("FLOCK.CHECK", "brl", lease.token) == 0,
                "the bound grant ends with its connection")

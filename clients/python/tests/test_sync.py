@@ -73,8 +73,10 @@ def test_owners_are_random_unless_given(server):
 
 
 def test_busy_lock_none_or_lock_busy_error(server):
+    """5.2: not granted in time: None from acquire, LockBusyError from lock (the holder is
+    another Flock: a wait on this thread's own lease would not wait, rule 11)."""
     flock = Flock(server.client())
-    holder = flock.acquire("busy", 10_000)
+    holder = Flock(server.client()).acquire("busy", 10_000)
     assert flock.acquire("busy", 1000) is None
     with pytest.raises(LockBusyError):
         with flock.lock("busy", 1000):
@@ -226,8 +228,7 @@ def test_an_unreleased_lease_dropped_by_the_program_stops_and_releases(server):
 
 
 def test_revoke_is_noticed_within_a_third_of_the_ttl(server):
-    # 3 s: a third of it plus 1 s of slack for a late renewal on a loaded machine is still well
-    # before the local deadline (the reason below shows the RENEW's nil noticed it).
+    """3.1, 9.1: REVOKE heard (by the WATCH, rule 9, long before the renewal's nil would)."""
     ttl = 3000
     admin = server.client()
     flock = Flock(server.client())
@@ -240,7 +241,8 @@ def test_revoke_is_noticed_within_a_third_of_the_ttl(server):
             assert lease.wait_lost(ttl / 3 + 1000), "the loss was not noticed in time"
             noticed_ms = (time.monotonic() - t0) * 1000
             assert lease.lost and noticed_ms <= ttl / 3 + 1000
-            assert "nil" in lease.lost_reason
+            assert noticed_ms < 500, noticed_ms
+            assert lease.lost_reason in ("revoked", "gone"), lease.lost_reason
             with pytest.raises(LockLostError):
                 lease.ensure()
             assert lease.remaining_ms() == 0
