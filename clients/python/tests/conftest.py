@@ -133,7 +133,9 @@ class Server:
     def blocked_clients(self) -> int:
         """Blocked clients other than the clients' own FLOCK.WATCH (rule 9), which count in
         Redis's blocked_clients too."""
-        return int(self.info("clients")["blocked_clients"]) - self.watchers()
+        with self.client() as c:  # one INFO: both figures of one moment
+            info = c.execute_command("INFO", "clients", "flock")
+        return int(info["blocked_clients"]) - int(info.get("flock_watchers", 0))
 
     def watchers(self) -> int:
         """FLOCK.WATCH commands waiting on this server."""
