@@ -62,6 +62,7 @@ from ._core import (
     routed_call,
     socket_timeout_of,
 )
+from ._election import Emit, Leader, campaign_args, leader_of, observe_plan
 from ._inspect import (
     Holder,
     Waiter,
@@ -595,6 +596,91 @@ class _LockContext:
         lease.__exit__(exc_type, exc, tb)
 
 
+# --- leader election ----------------------------------------------------------------------------
+
+class Observer:
+    """``election.observe()``: an iterator of leader changes (``Leader(owner, token)``, or None
+    while nobody leads), the current state first; driven by FLOCK.WATCH on a connection of its
+    own. ``close()`` (also from another thread, or by leaving its ``with`` block) ends it."""
+
+    def __init__(self, transport: _Transport, key: Any) -> None:
+        self._t = transport
+        self._plan = observe_plan(key)
+        self._slot: Optional[_Slot] = None
+        self._closed = False
+
+    def __iter__(self) -> "Observer":
+        return self
+
+    def __next__(self) -> Optional[Leader]:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            if self._closed:
+                raise StopIteration
+            op = self._plan.send(reply) if error is None else self._plan.throw(error)
+            if type(op) is Emit:
+                return op.value
+            try:
+                reply, error = self._t.perform(op), None
+            except BaseException as e:
+                if self._closed:
+                    raise StopIteration from None
+                reply, error = None, e
+            if type(op) is Checkout:
+                self._slot = reply
+            elif type(op) is GiveBack:
+                self._slot = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.conn.disconnect()  # ends a WATCH under way in another thread, too
+            slot.pool.release(slot.conn)
+
+    def __enter__(self) -> "Observer":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.close()
+
+
+class Election:
+    """Leader election over one key (``flock.election(key, ttl_ms)``): the leader holds the
+    key's exclusive BOUND grant, renewed by the watchdog and watched (rule 9)."""
+
+    def __init__(self, flock: "Flock", key: Any, ttl_ms: int, owner: Optional[str]) -> None:
+        acquire_command(key, ttl_ms, None, False, None, True, owner)  # checks (rule 12)
+        self._flock, self.key, self.ttl_ms, self.owner = flock, key, ttl_ms, owner
+        self.lease: Optional[Lease] = None
+
+    def campaign(self, wait_ms: Optional[Number] = None) -> Lease:
+        """Waits in line (BLOCK) until this candidate leads, and returns its lease (lost when
+        its term ends: see ``lease.lost``, ``wait_lost()``, ``on_lost()``). ``wait_ms``: None
+        is no limit; not leading within it raises LockBusyError."""
+        lease = self._flock.acquire(self.key, self.ttl_ms, wait_ms=campaign_args(wait_ms)[0],
+                                    bound=True, owner=self.owner)
+        if lease is None:
+            raise busy_error(self.key, wait_ms)
+        self.lease = lease
+        return lease
+
+    def leader(self) -> Optional[Leader]:
+        """The current leader, or None."""
+        return leader_of(self._flock._read(self.key, info_command(self.key)))
+
+    def observe(self) -> Observer:
+        return Observer(self._flock._t, self.key)
+
+    def resign(self) -> bool:
+        """Ends this candidate's term (the next in line leads); False when it did not lead."""
+        lease, self.lease = self.lease, None
+        return lease.release() if lease is not None else False
+
+
 # --- the factory --------------------------------------------------------------------------------
 
 class Flock:
@@ -749,6 +835,11 @@ class Flock:
         """FLOCK.REVOKE key [owner]: the number of live grants ended."""
         args = revoke_args(key, owner)
         return int(self._t.call(key, args)[0])
+
+    def election(self, key: Any, ttl_ms: int, *, owner: Optional[str] = None) -> Election:
+        """Leader election over key: ``campaign()``, ``leader()``, ``observe()``,
+        ``resign()``."""
+        return Election(self, key, ttl_ms, owner)
 
     # -- inspection: no lease needed -------------------------------------------------------------
     def _read(self, key: Any, args: Tuple[Any, ...]) -> Any:
