@@ -28,6 +28,7 @@ def other_master(cluster, node):
 
 
 def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
+    """Scenario 2.1, 6.1 of docs/CLIENTS.md."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True,
                       socket_timeout=SOON_S)
     flock = Flock(rc)
@@ -44,6 +45,7 @@ def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
 
 
 def test_cluster_wait_survives_a_slot_move(cluster):
+    """Scenario 5.3 of docs/CLIENTS.md."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
     flock = Flock(rc)
     key = "{mig}:lock"
@@ -82,6 +84,7 @@ def test_cluster_wait_survives_a_slot_move(cluster):
 
 
 def test_cluster_async_wait_survives_a_slot_move(cluster):
+    """Scenario 5.3 of docs/CLIENTS.md."""
     async def main():
         rc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
                                socket_timeout=SOON_S)
@@ -111,7 +114,7 @@ def test_cluster_async_wait_survives_a_slot_move(cluster):
 
 
 def test_cluster_durable_grant_waits_on_the_keys_node(cluster):
-    """replicas=1 on masters without replicas: the WAIT follows the ACQUIRE on the key's own
+    """10.1: replicas=1 on masters without replicas: the WAIT follows the ACQUIRE on the key's own
     node (a WAIT anywhere else would count another node's replicas), the grant is released."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
     flock = Flock(rc)

@@ -42,6 +42,7 @@ def waiting(flock, key, ttl, got, **kw):
 
 
 def test_shared_leases_hold_together_and_a_writer_waits_for_all_of_them(server):
+    """Scenario 8.2 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(server.client())
     # 900 ms (renewed every 300 ms): 450 ms leases left 300 ms for a late renewal
@@ -92,6 +93,7 @@ def test_shared_leases_hold_together_and_a_writer_waits_for_all_of_them(server):
 
 
 def test_counted_leases_admit_n_and_the_next_gets_a_released_permit(server):
+    """Scenario 8.2 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(server.client())
     with flock.lock("sem", 5000, limit=3) as first:
@@ -127,6 +129,7 @@ def test_counted_leases_admit_n_and_the_next_gets_a_released_permit(server):
 
 
 def test_limit_mismatch_and_mode_conflicts_are_the_servers_errors(server):
+    """Scenario 8.2, 11.1 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(server.client())
     a = flock.acquire("lim", 5000, limit=2, owner="a")
@@ -187,6 +190,7 @@ def test_limit_mismatch_and_mode_conflicts_are_the_servers_errors(server):
 
 
 def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(server):
+    """Scenario 8.1, 9.2 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-lease"))
     # 3 s: the next renewal (a third) plus 1 s of slack on a loaded machine, still well before
@@ -231,6 +235,7 @@ def test_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(ser
 
 
 def test_a_bound_lease_renews_and_releases_on_its_own_connection(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-own"))
     # 600 ms (renewed every 200 ms): 300 ms left too little for a late renewal
@@ -247,6 +252,7 @@ def test_a_bound_lease_renews_and_releases_on_its_own_connection(server):
 
 
 def test_a_bound_scoped_lock_is_freed_at_once_when_its_process_dies(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     ttl = 30_000
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
@@ -281,6 +287,7 @@ def test_a_bound_scoped_lock_is_freed_at_once_when_its_process_dies(server):
 
 
 def test_readers_waiting_behind_a_writer_are_granted_together(server):
+    """Scenario 8.2, 5.1 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(server.client())
     writer = flock.acquire("rg", 10_000)
@@ -315,6 +322,7 @@ def blocked_acquirers(admin, name):
 
 
 def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the_new_one(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-waiter"))
     holder = Flock(server.client()).acquire("bwk", 20_000)
@@ -342,6 +350,7 @@ def test_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
 
 
 def test_a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="bound-rel"))
     ttl = 6000

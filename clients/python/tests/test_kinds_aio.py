@@ -38,6 +38,7 @@ def timed_wait(flock, key, ttl, **kw):
 
 
 def test_aio_shared_leases_and_a_waiting_writer(server):
+    """Scenario 8.2 of docs/CLIENTS.md."""
     async def main():
         r = aclient(server, decode_responses=True)
         flock = Flock(aclient(server))
@@ -83,6 +84,7 @@ async def _ge(coro, v):
 
 
 def test_aio_counted_leases(server):
+    """Scenario 8.2 of docs/CLIENTS.md."""
     async def main():
         r = aclient(server, decode_responses=True)
         flock = Flock(aclient(server))
@@ -107,6 +109,7 @@ def test_aio_counted_leases(server):
 
 
 def test_aio_limit_mismatch_and_mode_conflicts(server):
+    """Scenario 8.2, 11.1 of docs/CLIENTS.md."""
     async def main():
         r = aclient(server, decode_responses=True)
         flock = Flock(aclient(server))
@@ -135,6 +138,7 @@ def test_aio_limit_mismatch_and_mode_conflicts(server):
 
 
 def test_aio_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock(server):
+    """Scenario 8.1, 9.2 of docs/CLIENTS.md."""
     async def main():
         admin = aclient(server, decode_responses=True)
         flock = Flock(aclient(server, client_name="aio-bound"))
@@ -174,6 +178,7 @@ def test_aio_a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock
 
 def test_aio_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the_new_one(
         server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     async def main():
         admin = aclient(server, decode_responses=True)
 
@@ -207,6 +212,7 @@ def test_aio_a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to
 
 
 def test_aio_a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
 
     async def main():
