@@ -72,9 +72,9 @@ class Lane:
     """One watching connection: the leases of one group (None outside a cluster; a slot in
     one), what the WATCH under way names, and the connection's id for CLIENT UNBLOCK."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, lock: Any) -> None:
         self.group = group
-        self._lock = threading.Lock()
+        self._lock = lock  # the Tracker's: one lock for both
         #: every live lease of the group, watched or not yet: id -> weakref
         self.leases: Dict[int, Any] = {}
         #: what the WATCH under way names: (key bytes, token) -> weakref of the lease
@@ -89,17 +89,16 @@ class Lane:
         #: the WATCH under way ends by its own timeout (False: the lane is idle or between)
         self.blocked = False
 
-    # -- the Flock's side ----------------------------------------------------------------
-    def add(self, lease: Any) -> bool:
+    # -- the Flock's side (the Tracker holds the lock) ------------------------------------------
+    def _add_locked(self, lease: Any, ref: Any) -> bool:
         """A new lease of the group. True when the lane is not running: the driver starts it."""
-        with self._lock:
-            self.leases[id(lease)] = weakref.ref(lease)
-            if self.key is None:
-                self.key = lease.key
-            if self.running:
-                return False
-            self.running = True
-            return True
+        self.leases[id(lease)] = ref
+        if self.key is None:
+            self.key = lease.key
+        if self.running:
+            return False
+        self.running = True
+        return True
 
     def remove(self, lease: Any) -> None:
         with self._lock:
@@ -270,7 +269,8 @@ class Tracker:
     def __init__(self, cluster: bool) -> None:
         self.cluster = cluster
         self._lock = threading.Lock()
-        self._by_key: Dict[bytes, List[Any]] = {}
+        #: key -> {id(lease): weakref} of the leases handed out and not released
+        self._by_key: Dict[bytes, Dict[int, Any]] = {}
         self.lanes: Dict[Any, Lane] = {}
 
     def held(self, key_bytes: bytes) -> List[Any]:
@@ -279,7 +279,7 @@ class Tracker:
         if not refs:
             return []
         out = []
-        for ref in list(refs):
+        for ref in list(refs.values()):
             lease = ref()
             if lease is not None and not lease._released and not lease.lost:
                 out.append(lease)
@@ -312,32 +312,36 @@ class Tracker:
         return None, own_wait
 
     def add(self, lease: Any) -> Optional[Lane]:
-        """A new lease: returns its lane when the driver has to start it."""
+        """A new lease: returns its lane when the driver has to start it. (A lease that is
+        garbage collected unreleased leaves a dead weakref behind until its key is used
+        again: a few bytes.)"""
+        kb = lease._key_bytes
+        group = key_slot(kb) if self.cluster else None
         ref = weakref.ref(lease)
         with self._lock:
-            refs = self._by_key.get(lease._key_bytes)
+            refs = self._by_key.get(kb)
             if refs is None:
-                self._by_key[lease._key_bytes] = [ref]
+                self._by_key[kb] = {id(lease): ref}
             else:
-                refs[:] = [r for r in refs if (r() is not None and not r()._released)]
-                refs.append(ref)
-            group = key_slot(lease._key_bytes) if self.cluster else None
+                for k in [k for k, r in refs.items() if r() is None]:
+                    del refs[k]
+                refs[id(lease)] = ref
             lane = self.lanes.get(group)
             if lane is None:
-                lane = self.lanes[group] = Lane(group)
-        lease._lane = lane
-        return lane if lane.add(lease) else None
+                lane = self.lanes[group] = Lane(group, self._lock)
+            lease._lane = lane
+            start = lane._add_locked(lease, ref)
+        return lane if start else None
 
     def remove(self, lease: Any) -> None:
+        kb, i = lease._key_bytes, id(lease)
         with self._lock:
-            refs = self._by_key.get(lease._key_bytes)
-            if refs is not None:
-                refs[:] = [r for r in refs if r() is not None and r() is not lease]
-                if not refs:
-                    del self._by_key[lease._key_bytes]
-        lane = lease._lane
-        if lane is not None:
-            lane.remove(lease)
+            refs = self._by_key.get(kb)
+            if refs is not None and refs.pop(i, None) is not None and not refs:
+                del self._by_key[kb]
+            lane = lease._lane
+            if lane is not None:
+                lane.leases.pop(i, None)
 
 
 def busy_on_self(key: Any) -> LockBusyError:
