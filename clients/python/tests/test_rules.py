@@ -397,3 +397,28 @@ def test_si_6_stats(server):
     assert cls["grants"] == 3 and cls["released"] == 3
     assert set(flock.stats("orders:#:lock")["classes"]) == {"orders:#:lock"}
     assert "overflow" in st
+
+
+def test_s9_7_a_forked_child_watches_its_own_leases(server):
+    """9.1 in a forked child: the parent's watch thread did not come along; the child's own
+    lease is watched by a lane of its own, and the parent's leases are not the child's
+    (rule 11 does not see them)."""
+    import os
+    flock = Flock(server.client())
+    parent = flock.acquire("r9:7p", 30_000, owner="p")
+    watched(server)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        code = 1
+        try:
+            flock.client.connection_pool.reset()
+            mine = flock.acquire("r9:7c", 30_000, owner="p")  # the parent's owner: no busy
+            time.sleep(0.1)
+            redis.Redis(port=server.port).execute_command("FLOCK.REVOKE", "r9:7c")
+            if mine.wait_lost(HEARD_MS) and mine.lost_reason == "revoked":
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not parent.lost and parent.check() > 0 and parent.release() is True

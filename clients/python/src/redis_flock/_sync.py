@@ -693,8 +693,6 @@ class Flock:
         self._track = Tracker(self._t.cluster)
         #: reentrant=True without an owner: one owner per thread
         self._local = threading.local()
-        self._refresh_lock = threading.Lock()
-        self._refresh_due: Optional[float] = None
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
@@ -766,7 +764,7 @@ class Flock:
         if lane is not None:
             self._start_lane(lane)
         due = lease._born + WATCH_AFTER_S
-        if self._refresh_due is None or due < self._refresh_due:
+        if self._track.refresh_due is None or due < self._track.refresh_due:
             self._schedule_refresh(due)
         return lease
 
@@ -790,10 +788,11 @@ class Flock:
             lane.running = False
 
     def _schedule_refresh(self, due: float) -> None:
-        with self._refresh_lock:
-            if self._refresh_due is not None and self._refresh_due <= due:
+        track = self._track
+        with track.refresh_lock:
+            if track.refresh_due is not None and track.refresh_due <= due:
                 return
-            self._refresh_due = due
+            track.refresh_due = due
         ref = weakref.ref(self)
 
         def job() -> None:
@@ -804,8 +803,8 @@ class Flock:
 
     def _refresh(self) -> None:
         """Makes every lane's WATCH name the leases old enough to watch (see ``_watch``)."""
-        with self._refresh_lock:
-            self._refresh_due = None
+        with self._track.refresh_lock:
+            self._track.refresh_due = None
         todo, soonest = next_refresh(list(self._track.lanes.values()), monotonic())
         for lane, action in todo:
             if action == "wake":

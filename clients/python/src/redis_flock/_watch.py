@@ -19,6 +19,7 @@ released, rule 11). No I/O of its own: the lane's I/O is a plan (see ``_core``).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -268,10 +269,19 @@ class Tracker:
 
     def __init__(self, cluster: bool) -> None:
         self.cluster = cluster
+        self._reset()
+        _trackers.add(self)
+
+    def _reset(self) -> None:
+        """Empty (also in a forked child: its parent's leases are not its own grants, and
+        their lanes' threads did not come along)."""
         self._lock = threading.Lock()
         #: key -> {id(lease): weakref} of the leases handed out and not released
         self._by_key: Dict[bytes, Dict[int, Any]] = {}
         self.lanes: Dict[Any, Lane] = {}
+        #: the driver's next refresh (see next_refresh), None when none is scheduled
+        self.refresh_due: Optional[float] = None
+        self.refresh_lock = threading.Lock()
 
     def held(self, key_bytes: bytes) -> List[Any]:
         """The live (neither lost nor released) leases of key this Flock handed out."""
@@ -371,3 +381,16 @@ def next_refresh(lanes: List[Lane], now: float
         if due is not None and (soonest is None or due < soonest):
             soonest = due
     return todo, soonest
+
+
+#: every Tracker, to empty them in a forked child
+_trackers: "weakref.WeakSet[Tracker]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tracker in list(_trackers):
+        tracker._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
