@@ -242,7 +242,10 @@ def flock_blocked(server) -> int:
 def has_waitaof(server) -> bool:
     """An observer's COMMAND INFO WAITAOF, read raw (redis-py's parser of COMMAND fails on nil)."""
     with server.client() as c:
-        conn = c.connection_pool.get_connection()
+        try:
+            conn = c.connection_pool.get_connection()
+        except TypeError:  # redis-py 5.0-5.2 wants a command name
+            conn = c.connection_pool.get_connection("COMMAND")
         try:
             conn.send_command("COMMAND", "INFO", "WAITAOF")
             return conn.read_response() != [None]
