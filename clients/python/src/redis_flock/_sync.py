@@ -78,7 +78,6 @@ from ._inspect import (
     waiters_command,
 )
 from ._watch import (
-    REFRESH_RETRY_S,
     WATCH_AFTER_S,
     AwaitWork,
     Lane,

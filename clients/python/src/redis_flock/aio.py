@@ -68,7 +68,6 @@ from ._core import (
     no_waitaof_error,
     on_acquire_reply,
     refuse_unknown,
-    release_args,
     release_quietly,
     renewal_wait_s,
     revoke_args,
