@@ -163,3 +163,41 @@ def test_cluster_durable_grant_waits_on_the_keys_node(cluster):
 
     asyncio.run(main())
     assert len(seen) > 1
+
+
+def test_cluster_loss_heard_per_slot(cluster):
+    """9.1, 9.4 in a cluster: one WATCH connection per slot with leases, at the slot's master;
+    a REVOKE of a lease on any master is heard at once, sync and asyncio."""
+    import time
+    from redis.crc import key_slot
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
+    flock = Flock(rc)
+    keys = [f"{{w{i}}}:lock" for i in range(6)]
+    leases = [flock.acquire(k, 30_000) for k in keys]
+    slots = {key_slot(k.encode()) for k in keys}
+    wait_until(lambda: sum(int(n.info("flock").get("flock_watchers", 0)) for n in cluster.nodes)
+               == len(slots), "one watcher per slot")
+    for k, lease in zip(keys, leases):
+        node = cluster.node_of_slot(key_slot(k.encode()))
+        t0 = time.monotonic()
+        with node.client() as c:
+            assert c.execute_command("FLOCK.REVOKE", k) == 1
+        assert lease.wait_lost(SOON_S * 1000)
+        assert (time.monotonic() - t0) * 1000 < 500 and lease.lost_reason == "revoked"
+    rc.close()
+
+    async def main():
+        arc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
+                                socket_timeout=SOON_S)
+        af = aio.Flock(arc)
+        lease = await af.acquire("{aw}:lock", 30_000)
+        node = cluster.node_of_slot(key_slot(b"{aw}:lock"))
+        while int(node.info("flock").get("flock_watchers", 0)) < 1:
+            await asyncio.sleep(0.005)
+        t0 = time.monotonic()
+        with node.client() as c:
+            c.execute_command("FLOCK.REVOKE", "{aw}:lock")
+        assert await lease.wait_lost(SOON_S * 1000)
+        assert (time.monotonic() - t0) * 1000 < 500 and lease.lost_reason == "revoked"
+        await arc.aclose()
+    asyncio.run(main())
