@@ -13,6 +13,12 @@ of each and the client's added latency (variant minus raw). Target: under 150 us
 at least n replicas online; the variants are raw, lock(renew=False) and lock(renew=False,
 replicas=n) (ACQUIRE + WAIT n pipelined, then RELEASE), and the last lines say what the
 durable grant costs over the plain lease.
+
+--loss n: rule 9 instead: how long after the server ends a grant its lease says it is lost,
+over n REVOKEs (from another connection) and n CLIENT KILLs of a BOUND lease's connection, at
+ttl --ttl (default 30 s: far from any renewal), for the sync and the asyncio client: median,
+p99 and max from sending the REVOKE / KILL to wait_lost() returning (includes that command's
+round trip). Each lease is held 100 ms first, so that it is watched.
 """
 from __future__ import annotations
 
@@ -44,7 +50,11 @@ def main() -> int:
     p.add_argument("--ttl", type=int, default=30_000)
     p.add_argument("--replicas", type=int, default=0,
                    help="measure durable grants with replicas=n against the plain lease")
+    p.add_argument("--loss", type=int, default=0,
+                   help="measure rule 9 instead: loss-to-signal delay over n REVOKEs and n kills")
     args = p.parse_args()
+    if args.loss:
+        return bench_loss(args.host, args.port, args.loss, args.ttl)
     if args.iterations < 2000:
         p.error("--iterations must be at least 2000")
     r = redis.Redis(host=args.host, port=args.port)
@@ -188,6 +198,80 @@ async def bench_aio(host, port, key, ttl, owner, iterations, replicas=0):
         done += n
     await r.aclose()
     return times
+
+
+HOLD_S = 0.1  # a lease is watched once 10 ms old (redis_flock._watch.WATCH_AFTER_S)
+
+
+def bound_conn_id(admin, name):
+    mine = [c for c in admin.client_list() if c.get("name") == name
+            and c["cmd"] in ("flock.acquire", "flock.renew")]
+    assert len(mine) == 1, mine
+    return mine[0]["id"]
+
+
+def bench_loss(host, port, n, ttl):
+    admin = redis.Redis(host=host, port=port, decode_responses=True)
+    flock = Flock(redis.Redis(host=host, port=port, client_name="bench-loss"))
+    pc = time.perf_counter
+    res = {"sync REVOKE": [], "sync CLIENT KILL (bound)": []}
+    for i in range(n):
+        key = f"bench:loss:{i}"
+        lease = flock.acquire(key, ttl)
+        time.sleep(HOLD_S)
+        t = pc()
+        admin.execute_command("FLOCK.REVOKE", key)
+        assert lease.wait_lost(5000) and lease.lost_reason == "revoked", (i, lease.lost_reason)
+        res["sync REVOKE"].append(pc() - t)
+    for i in range(n):
+        key = f"bench:loss:b{i}"
+        lease = flock.acquire(key, ttl, bound=True)
+        cid = bound_conn_id(admin, "bench-loss")
+        time.sleep(HOLD_S)
+        t = pc()
+        admin.execute_command("CLIENT", "KILL", "ID", cid)
+        assert lease.wait_lost(5000) and lease.lost_reason == "closed", lease.lost_reason
+        res["sync CLIENT KILL (bound)"].append(pc() - t)
+    res.update(asyncio.run(bench_loss_aio(host, port, n, ttl)))
+    print(f"rule 9: loss-to-signal delay at ttl {ttl} ms, {n} of each, {host}:{port} "
+          f"(redis-py {redis.__version__}, Python {sys.version.split()[0]})")
+    print(f"{'':28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    worst = 0.0
+    for name, xs in res.items():
+        p99 = pct(xs, 0.99) * 1e3
+        worst = max(worst, p99)
+        print(f"{name:28} {statistics.median(xs) * 1e3:8.2f} {p99:8.2f} {max(xs) * 1e3:8.2f}")
+    print(f"worst p99: {worst:.2f} ms: {'within' if worst < 50 else 'ABOVE'} the 50 ms of rule 9")
+    return 0
+
+
+async def bench_loss_aio(host, port, n, ttl):
+    admin = redis.asyncio.Redis(host=host, port=port, decode_responses=True)
+    flock = redis_flock.aio.Flock(redis.asyncio.Redis(host=host, port=port,
+                                                      client_name="bench-loss-aio"))
+    pc = time.perf_counter
+    res = {"asyncio REVOKE": [], "asyncio CLIENT KILL (bound)": []}
+    for i in range(n):
+        key = f"bench:loss:a{i}"
+        lease = await flock.acquire(key, ttl)
+        await asyncio.sleep(HOLD_S)
+        t = pc()
+        await admin.execute_command("FLOCK.REVOKE", key)
+        assert await lease.wait_lost(5000) and lease.lost_reason == "revoked"
+        res["asyncio REVOKE"].append(pc() - t)
+    for i in range(n):
+        key = f"bench:loss:ab{i}"
+        lease = await flock.acquire(key, ttl, bound=True)
+        mine = [c for c in await admin.client_list() if c.get("name") == "bench-loss-aio"
+                and c["cmd"] in ("flock.acquire", "flock.renew")]
+        assert len(mine) == 1, mine
+        await asyncio.sleep(HOLD_S)
+        t = pc()
+        await admin.execute_command("CLIENT", "KILL", "ID", mine[0]["id"])
+        assert await lease.wait_lost(5000) and lease.lost_reason == "closed", lease.lost_reason
+        res["asyncio CLIENT KILL (bound)"].append(pc() - t)
+    await admin.aclose()
+    return res
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def other_master(cluster, node):
 
 
 def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
+    """Scenario 2.1, 6.1 of docs/CLIENTS.md."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True,
                       socket_timeout=SOON_S)
     flock = Flock(rc)
@@ -44,6 +45,7 @@ def test_cluster_scoped_lock_watchdog_and_fenced_write(cluster):
 
 
 def test_cluster_wait_survives_a_slot_move(cluster):
+    """Scenario 5.3 of docs/CLIENTS.md."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
     flock = Flock(rc)
     key = "{mig}:lock"
@@ -82,6 +84,7 @@ def test_cluster_wait_survives_a_slot_move(cluster):
 
 
 def test_cluster_async_wait_survives_a_slot_move(cluster):
+    """Scenario 5.3 of docs/CLIENTS.md."""
     async def main():
         rc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
                                socket_timeout=SOON_S)
@@ -111,7 +114,7 @@ def test_cluster_async_wait_survives_a_slot_move(cluster):
 
 
 def test_cluster_durable_grant_waits_on_the_keys_node(cluster):
-    """replicas=1 on masters without replicas: the WAIT follows the ACQUIRE on the key's own
+    """10.1: replicas=1 on masters without replicas: the WAIT follows the ACQUIRE on the key's own
     node (a WAIT anywhere else would count another node's replicas), the grant is released."""
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
     flock = Flock(rc)
@@ -160,3 +163,41 @@ def test_cluster_durable_grant_waits_on_the_keys_node(cluster):
 
     asyncio.run(main())
     assert len(seen) > 1
+
+
+def test_cluster_loss_heard_per_slot(cluster):
+    """9.1, 9.4 in a cluster: one WATCH connection per slot with leases, at the slot's master;
+    a REVOKE of a lease on any master is heard at once, sync and asyncio."""
+    import time
+    from redis.crc import key_slot
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=SOON_S)
+    flock = Flock(rc)
+    keys = [f"{{w{i}}}:lock" for i in range(6)]
+    leases = [flock.acquire(k, 30_000) for k in keys]
+    slots = {key_slot(k.encode()) for k in keys}
+    wait_until(lambda: sum(int(n.info("flock").get("flock_watchers", 0)) for n in cluster.nodes)
+               == len(slots), "one watcher per slot")
+    for k, lease in zip(keys, leases):
+        node = cluster.node_of_slot(key_slot(k.encode()))
+        t0 = time.monotonic()
+        with node.client() as c:
+            assert c.execute_command("FLOCK.REVOKE", k) == 1
+        assert lease.wait_lost(SOON_S * 1000)
+        assert (time.monotonic() - t0) * 1000 < 500 and lease.lost_reason == "revoked"
+    rc.close()
+
+    async def main():
+        arc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
+                                socket_timeout=SOON_S)
+        af = aio.Flock(arc)
+        lease = await af.acquire("{aw}:lock", 30_000)
+        node = cluster.node_of_slot(key_slot(b"{aw}:lock"))
+        while int(node.info("flock").get("flock_watchers", 0)) < 1:
+            await asyncio.sleep(0.005)
+        t0 = time.monotonic()
+        with node.client() as c:
+            c.execute_command("FLOCK.REVOKE", "{aw}:lock")
+        assert await lease.wait_lost(SOON_S * 1000)
+        assert (time.monotonic() - t0) * 1000 < 500 and lease.lost_reason == "revoked"
+        await arc.aclose()
+    asyncio.run(main())

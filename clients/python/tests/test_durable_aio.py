@@ -24,6 +24,7 @@ def aclient(server, **kw):
 
 
 def test_aio_durable_grant_is_on_the_replica_when_acquire_returns(replicated):
+    """Scenario 10.1 of docs/CLIENTS.md."""
     master, replica = replicated.master, replicated.replicas[0]
     mon = Monitor(master)
 
@@ -52,6 +53,7 @@ def test_aio_durable_grant_is_on_the_replica_when_acquire_returns(replicated):
 
 
 def test_aio_durable_grant_without_replicas_is_released_after_the_timeout(server):
+    """Scenario 10.2 of docs/CLIENTS.md."""
     mon = Monitor(server)
 
     async def main():
@@ -79,6 +81,7 @@ def test_aio_durable_grant_without_replicas_is_released_after_the_timeout(server
 
 
 def test_aio_durable_two_replicas_asked_one_there_raises(replicated):
+    """Scenario 10.2 of docs/CLIENTS.md."""
     async def main():
         r = aclient(replicated.master)
         try:
@@ -93,6 +96,7 @@ def test_aio_durable_two_replicas_asked_one_there_raises(replicated):
 
 
 def test_aio_durable_fsync_without_waitaof_is_refused_before_acquire(no_waitaof_server):
+    """Scenario 10.3 of docs/CLIENTS.md."""
     srv = no_waitaof_server
     mon = Monitor(srv)
 
@@ -117,6 +121,7 @@ def test_aio_durable_fsync_without_waitaof_is_refused_before_acquire(no_waitaof_
 
 
 def test_aio_durable_fsync_on_valkey_with_the_aof(valkey_aof):
+    """Scenario 10.1 of docs/CLIENTS.md."""
     master, replica = valkey_aof.master, valkey_aof.replicas[0]
 
     async def main():
@@ -139,6 +144,7 @@ def test_aio_durable_fsync_on_valkey_with_the_aof(valkey_aof):
 
 
 def test_aio_durable_fsync_on_valkey_without_the_aof_releases_and_raises():
+    """Scenario 10.2 of docs/CLIENTS.md."""
     srv = Server(binary=valkey_binary())
 
     async def main():
@@ -157,6 +163,7 @@ def test_aio_durable_fsync_on_valkey_without_the_aof_releases_and_raises():
 
 
 def test_aio_durable_argument_checks_come_before_anything_is_sent(server):
+    """Scenario 10.3, 12.5 of docs/CLIENTS.md."""
     mon = Monitor(server)
 
     async def main():
@@ -183,6 +190,7 @@ def test_aio_durable_argument_checks_come_before_anything_is_sent(server):
 
 
 def test_aio_durable_renewal_moves_the_local_deadline_only_when_acknowledged(replicated):
+    """Scenario 10.1 of docs/CLIENTS.md."""
     master, replica = replicated.master, replicated.replicas[0]
 
     async def main():
@@ -216,6 +224,7 @@ def test_aio_durable_renewal_moves_the_local_deadline_only_when_acknowledged(rep
 
 
 def test_aio_durable_watchdog_renewals_that_fall_short_let_the_lease_run_out(replicated):
+    """Scenario 10.2 of docs/CLIENTS.md."""
     master, replica = replicated.master, replicated.replicas[0]
 
     async def main():
@@ -242,6 +251,7 @@ def test_aio_durable_watchdog_renewals_that_fall_short_let_the_lease_run_out(rep
 
 
 def test_aio_durable_grant_after_a_block_wait(replicated):
+    """Scenario 10.1 of docs/CLIENTS.md."""
     master, replica = replicated.master, replicated.replicas[0]
     mon = Monitor(master)
 

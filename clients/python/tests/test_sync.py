@@ -38,6 +38,7 @@ def renewals(server) -> int:
 
 
 def test_scoped_lock_writes_with_its_token_and_releases(server):
+    """Scenario 3.1, 6.1 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(r)
     with flock.lock("orders:1:lock", 10_000) as lease:
@@ -58,6 +59,7 @@ def test_scoped_lock_writes_with_its_token_and_releases(server):
 
 
 def test_owners_are_random_unless_given(server):
+    """Scenario 7.1 of docs/CLIENTS.md."""
     flock = Flock(server.client())
     a = flock.acquire("k:a", 5000, renew=False)
     b = flock.acquire("k:b", 5000, renew=False)
@@ -73,8 +75,10 @@ def test_owners_are_random_unless_given(server):
 
 
 def test_busy_lock_none_or_lock_busy_error(server):
+    """5.2: not granted in time: None from acquire, LockBusyError from lock (the holder is
+    another Flock: a wait on this thread's own lease would not wait, rule 11)."""
     flock = Flock(server.client())
-    holder = flock.acquire("busy", 10_000)
+    holder = Flock(server.client()).acquire("busy", 10_000)
     assert flock.acquire("busy", 1000) is None
     with pytest.raises(LockBusyError):
         with flock.lock("busy", 1000):
@@ -89,6 +93,7 @@ def test_busy_lock_none_or_lock_busy_error(server):
 
 
 def test_watchdog_keeps_a_600ms_lease_alive_for_3s(server):
+    """Scenario 2.1 of docs/CLIENTS.md."""
     r = server.client()
     flock = Flock(r)
     # 600 ms (renewed every 200 ms): a renewal may come 400 ms late on a loaded machine before
@@ -108,6 +113,7 @@ def test_watchdog_keeps_a_600ms_lease_alive_for_3s(server):
 
 
 def test_watchdog_stops_on_release(server):
+    """Scenario 2.1, 4.1 of docs/CLIENTS.md."""
     mon = Monitor(server)
     try:
         flock = Flock(server.client())
@@ -135,6 +141,7 @@ def client_running(admin, name, cmd):
 
 
 def test_release_waits_for_a_renewal_under_way(server):
+    """Scenario 4.1 of docs/CLIENTS.md."""
     # CLIENT PAUSE WRITE holds the watchdog's RENEW on the server; release() is called while it
     # waits there. The RELEASE is not sent until the RENEW is answered, so no RENEW of the lease
     # comes after it, and the renewal that raced the release reports no loss.
@@ -176,6 +183,7 @@ def test_release_waits_for_a_renewal_under_way(server):
 
 
 def test_release_waits_no_longer_than_the_socket_timeout_for_a_stuck_renewal(server):
+    """Scenario 4.1 of docs/CLIENTS.md."""
     # A renewal stuck before its RENEW reaches the server (a hook holds it, as a dead
     # connection would): release() waits for it at most the client's socket_timeout (0.5 s,
     # well before the lease's local deadline), then releases. The RENEW, sent late after all,
@@ -217,6 +225,7 @@ def test_release_waits_no_longer_than_the_socket_timeout_for_a_stuck_renewal(ser
 
 
 def test_an_unreleased_lease_dropped_by_the_program_stops_and_releases(server):
+    """Scenario 11.6 of docs/CLIENTS.md."""
     r = server.client()
     lease = Flock(server.client()).acquire("dropped", 30_000)
     assert r.exists("dropped") == 1
@@ -226,8 +235,7 @@ def test_an_unreleased_lease_dropped_by_the_program_stops_and_releases(server):
 
 
 def test_revoke_is_noticed_within_a_third_of_the_ttl(server):
-    # 3 s: a third of it plus 1 s of slack for a late renewal on a loaded machine is still well
-    # before the local deadline (the reason below shows the RENEW's nil noticed it).
+    """3.1, 9.1: REVOKE heard (by the WATCH, rule 9, long before the renewal's nil would)."""
     ttl = 3000
     admin = server.client()
     flock = Flock(server.client())
@@ -240,7 +248,8 @@ def test_revoke_is_noticed_within_a_third_of_the_ttl(server):
             assert lease.wait_lost(ttl / 3 + 1000), "the loss was not noticed in time"
             noticed_ms = (time.monotonic() - t0) * 1000
             assert lease.lost and noticed_ms <= ttl / 3 + 1000
-            assert "nil" in lease.lost_reason
+            assert noticed_ms < 500, noticed_ms
+            assert lease.lost_reason in ("revoked", "gone"), lease.lost_reason
             with pytest.raises(LockLostError):
                 lease.ensure()
             assert lease.remaining_ms() == 0
@@ -248,6 +257,7 @@ def test_revoke_is_noticed_within_a_third_of_the_ttl(server):
 
 
 def test_the_blocks_own_error_passes_through_a_lost_lease(server):
+    """Scenario 3.1 of docs/CLIENTS.md."""
     admin = server.client()
     flock = Flock(server.client())
     with pytest.raises(KeyError) as caught:
@@ -260,6 +270,7 @@ def test_the_blocks_own_error_passes_through_a_lost_lease(server):
 
 
 def test_stale_fenced_write_raises_fenced_error_and_marks_lost(server):
+    """Scenario 6.1, 12.6 of docs/CLIENTS.md."""
     r = server.client(decode_responses=True)
     flock = Flock(r)
     a = flock.acquire("{f}:lock", 10_000)
@@ -277,6 +288,7 @@ def test_stale_fenced_write_raises_fenced_error_and_marks_lost(server):
 
 
 def test_ensure_and_lease_too_short(server):
+    """Scenario 3.2 of docs/CLIENTS.md."""
     flock = Flock(server.client())
     lease = flock.acquire("short", 1000, renew=False)
     lease.ensure(10)
@@ -288,6 +300,7 @@ def test_ensure_and_lease_too_short(server):
 
 
 def test_remaining_is_never_above_the_servers_check(server):
+    """Scenario 1.1 of docs/CLIENTS.md."""
     admin = server.client()
     flock = Flock(server.client())
     # 100 round trips per lease period: long leases, so that a loaded machine cannot run
@@ -303,6 +316,7 @@ def test_remaining_is_never_above_the_servers_check(server):
 
 
 def test_client_kill_of_the_watchdog_connection_is_recovered(server):
+    """Scenario 2.3 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     r = server.client(client_name="flock-holder")
     flock = Flock(r)
@@ -332,6 +346,7 @@ def holder_clients(admin, name, cmd=None):
 
 
 def test_a_connection_killed_in_the_middle_of_a_renewal_is_recovered(server):
+    """Scenario 2.3 of docs/CLIENTS.md."""
     # CLIENT PAUSE WRITE holds the watchdog's RENEW on the server; its connection is killed
     # while the RENEW waits there, unanswered. The watchdog retries on a new connection.
     admin = server.client(decode_responses=True)
@@ -358,6 +373,7 @@ def test_a_connection_killed_in_the_middle_of_a_renewal_is_recovered(server):
 
 
 def test_a_wait_survives_a_killed_connection_and_waits_forever(server):
+    """Scenario 5.1 of docs/CLIENTS.md."""
     admin = server.client(decode_responses=True)
     flock = Flock(server.client(client_name="waiter"))
     holder = Flock(server.client()).acquire("wk", 20_000)
@@ -379,6 +395,7 @@ def test_a_wait_survives_a_killed_connection_and_waits_forever(server):
 
 
 def test_a_block_wait_longer_than_the_ttl_is_renewed_at_once(server):
+    """Scenario 1.3 of docs/CLIENTS.md."""
     flock = Flock(server.client())
     # no watchdog for the holder: none of its RENEWs can land among the counted ones
     holder = flock.acquire("bw", 20_000, renew=False)
@@ -411,6 +428,7 @@ def test_a_block_wait_longer_than_the_ttl_is_renewed_at_once(server):
 
 
 def test_block_waiting_is_on_the_server_and_first_come_first_served(server):
+    """Scenario 5.1 of docs/CLIENTS.md."""
     flock = Flock(server.client())
     holder = flock.acquire("fifo", 20_000)
     order = []
@@ -444,6 +462,7 @@ def test_block_waiting_is_on_the_server_and_first_come_first_served(server):
 
 
 def test_a_wait_does_not_hold_up_other_leases(server):
+    """Scenario 8.1 of docs/CLIENTS.md."""
     # One pool for everything: the wait has a connection of its own (rule 8).
     flock = Flock(server.client())
     holder = flock.acquire("w1", 20_000)
@@ -463,7 +482,8 @@ def test_a_wait_does_not_hold_up_other_leases(server):
 
 
 def test_a_holder_process_paused_past_its_lease(server):
-    """A holder process is frozen (SIGSTOP) past its lease, the server too. On SIGCONT, with the
+    """1.2:
+    A holder process is frozen (SIGSTOP) past its lease, the server too. On SIGCONT, with the
     server still frozen, ensure() fails at once from the holder's own clock (no round trip
     could have answered); once the server runs again, its fenced write is refused."""
     ttl = 500
@@ -515,6 +535,7 @@ def test_a_holder_process_paused_past_its_lease(server):
 
 
 def test_reconnecting_client_keeps_working(server):
+    """Scenario 2.3 of docs/CLIENTS.md."""
     # The pool's connections are replaced transparently (retries of ACQUIRE / RELEASE).
     admin = server.client()
     r = server.client(client_name="rc")
@@ -528,6 +549,7 @@ def test_reconnecting_client_keeps_working(server):
 
 
 def test_invalid_arguments(server):
+    """Scenario 12.2, 12.5 of docs/CLIENTS.md."""
     flock = Flock(server.client())
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError):
@@ -541,6 +563,7 @@ def test_invalid_arguments(server):
 
 
 def test_the_readme_example_runs(server):
+    """Scenario 3.1 of docs/CLIENTS.md."""
     text = (HERE.parent / "README.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{server.port}",
@@ -554,6 +577,7 @@ def test_the_readme_example_runs(server):
 
 
 def test_many_short_leases_leave_no_pile_of_timetable_entries(server):
+    """Scenario 2.1 of docs/CLIENTS.md."""
     from redis_flock._sync import _watchdog
 
     flock = Flock(server.client())

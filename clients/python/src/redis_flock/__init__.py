@@ -19,6 +19,7 @@ from ._core import (
     LockNotDurableError,
 )
 from ._errors import LOSS_REASONS
+from ._election import Leader
 from ._inspect import Holder, Waiter
 from ._sync import Flock, Lease
 
@@ -35,5 +36,6 @@ __all__ = [
     "Holder",
     "Waiter",
     "LOSS_REASONS",
+    "Leader",
 ]
 __version__ = "0.1.0"

@@ -1,8 +1,12 @@
 """The lease core that the sync client (``_sync``) and the asyncio client (``aio``) share.
 
-Everything that decides anything lives here once: argument checks, reply parsing, the lease's
-state (token, local deadline, lost flag and reason, release), when the next renewal is due,
-fenced writes, redirect and retry handling, and the errors. It does no I/O itself.
+Everything that decides anything lives once in the core, which does no I/O: this module holds
+the lease's state (token, local deadline, lost flag and reason, holds, release), when the next
+renewal is due and fenced writes; the rest is split by concern: ``_errors`` (errors, loss
+reasons), ``_rules`` (argument checks, small rules), ``_durable`` (rule 10), ``_plans`` (the
+ops, redirects and retries, acquiring and waiting), ``_watch`` (rule 9's WATCH lanes, rule
+11's registry), ``_inspect`` and ``_election``. This module re-exports the names the drivers
+import.
 
 The hot operations are plain functions and methods, one command each: the core builds the
 command and interprets its reply, the driver sends it in between (``acquire_command()`` /
@@ -44,7 +48,7 @@ from ._errors import (
     LockLostError,
 )
 from ._plans import *  # noqa: F401,F403
-from ._plans import NETWORK_ERRORS, Addr, Grant, Plan, Send, Disconnect, GiveBack, routed_call
+from ._plans import NETWORK_ERRORS, Grant, Plan, Send, Disconnect, GiveBack, routed_call
 from ._rules import *  # noqa: F401,F403
 from ._rules import Number, is_fenced_refusal, log, monotonic, ms_left, renew_interval
 

@@ -62,6 +62,7 @@ from ._core import (
     routed_call,
     socket_timeout_of,
 )
+from ._election import Emit, Leader, campaign_args, leader_of, observe_plan
 from ._inspect import (
     Holder,
     Waiter,
@@ -77,7 +78,6 @@ from ._inspect import (
     waiters_command,
 )
 from ._watch import (
-    REFRESH_RETRY_S,
     WATCH_AFTER_S,
     AwaitWork,
     Lane,
@@ -595,6 +595,91 @@ class _LockContext:
         lease.__exit__(exc_type, exc, tb)
 
 
+# --- leader election ----------------------------------------------------------------------------
+
+class Observer:
+    """``election.observe()``: an iterator of leader changes (``Leader(owner, token)``, or None
+    while nobody leads), the current state first; driven by FLOCK.WATCH on a connection of its
+    own. ``close()`` (also from another thread, or by leaving its ``with`` block) ends it."""
+
+    def __init__(self, transport: _Transport, key: Any) -> None:
+        self._t = transport
+        self._plan = observe_plan(key)
+        self._slot: Optional[_Slot] = None
+        self._closed = False
+
+    def __iter__(self) -> "Observer":
+        return self
+
+    def __next__(self) -> Optional[Leader]:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            if self._closed:
+                raise StopIteration
+            op = self._plan.send(reply) if error is None else self._plan.throw(error)
+            if type(op) is Emit:
+                return op.value
+            try:
+                reply, error = self._t.perform(op), None
+            except BaseException as e:
+                if self._closed:
+                    raise StopIteration from None
+                reply, error = None, e
+            if type(op) is Checkout:
+                self._slot = reply
+            elif type(op) is GiveBack:
+                self._slot = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.conn.disconnect()  # ends a WATCH under way in another thread, too
+            slot.pool.release(slot.conn)
+
+    def __enter__(self) -> "Observer":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.close()
+
+
+class Election:
+    """Leader election over one key (``flock.election(key, ttl_ms)``): the leader holds the
+    key's exclusive BOUND grant, renewed by the watchdog and watched (rule 9)."""
+
+    def __init__(self, flock: "Flock", key: Any, ttl_ms: int, owner: Optional[str]) -> None:
+        acquire_command(key, ttl_ms, None, False, None, True, owner)  # checks (rule 12)
+        self._flock, self.key, self.ttl_ms, self.owner = flock, key, ttl_ms, owner
+        self.lease: Optional[Lease] = None
+
+    def campaign(self, wait_ms: Optional[Number] = None) -> Lease:
+        """Waits in line (BLOCK) until this candidate leads, and returns its lease (lost when
+        its term ends: see ``lease.lost``, ``wait_lost()``, ``on_lost()``). ``wait_ms``: None
+        is no limit; not leading within it raises LockBusyError."""
+        lease = self._flock.acquire(self.key, self.ttl_ms, wait_ms=campaign_args(wait_ms)[0],
+                                    bound=True, owner=self.owner)
+        if lease is None:
+            raise busy_error(self.key, wait_ms)
+        self.lease = lease
+        return lease
+
+    def leader(self) -> Optional[Leader]:
+        """The current leader, or None."""
+        return leader_of(self._flock._read(self.key, info_command(self.key)))
+
+    def observe(self) -> Observer:
+        return Observer(self._flock._t, self.key)
+
+    def resign(self) -> bool:
+        """Ends this candidate's term (the next in line leads); False when it did not lead."""
+        lease, self.lease = self.lease, None
+        return lease.release() if lease is not None else False
+
+
 # --- the factory --------------------------------------------------------------------------------
 
 class Flock:
@@ -607,8 +692,6 @@ class Flock:
         self._track = Tracker(self._t.cluster)
         #: reentrant=True without an owner: one owner per thread
         self._local = threading.local()
-        self._refresh_lock = threading.Lock()
-        self._refresh_due: Optional[float] = None
 
     def lock(self, key: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
              shared: bool = False, limit: Optional[int] = None, bound: bool = False,
@@ -680,7 +763,7 @@ class Flock:
         if lane is not None:
             self._start_lane(lane)
         due = lease._born + WATCH_AFTER_S
-        if self._refresh_due is None or due < self._refresh_due:
+        if self._track.refresh_due is None or due < self._track.refresh_due:
             self._schedule_refresh(due)
         return lease
 
@@ -704,10 +787,11 @@ class Flock:
             lane.running = False
 
     def _schedule_refresh(self, due: float) -> None:
-        with self._refresh_lock:
-            if self._refresh_due is not None and self._refresh_due <= due:
+        track = self._track
+        with track.refresh_lock:
+            if track.refresh_due is not None and track.refresh_due <= due:
                 return
-            self._refresh_due = due
+            track.refresh_due = due
         ref = weakref.ref(self)
 
         def job() -> None:
@@ -718,8 +802,8 @@ class Flock:
 
     def _refresh(self) -> None:
         """Makes every lane's WATCH name the leases old enough to watch (see ``_watch``)."""
-        with self._refresh_lock:
-            self._refresh_due = None
+        with self._track.refresh_lock:
+            self._track.refresh_due = None
         todo, soonest = next_refresh(list(self._track.lanes.values()), monotonic())
         for lane, action in todo:
             if action == "wake":
@@ -749,6 +833,11 @@ class Flock:
         """FLOCK.REVOKE key [owner]: the number of live grants ended."""
         args = revoke_args(key, owner)
         return int(self._t.call(key, args)[0])
+
+    def election(self, key: Any, ttl_ms: int, *, owner: Optional[str] = None) -> Election:
+        """Leader election over key: ``campaign()``, ``leader()``, ``observe()``,
+        ``resign()``."""
+        return Election(self, key, ttl_ms, owner)
 
     # -- inspection: no lease needed -------------------------------------------------------------
     def _read(self, key: Any, args: Tuple[Any, ...]) -> Any:

@@ -19,6 +19,7 @@ released, rule 11). No I/O of its own: the lane's I/O is a plan (see ``_core``).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -72,9 +73,9 @@ class Lane:
     """One watching connection: the leases of one group (None outside a cluster; a slot in
     one), what the WATCH under way names, and the connection's id for CLIENT UNBLOCK."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, lock: Any) -> None:
         self.group = group
-        self._lock = threading.Lock()
+        self._lock = lock  # the Tracker's: one lock for both
         #: every live lease of the group, watched or not yet: id -> weakref
         self.leases: Dict[int, Any] = {}
         #: what the WATCH under way names: (key bytes, token) -> weakref of the lease
@@ -89,17 +90,16 @@ class Lane:
         #: the WATCH under way ends by its own timeout (False: the lane is idle or between)
         self.blocked = False
 
-    # -- the Flock's side ----------------------------------------------------------------
-    def add(self, lease: Any) -> bool:
+    # -- the Flock's side (the Tracker holds the lock) ------------------------------------------
+    def _add_locked(self, lease: Any, ref: Any) -> bool:
         """A new lease of the group. True when the lane is not running: the driver starts it."""
-        with self._lock:
-            self.leases[id(lease)] = weakref.ref(lease)
-            if self.key is None:
-                self.key = lease.key
-            if self.running:
-                return False
-            self.running = True
-            return True
+        self.leases[id(lease)] = ref
+        if self.key is None:
+            self.key = lease.key
+        if self.running:
+            return False
+        self.running = True
+        return True
 
     def remove(self, lease: Any) -> None:
         with self._lock:
@@ -269,9 +269,19 @@ class Tracker:
 
     def __init__(self, cluster: bool) -> None:
         self.cluster = cluster
+        self._reset()
+        _trackers.add(self)
+
+    def _reset(self) -> None:
+        """Empty (also in a forked child: its parent's leases are not its own grants, and
+        their lanes' threads did not come along)."""
         self._lock = threading.Lock()
-        self._by_key: Dict[bytes, List[Any]] = {}
+        #: key -> {id(lease): weakref} of the leases handed out and not released
+        self._by_key: Dict[bytes, Dict[int, Any]] = {}
         self.lanes: Dict[Any, Lane] = {}
+        #: the driver's next refresh (see next_refresh), None when none is scheduled
+        self.refresh_due: Optional[float] = None
+        self.refresh_lock = threading.Lock()
 
     def held(self, key_bytes: bytes) -> List[Any]:
         """The live (neither lost nor released) leases of key this Flock handed out."""
@@ -279,7 +289,7 @@ class Tracker:
         if not refs:
             return []
         out = []
-        for ref in list(refs):
+        for ref in list(refs.values()):
             lease = ref()
             if lease is not None and not lease._released and not lease.lost:
                 out.append(lease)
@@ -312,32 +322,36 @@ class Tracker:
         return None, own_wait
 
     def add(self, lease: Any) -> Optional[Lane]:
-        """A new lease: returns its lane when the driver has to start it."""
+        """A new lease: returns its lane when the driver has to start it. (A lease that is
+        garbage collected unreleased leaves a dead weakref behind until its key is used
+        again: a few bytes.)"""
+        kb = lease._key_bytes
+        group = key_slot(kb) if self.cluster else None
         ref = weakref.ref(lease)
         with self._lock:
-            refs = self._by_key.get(lease._key_bytes)
+            refs = self._by_key.get(kb)
             if refs is None:
-                self._by_key[lease._key_bytes] = [ref]
+                self._by_key[kb] = {id(lease): ref}
             else:
-                refs[:] = [r for r in refs if (r() is not None and not r()._released)]
-                refs.append(ref)
-            group = key_slot(lease._key_bytes) if self.cluster else None
+                for k in [k for k, r in refs.items() if r() is None]:
+                    del refs[k]
+                refs[id(lease)] = ref
             lane = self.lanes.get(group)
             if lane is None:
-                lane = self.lanes[group] = Lane(group)
-        lease._lane = lane
-        return lane if lane.add(lease) else None
+                lane = self.lanes[group] = Lane(group, self._lock)
+            lease._lane = lane
+            start = lane._add_locked(lease, ref)
+        return lane if start else None
 
     def remove(self, lease: Any) -> None:
+        kb, i = lease._key_bytes, id(lease)
         with self._lock:
-            refs = self._by_key.get(lease._key_bytes)
-            if refs is not None:
-                refs[:] = [r for r in refs if r() is not None and r() is not lease]
-                if not refs:
-                    del self._by_key[lease._key_bytes]
-        lane = lease._lane
-        if lane is not None:
-            lane.remove(lease)
+            refs = self._by_key.get(kb)
+            if refs is not None and refs.pop(i, None) is not None and not refs:
+                del self._by_key[kb]
+            lane = lease._lane
+            if lane is not None:
+                lane.leases.pop(i, None)
 
 
 def busy_on_self(key: Any) -> LockBusyError:
@@ -367,3 +381,16 @@ def next_refresh(lanes: List[Lane], now: float
         if due is not None and (soonest is None or due < soonest):
             soonest = due
     return todo, soonest
+
+
+#: every Tracker, to empty them in a forked child
+_trackers: "weakref.WeakSet[Tracker]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tracker in list(_trackers):
+        tracker._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

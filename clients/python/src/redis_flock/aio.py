@@ -68,7 +68,6 @@ from ._core import (
     no_waitaof_error,
     on_acquire_reply,
     refuse_unknown,
-    release_args,
     release_quietly,
     renewal_wait_s,
     revoke_args,
@@ -76,6 +75,7 @@ from ._core import (
     routed_call,
     socket_timeout_of,
 )
+from ._election import Emit, Leader, campaign_args, leader_of, observe_plan
 from ._inspect import (
     Holder,
     Waiter,
@@ -113,6 +113,8 @@ __all__ = [
     "InvalidArgumentError",
     "Holder",
     "Waiter",
+    "Leader",
+    "Election",
 ]
 
 #: tasks started in the background (a strong reference, so that they are not collected)
@@ -576,6 +578,86 @@ class _LockContext:
         await lease.__aexit__(exc_type, exc, tb)
 
 
+class Observer:
+    """``election.observe()`` (asyncio): an async iterator of leader changes (see the sync
+    ``Observer``); ``close()`` or leaving its ``async with`` block ends it."""
+
+    def __init__(self, transport: _Transport, key: Any) -> None:
+        self._t = transport
+        self._plan = observe_plan(key)
+        self._slot: Optional[_Slot] = None
+        self._closed = False
+
+    def __aiter__(self) -> "Observer":
+        return self
+
+    async def __anext__(self) -> Optional[Leader]:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            op = self._plan.send(reply) if error is None else self._plan.throw(error)
+            if type(op) is Emit:
+                return op.value
+            try:
+                reply, error = await self._t.perform(op), None
+            except asyncio.CancelledError:
+                await self.close()
+                raise
+            except Exception as e:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                reply, error = None, e
+            if type(op) is Checkout:
+                self._slot = reply
+            elif type(op) is GiveBack:
+                self._slot = None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            await slot.conn.disconnect()
+            await slot.give_back()
+
+    async def __aenter__(self) -> "Observer":
+        return self
+
+    async def __aexit__(self, *a: Any) -> None:
+        await self.close()
+
+
+class Election:
+    """Leader election over one key (asyncio; see the sync ``Election``)."""
+
+    def __init__(self, flock: "Flock", key: Any, ttl_ms: int, owner: Optional[str]) -> None:
+        acquire_command(key, ttl_ms, None, False, None, True, owner)  # checks (rule 12)
+        self._flock, self.key, self.ttl_ms, self.owner = flock, key, ttl_ms, owner
+        self.lease: Optional[Lease] = None
+
+    async def campaign(self, wait_ms: Optional[Number] = None) -> Lease:
+        lease = await self._flock.acquire(self.key, self.ttl_ms,
+                                          wait_ms=campaign_args(wait_ms)[0], bound=True,
+                                          owner=self.owner)
+        if lease is None:
+            raise busy_error(self.key, wait_ms)
+        self.lease = lease
+        return lease
+
+    async def leader(self) -> Optional[Leader]:
+        return leader_of(await self._flock._read(self.key, info_command(self.key)))
+
+    def observe(self) -> Observer:
+        return Observer(self._flock._t, self.key)
+
+    async def resign(self) -> bool:
+        lease, self.lease = self.lease, None
+        return await lease.release() if lease is not None else False
+
+
 class Flock:
     """Fenced locks over a ``redis.asyncio`` ``Redis`` or ``RedisCluster`` client. Use one
     Flock from one event loop (its watch lanes are tasks of that loop)."""
@@ -716,6 +798,10 @@ class Flock:
     async def revoke(self, key: Any, owner: Optional[str] = None) -> int:
         args = revoke_args(key, owner)
         return int((await self._t.call(key, args))[0])
+
+    def election(self, key: Any, ttl_ms: int, *, owner: Optional[str] = None) -> Election:
+        """Leader election over key (see the sync ``Flock.election``)."""
+        return Election(self, key, ttl_ms, owner)
 
     # -- inspection: no lease needed (see the sync Flock) -----------------------------------------
     async def _read(self, key: Any, args: Tuple[Any, ...]) -> Any:
