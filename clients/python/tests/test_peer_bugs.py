@@ -62,8 +62,9 @@ def test_etcd_22082_a_retried_release_never_ends_a_newer_grant_of_the_same_owner
     finally:
         mon.close()
     assert admin.execute_command("FLOCK.CHECK", "pb:22082", newer) > 0, "the newer grant ended"
+    # the client may already know the grant is gone (rule 9's watch told it) and send
+    # nothing; whatever RELEASE it sent names its own token
     releases = [c for c in mon.commands if c.startswith("FLOCK.RELEASE pb:22082 ")]
-    assert releases, mon.commands
     for c in releases:
         assert c.split() == ["FLOCK.RELEASE", "pb:22082", "same", str(old.token)], c
 
