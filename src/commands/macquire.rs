@@ -6,16 +6,47 @@
 
 use super::executor;
 use crate::ffi::block::{self, Found, KeyId};
-use crate::ffi::{self, Ctx, Key, RStr, RString, Status};
+use crate::ffi::{self, Ctx, Key, KeyFlags, KeysRequest, RStr, RString, Status};
 use crate::server::{self, config, stats};
 use crate::store::bindings;
 use crate::waiting::jobs::{self, Job};
 use crate::waiting::waiters;
-use flock_core::args::{AcquireArgs, ArgError};
+use flock_core::args::{parse_i64, AcquireArgs, ArgError};
 use flock_core::engine::{self, BlockRefused, Reply};
 use flock_core::errors::{Fixed, Formatted};
 use flock_core::multi::{self, Decision, KeyLook, Refusal};
 use flock_core::Now;
+
+/// The command, registered `getkeys-api` beside its keynum key spec: Redis 7.0's cluster
+/// routing (the CROSSSLOT check) reads a module command's keys from its legacy range or from
+/// this API, not from its key specs, and a counted set of keys has no legacy range.
+pub struct Macquire;
+
+impl ffi::Command for Macquire {
+    const GETKEYS: bool = true;
+
+    fn run(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
+        macquire(ctx, args)
+    }
+
+    fn keys(req: KeysRequest<'_>, args: &[RStr<'_>]) {
+        // The `numkeys` arguments after argv[1], each read and written; none when numkeys is
+        // out of range or past the end (the command itself then answers with its error).
+        let n = args
+            .get(1)
+            .and_then(|n| parse_i64(ffi::bytes(n)))
+            .filter(|n| (1..=multi::MAX_KEYS as i64).contains(n))
+            .map_or(0, |n| n as usize);
+        if n == 0 || 2 + n > args.len() {
+            return;
+        }
+        let flags = KeyFlags::RW.and(KeyFlags::ACCESS).and(KeyFlags::UPDATE);
+        for pos in 2..2 + n {
+            // Inside argv (checked just above); at most 66.
+            req.key_at(pos as std::ffi::c_int, flags);
+        }
+    }
+}
 
 fn reply_arg_error(ctx: Ctx<'_>, e: ArgError) -> Status {
     match e {

@@ -77,7 +77,6 @@ handler!(StatsGet, stats_command::get);
 handler!(StatsReset, stats_command::reset);
 handler!(Watch, watch::watch);
 handler!(Waiters, watch::waiters);
-handler!(Macquire, macquire::macquire);
 
 /// How a command of the table is registered.
 #[derive(Clone, Copy)]
@@ -148,7 +147,7 @@ const COMMANDS: [(&CommandSpec, Registered); 15] = [
     ),
     (
         &commands::MACQUIRE,
-        Registered::Command(ffi::create_command::<Macquire>),
+        Registered::Command(ffi::create_command::<macquire::Macquire>),
     ),
 ];
 

@@ -30,6 +30,8 @@ struct Blocked {
     /// A FLOCK.MACQUIRE request: its other keys, in the order given after `key` (it waits in
     /// the queue of each). Empty for an ACQUIRE.
     others: Vec<KeyId>,
+    /// A FLOCK.MACQUIRE request (of one key or more).
+    multi: bool,
     /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
     /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
     /// passes after the module unblocked it but before the reply went out.
@@ -249,6 +251,7 @@ pub fn block(
             client_id,
             key: id,
             others: Vec::new(),
+            multi: false,
             timer,
             deadline_us: if timeout_ms > 0 {
                 server::now()
@@ -356,17 +359,20 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    leave_queue(reg, waiter_id, &b.key);
+    leave_queue(reg, waiter_id, &b.key, b.multi);
     leave_others(reg, waiter_id, &b.others);
     Some(b)
 }
 
 /// Take waiter `waiter_id` out of the queue of `key`; when it was the head and others wait
-/// behind it, the key is looked at again right after (they may fit now).
-fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId) {
-    let look_again = reg
-        .queue_mut(key.0, &key.1)
-        .is_some_and(|q| q.leave(waiter_id));
+/// behind it, the key is looked at again right after (they may fit now). A MACQUIRE request
+/// that headed the queue of a free key kept that key in the keyspace, with no grant: the key
+/// is looked at again even with nobody behind (to be deleted, G10).
+fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId, multi: bool) {
+    let look_again = reg.queue_mut(key.0, &key.1).is_some_and(|q| {
+        let first = q.is_front(waiter_id);
+        q.leave(waiter_id) || (multi && first)
+    });
     reg.drop_if_empty(key.0, &key.1);
     if look_again {
         jobs::schedule(Job::Revisit(key.clone()));
@@ -376,7 +382,7 @@ fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId) {
 /// A MACQUIRE request leaves the queues of `keys` (its keys but the one already handled).
 fn leave_others(reg: &mut Registry, waiter_id: u64, keys: &[KeyId]) {
     for key in keys {
-        leave_queue(reg, waiter_id, key);
+        leave_queue(reg, waiter_id, key, true);
     }
 }
 
@@ -593,6 +599,7 @@ pub fn block_multi(
             client_id,
             key: first.clone(),
             others: others.to_vec(),
+            multi: true,
             timer,
             deadline_us: if timeout_ms > 0 {
                 now.saturating_add(timeout_ms.saturating_mul(1000))
