@@ -804,6 +804,12 @@ fn command_docs_and_arity() {
             &["key", "token", "command", "arg"],
             &["arg"],
         ),
+        (
+            "flock.macquire",
+            -5,
+            &["numkeys", "key", "owner", "ttl", "bound", "block"],
+            &["bound", "block"],
+        ),
     ];
     fn field<'a>(pairs: &'a [(Reply, Reply)], name: &str) -> Option<&'a Reply> {
         pairs

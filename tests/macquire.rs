@@ -231,6 +231,31 @@ fn inside_multi_block_answers_at_once() {
     assert_eq!(exists(&mut c, "a"), 0);
 }
 
+#[test]
+fn acl_key_patterns_apply_to_every_key_and_a_reader_may_not_macquire() {
+    let srv = Server::start();
+    let mut admin = srv.conn();
+    for (user, keys) in [("acct", "~acct:*"), ("reader", "%R~*")] {
+        let r = call(
+            &mut admin,
+            &["ACL", "SETUSER", user, "on", ">pw", keys, "+flock.macquire"],
+        );
+        assert_ok(&r, "ACL SETUSER");
+    }
+    let mut acct = srv.conn_as("acct", "pw");
+    assert_eq!(
+        tokens(&macq(&mut acct, &["2", "acct:1", "acct:2", "me", "1000"])).len(),
+        2
+    );
+    let r = macq(&mut acct, &["2", "acct:3", "other:1", "me", "1000"]);
+    assert_err_prefix(&r, "NOPERM", "a key outside the user's pattern");
+    let mut reader = srv.conn_as("reader", "pw");
+    let r = macq(&mut reader, &["1", "acct:4", "me", "1000"]);
+    assert_err_prefix(&r, "NOPERM", "a read-only user");
+    assert_eq!(exists(&mut admin, "acct:3"), 0);
+    assert_eq!(exists(&mut admin, "acct:4"), 0);
+}
+
 // ---- BLOCK ----
 
 #[test]
