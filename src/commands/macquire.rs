@@ -152,7 +152,7 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             let waiting = waiters::count(ctx, name);
             (waiting, waiting > 0 && waiters::has_owner(ctx, name, owner))
         },
-        |looks| multi::at_call(looks, owner, now),
+        |looks| multi::at_call(looks, owner, now, config::lock_delay_ms()),
     );
     let Some(decision) = decided else {
         return ffi::reply_error_static(ctx, Fixed::WrongType.text());
@@ -229,7 +229,7 @@ pub fn try_waiting(ctx: Ctx<'_>, waiter: u64) {
                 .get(i)
                 .map_or((0, false), |(_, n, first)| (*n, *first))
         },
-        |looks| multi::ready(looks, owner, now),
+        |looks| multi::ready(looks, owner, now, config::lock_delay_ms()),
     );
     // A key of another type: its own look fails the request (TRYAGAIN or the type error).
     if decided != Some(Decision::Grant) {
