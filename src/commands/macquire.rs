@@ -14,6 +14,7 @@ use crate::waiting::waiters;
 use flock_core::args::{parse_i64, AcquireArgs, ArgError};
 use flock_core::engine::{self, BlockRefused, Reply};
 use flock_core::errors::{Fixed, Formatted};
+use flock_core::lock_stats::Event as Measured;
 use flock_core::multi::{self, Decision, KeyLook, Refusal};
 use flock_core::Now;
 
@@ -58,12 +59,11 @@ fn reply_arg_error(ctx: Ctx<'_>, e: ArgError) -> Status {
 /// What the keys hold, in order, for `decide`: the key's state, how many wait for it, and
 /// the per-key flag of [`KeyLook::owner_in_queue`]. `None`: a key holds another type.
 fn look_at<R>(
-    ctx: Ctx<'_>,
+    keys: &[Key],
     names: &[RStr<'_>],
     queued: impl Fn(usize, RStr<'_>) -> (usize, bool),
     decide: impl FnOnce(&[KeyLook<'_>]) -> R,
 ) -> Option<R> {
-    let keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, false)).collect();
     let found: Vec<_> = keys.iter().map(block::lock_of).collect();
     let mut looks = Vec::with_capacity(names.len());
     for (i, (f, name)) in found.iter().zip(names).enumerate() {
@@ -88,24 +88,23 @@ fn look_at<R>(
 /// which case the new grants made so far are released again.
 fn grant_all(
     ctx: Ctx<'_>,
+    keys: &mut [Key],
     names: &[RStr<'_>],
     args: &AcquireArgs<'_>,
     bind_to: Option<u64>,
     now: Now,
 ) -> Option<Vec<u64>> {
     let mut tokens = Vec::with_capacity(names.len());
-    for (i, name) in names.iter().enumerate() {
-        let mut key = Key::open(ctx, *name, true);
-        let reply = executor::run(ctx, *name, &mut key, true, |stored, cx, w| {
+    for (i, (name, key)) in names.iter().zip(keys.iter_mut()).enumerate() {
+        let reply = executor::run(ctx, *name, key, true, |stored, cx, w| {
             multi::grant_key(stored, cx, w, args, bind_to, now)
         });
         match reply {
             Ok(Reply::Int(token)) => tokens.push(token as u64),
             _ => {
                 // Not reached unless Redis refuses to store a lock: all or nothing still.
-                for (name, token) in names[..i].iter().zip(&tokens) {
-                    let mut key = Key::open(ctx, *name, true);
-                    let _ = executor::run(ctx, *name, &mut key, false, |stored, cx, w| {
+                for ((name, key), token) in names[..i].iter().zip(keys.iter_mut()).zip(&tokens) {
+                    let _ = executor::run(ctx, *name, key, false, |stored, cx, w| {
                         engine::release(stored, cx, w, args.owner, Some(*token))
                     });
                 }
@@ -145,8 +144,10 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
         },
     };
     let now = server::now();
+    // Each key opened once, for writing: looked at, then granted.
+    let mut keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, true)).collect();
     let decided = look_at(
-        ctx,
+        &keys,
         names,
         |_, name| {
             let waiting = waiters::count(ctx, name);
@@ -166,7 +167,7 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             };
             ffi::reply_error_string(ctx, &text.message())
         }
-        Decision::Grant => match grant_all(ctx, names, &a.acquire, bind_to, now) {
+        Decision::Grant => match grant_all(ctx, &mut keys, names, &a.acquire, bind_to, now) {
             Some(tokens) => reply_tokens(ctx, &tokens),
             None => ffi::reply_error_static(ctx, Fixed::NotStored.text()),
         },
@@ -180,9 +181,8 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
                 Ok(()) => {
                     // Each key now knows it is waited for (a free one is kept, empty, while
                     // the request heads its queue), and is settled.
-                    for name in names {
-                        let mut key = Key::open(ctx, *name, true);
-                        let _ = executor::run(ctx, *name, &mut key, true, |stored, cx, w| {
+                    for (name, key) in names.iter().zip(keys.iter_mut()) {
+                        let _ = executor::run(ctx, *name, key, true, |stored, cx, w| {
                             w.watch_if_waited();
                             engine::revisit(stored, cx, w, None)
                         });
@@ -221,8 +221,9 @@ pub fn try_waiting(ctx: Ctx<'_>, waiter: u64) {
     let names: Vec<RStr<'_>> = names.iter().map(RString::get).collect();
     let now = server::now();
     let owner: &[u8] = &req.owner;
+    let mut keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, true)).collect();
     let decided = look_at(
-        ctx,
+        &keys,
         &names,
         |i, _| {
             req.keys
@@ -242,10 +243,20 @@ pub fn try_waiting(ctx: Ctx<'_>, waiter: u64) {
         bound: req.bind_to.is_some(),
         block: None,
     };
-    let Some(tokens) = grant_all(ctx, &names, &args, req.bind_to, now) else {
+    let Some(tokens) = grant_all(ctx, &mut keys, &names, &args, req.bind_to, now) else {
         return;
     };
-    if waiters::deliver_multi(waiter, &tokens).is_none() {
+    if let Some(waited_us) = waiters::deliver_multi(waiter, &tokens) {
+        // FLOCK.STATS: each key's class records the wait, as for an ACQUIRE ... BLOCK.
+        let wait_ms = waited_us / 1000;
+        for (name, key) in names.iter().zip(&keys) {
+            if let Some(b) = block::record_of(key) {
+                let mut class = b.class();
+                stats::record(&mut class, ffi::bytes(name), Measured::Waited { wait_ms });
+                b.set_class(class);
+            }
+        }
+    } else {
         // Gone meanwhile (not reached: nothing runs between): release what was granted.
         let keys: Vec<KeyId> = req.keys.into_iter().map(|(k, _, _)| k).collect();
         for (key, token) in keys.into_iter().zip(tokens) {
