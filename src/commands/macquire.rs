@@ -17,6 +17,10 @@ use flock_core::errors::{Fixed, Formatted};
 use flock_core::lock_stats::Event as Measured;
 use flock_core::multi::{self, Decision, KeyLook, Refusal};
 use flock_core::Now;
+use smallvec::SmallVec;
+
+/// Keys kept inline by a MACQUIRE (more spill to the heap).
+const INLINE: usize = 8;
 
 /// The command, registered `getkeys-api` beside its keynum key spec: Redis 7.0's cluster
 /// routing (the CROSSSLOT check) reads a module command's keys from its legacy range or from
@@ -64,8 +68,8 @@ fn look_at<R>(
     queued: impl Fn(usize, RStr<'_>) -> (usize, bool),
     decide: impl FnOnce(&[KeyLook<'_>]) -> R,
 ) -> Option<R> {
-    let found: Vec<_> = keys.iter().map(block::lock_of).collect();
-    let mut looks = Vec::with_capacity(names.len());
+    let found: SmallVec<[_; INLINE]> = keys.iter().map(block::lock_of).collect();
+    let mut looks: SmallVec<[KeyLook<'_>; INLINE]> = SmallVec::new();
     for (i, (f, name)) in found.iter().zip(names).enumerate() {
         let state = match f {
             Found::OtherType => return None,
@@ -93,8 +97,8 @@ fn grant_all(
     args: &AcquireArgs<'_>,
     bind_to: Option<u64>,
     now: Now,
-) -> Option<Vec<u64>> {
-    let mut tokens = Vec::with_capacity(names.len());
+) -> Option<SmallVec<[u64; INLINE]>> {
+    let mut tokens = SmallVec::new();
     for (i, (name, key)) in names.iter().zip(keys.iter_mut()).enumerate() {
         let reply = executor::run(ctx, *name, key, true, |stored, cx, w| {
             multi::grant_key(stored, cx, w, args, bind_to, now)
@@ -126,7 +130,7 @@ fn reply_tokens(ctx: Ctx<'_>, tokens: &[u64]) -> Status {
 
 /// `FLOCK.MACQUIRE numkeys key [key ...] owner ttl [BOUND] [BLOCK timeout]`
 pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
-    let argv: Vec<&[u8]> = args.iter().map(ffi::bytes).collect();
+    let argv: SmallVec<[&[u8]; 16]> = args.iter().map(ffi::bytes).collect();
     let a = match multi::parse_macquire(&argv, config::max_ttl_ms(), config::max_holders()) {
         Ok(a) => a,
         Err(e) => return reply_arg_error(ctx, e),
@@ -145,7 +149,8 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     };
     let now = server::now();
     // Each key opened once, for writing: looked at, then granted.
-    let mut keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, true)).collect();
+    let mut keys: SmallVec<[Key; INLINE]> =
+        names.iter().map(|n| Key::open(ctx, *n, true)).collect();
     let decided = look_at(
         &keys,
         names,

@@ -25,8 +25,8 @@ pub const MAX_KEYS: usize = 64;
 /// `FLOCK.MACQUIRE numkeys key [key ...] owner ttl [BOUND] [BLOCK timeout]`, parsed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MacquireArgs<'a> {
-    /// The keys in the order given (the tokens come back in this order).
-    pub keys: Vec<&'a [u8]>,
+    /// The keys in the order given (the tokens come back in this order): a part of argv.
+    pub keys: &'a [&'a [u8]],
     /// What follows the keys, as ACQUIRE's arguments (always exclusive).
     pub acquire: AcquireArgs<'a>,
 }
@@ -37,11 +37,11 @@ pub struct MacquireArgs<'a> {
 /// option), then the keys (the same key twice is a syntax error). SHARED and LIMIT are
 /// unknown options here: every grant of MACQUIRE is exclusive.
 pub fn parse_macquire<'a>(
-    argv: &[&'a [u8]],
+    argv: &'a [&'a [u8]],
     max_ttl_ms: u64,
     max_holders: u32,
 ) -> Result<MacquireArgs<'a>, ArgError> {
-    let [command, numkeys, rest @ ..] = argv else {
+    let [_, numkeys, rest @ ..] = argv else {
         return Err(ArgError::Arity);
     };
     if rest.len() < 3 {
@@ -55,15 +55,16 @@ pub fn parse_macquire<'a>(
     if rest.len() < n + 2 {
         return Err(ArgError::Arity);
     }
-    let (keys, tail) = rest.split_at(n);
-    let Some(first) = keys.first() else {
-        return Err(ArgError::NumKeys);
+    let Some(keys) = rest.get(..n) else {
+        return Err(ArgError::Arity);
     };
-    let mut as_acquire: Vec<&'a [u8]> = Vec::with_capacity(tail.len() + 2);
-    as_acquire.push(command);
-    as_acquire.push(first);
-    as_acquire.extend_from_slice(tail);
-    let acquire = parse_acquire(&as_acquire, max_ttl_ms, max_holders)?;
+    // ACQUIRE's parser reads argv[2..] (owner, ttl, options) and skips argv[0] and argv[1]
+    // (command and key): the slice that starts two before the owner is such an argv, with
+    // nothing copied (n >= 1, so it starts at argv[1] or later).
+    let Some(as_acquire) = argv.get(n..) else {
+        return Err(ArgError::Arity);
+    };
+    let acquire = parse_acquire(as_acquire, max_ttl_ms, max_holders)?;
     if !acquire.mode.is_exclusive() {
         return Err(ArgError::Syntax);
     }
@@ -72,10 +73,7 @@ pub fn parse_macquire<'a>(
             return Err(ArgError::Syntax);
         }
     }
-    Ok(MacquireArgs {
-        keys: keys.to_vec(),
-        acquire,
-    })
+    Ok(MacquireArgs { keys, acquire })
 }
 
 /// What a MACQUIRE request sees of one of its keys.

@@ -21,16 +21,18 @@ fn later(ms: u64) -> Now {
 
 // ---- parsing ----
 
-fn parse(args: &str) -> Result<MacquireArgs<'_>, ArgError> {
+fn parse(args: &str) -> Result<MacquireArgs<'static>, ArgError> {
     let mut argv: Vec<&[u8]> = vec![b"FLOCK.MACQUIRE"];
+    let args: &'static str = Box::leak(args.to_string().into_boxed_str());
     argv.extend(args.split(' ').map(str::as_bytes));
-    parse_macquire(&argv, 1_000, 10)
+    // Leaked: a test's few bytes, so that the parsed arguments can borrow them.
+    parse_macquire(Box::leak(argv.into_boxed_slice()), 1_000, 10)
 }
 
 #[test]
 fn parse_takes_the_keys_in_order_then_acquires_arguments() {
     let a = parse("3 a b c me 500 BOUND BLOCK 10").expect("parsed");
-    assert_eq!(a.keys, vec![&b"a"[..], b"b", b"c"]);
+    assert_eq!(a.keys, &[&b"a"[..], b"b", b"c"][..]);
     assert_eq!(a.acquire.owner, b"me");
     assert_eq!(a.acquire.ttl_ms, 500);
     assert_eq!(a.acquire.mode, Mode::Exclusive);
