@@ -558,6 +558,25 @@ fn grants_survive_a_restart_from_rdb_and_from_aof() {
     }
 }
 
+#[test]
+fn a_free_key_a_waiting_macquire_kept_is_gone_after_a_restart() {
+    let mut srv = Server::start();
+    let mut c = srv.conn();
+    grant(&mut c, "b", "them", 60_000);
+    let mut raw = srv.raw();
+    raw.send(&["FLOCK.MACQUIRE", "2", "a", "b", "me", "1000", "BLOCK", "0"])
+        .expect("send");
+    wait_blocked(&mut c, 1);
+    assert_eq!(exists(&mut c, "a"), 1, "kept while waited for");
+    assert_ok(&call(&mut c, &["SAVE"]), "SAVE");
+    drop(raw);
+    srv.restart();
+    let mut c = srv.conn();
+    // Waiters are not saved: the empty key that was saved goes at once (G10).
+    wait_until("the empty key is deleted", || exists(&mut c, "a") == 0);
+    assert_eq!(dbsize(&mut c), 1);
+}
+
 // ---- cluster ----
 
 #[test]

@@ -685,7 +685,13 @@ pub fn plan_revisit(
 /// this server; the tokens it carries raise the high-water mark (G3).
 pub fn load(image: LockImage, now: Now, tokens: &mut TokenIssuer) -> LockState {
     tokens.observe(image.token());
-    image.restore(now)
+    let mut state = image.restore(now);
+    if state.grants().is_empty() && state.delays.is_empty() {
+        // Saved with nothing in it (a free key that a waiting MACQUIRE kept: waiters are never
+        // saved): due at once, so that its timer finds it vacant and deletes it (G10).
+        state.delays.push(Deadline::after(0, now));
+    }
+    state
 }
 
 /// `FLOCK.APPLY`: a replica (or AOF loading) takes the master's state of the key as it is,

@@ -531,3 +531,19 @@ fn a_single_waiter_ahead_of_a_request_is_granted_as_usual() {
         .any(|e| matches!(e, Effect::TryMulti { .. })));
     assert_eq!(q.queue.len(), 1);
 }
+
+#[test]
+fn a_key_saved_with_nothing_in_it_loads_due_at_once_to_be_deleted() {
+    // The free key a waiting MACQUIRE kept, saved in an RDB (its waiter is not saved).
+    let mut tokens = TokenIssuer::new();
+    let image = crate::snapshot::LockImage::of(&LockState::default());
+    let state = engine::load(image, T0, &mut tokens);
+    assert!(state.is_vacant(T0));
+    assert_eq!(state.active_delays(T0), 0, "not in lock-delay");
+    assert_eq!(state.next_deadline().map(|d| d.mono_us), Some(T0.mono_us));
+    // Its timer then deletes it.
+    let mut state = state;
+    let mut e = env(&mut tokens, T0);
+    let out = engine::expire(Stored::Full(&mut state), &mut e, &mut Queue::default());
+    assert!(out.effects.deletes_key(), "{:?}", out.effects);
+}
