@@ -27,11 +27,12 @@ struct Blocked {
     bc: BlockedClient<Waiting>,
     client_id: u64,
     key: KeyId,
-    /// A FLOCK.MACQUIRE request: its other keys, in the order given after `key` (it waits in
-    /// the queue of each). Empty for an ACQUIRE.
-    others: Vec<KeyId>,
-    /// A FLOCK.MACQUIRE request (of one key or more).
-    multi: bool,
+    /// A FLOCK.MACQUIRE request (`None`: an ACQUIRE): its other keys, in the order given after
+    /// `key` (it waits in the queue of each; none for one key). Boxed: one pointer in every
+    /// waiter's entry, which the registry's table keeps the capacity of (a boxed slice would
+    /// be two).
+    #[allow(clippy::box_collection)]
+    others: Option<Box<Vec<KeyId>>>,
     /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
     /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
     /// passes after the module unblocked it but before the reply went out.
@@ -237,7 +238,7 @@ pub fn block(
         // A MACQUIRE replaced in one of its queues leaves the others too (this one's queue
         // is `key`, where the new request took its place).
         let others: Vec<KeyId> = std::iter::once(earlier.key.clone())
-            .chain(earlier.others.iter().cloned())
+            .chain(earlier.others.iter().flat_map(|o| o.iter().cloned()))
             .filter(|k| *k != id)
             .collect();
         leave_others(reg, earlier_id, &others);
@@ -250,8 +251,7 @@ pub fn block(
             bc,
             client_id,
             key: id,
-            others: Vec::new(),
-            multi: false,
+            others: None,
             timer,
             deadline_us: if timeout_ms > 0 {
                 server::now()
@@ -316,7 +316,7 @@ pub fn fail_all(key: &KeyId, msg: &'static str) {
         if let Some(b) = reg.blocked.remove(&w.id) {
             reg.by_client.remove(&b.client_id);
             // A MACQUIRE request leaves its other queues (this one is gone already).
-            let mut rest: Vec<KeyId> = b.others.clone();
+            let mut rest: Vec<KeyId> = b.others.as_deref().cloned().unwrap_or_default();
             rest.push(b.key.clone());
             rest.retain(|k| k != key);
             leave_others(reg, w.id, &rest);
@@ -359,8 +359,10 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    leave_queue(reg, waiter_id, &b.key, b.multi);
-    leave_others(reg, waiter_id, &b.others);
+    leave_queue(reg, waiter_id, &b.key, b.others.is_some());
+    if let Some(others) = &b.others {
+        leave_others(reg, waiter_id, others);
+    }
     Some(b)
 }
 
@@ -598,8 +600,7 @@ pub fn block_multi(
             bc,
             client_id,
             key: first.clone(),
-            others: others.to_vec(),
-            multi: true,
+            others: Some(Box::new(others.to_vec())),
             timer,
             deadline_us: if timeout_ms > 0 {
                 now.saturating_add(timeout_ms.saturating_mul(1000))
@@ -630,7 +631,7 @@ pub fn multi_request(waiter_id: u64) -> Option<MultiRequest> {
     let reg = guard.get();
     let b = reg.blocked.get(&waiter_id)?;
     let keys: Vec<KeyId> = std::iter::once(b.key.clone())
-        .chain(b.others.iter().cloned())
+        .chain(b.others.iter().flat_map(|o| o.iter().cloned()))
         .collect();
     let mut found = None;
     let mut out = Vec::with_capacity(keys.len());
@@ -662,7 +663,7 @@ pub fn deliver_multi(waiter_id: u64, tokens: &[u64]) -> Option<u64> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
     let keys: Vec<KeyId> = std::iter::once(b.key.clone())
-        .chain(b.others.iter().cloned())
+        .chain(b.others.iter().flat_map(|o| o.iter().cloned()))
         .collect();
     for k in &keys {
         // Those behind it face a key it holds now: nothing to look at again.
