@@ -287,6 +287,25 @@ fn block_waits_in_every_queue_and_is_granted_when_every_key_is_free() {
 }
 
 #[test]
+fn a_waiter_that_holds_some_of_its_keys_keeps_their_tokens_when_granted() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    let ta = grant(&mut c, "a", "me", 30_000);
+    grant(&mut c, "b", "them", 30_000);
+    let w = spawn_macq(&srv, &["2", "a", "b", "me", "30000", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    // It stands in every queue, a's too (behind its own grant there).
+    assert_eq!(waiters_of(&mut c, "a"), vec!["me"]);
+    assert_eq!(waiters_of(&mut c, "b"), vec!["me"]);
+    assert!(check(&mut c, "a", ta) > 0);
+    assert_eq!(release(&mut c, "b", "them"), 1);
+    let t = tokens(&join(w));
+    assert_eq!(t[0], ta, "a keeps its token");
+    assert!(t[1] > ta);
+    assert!(waiters_of(&mut c, "a").is_empty());
+}
+
+#[test]
 fn two_waiters_in_opposite_key_orders_do_not_deadlock() {
     let srv = Server::start();
     let mut c = srv.conn();
