@@ -804,6 +804,12 @@ fn command_docs_and_arity() {
             &["key", "token", "command", "arg"],
             &["arg"],
         ),
+        (
+            "flock.macquire",
+            -5,
+            &["numkeys", "key", "owner", "ttl", "bound", "block"],
+            &["bound", "block"],
+        ),
     ];
     for (cmd, arity, names, optional) in table {
         let r = call(&mut c, &["COMMAND", "DOCS", cmd]);

@@ -113,7 +113,20 @@ impl Gen {
             .rng
             .pick(&["5", "20", "100", "1000", "30000"])
             .to_string();
-        let mut v: Vec<String> = match self.rng.below(10) {
+        let mut v: Vec<String> = match self.rng.below(11) {
+            // MACQUIRE of 1 to 3 keys (a key twice now and then), BLOCK now and then
+            10 => {
+                let n = 1 + self.rng.below(3) as usize;
+                let mut v = vec!["FLOCK.MACQUIRE".into(), n.to_string()];
+                for _ in 0..n {
+                    v.push(self.rng.pick(KEYS).into());
+                }
+                v.extend([owner, ttl]);
+                if self.rng.chance(20) {
+                    v.extend(["BLOCK".into(), self.rng.pick(&["1", "5", "20"]).into()]);
+                }
+                v
+            }
             0..=2 => vec!["FLOCK.ACQUIRE".into(), key, owner, ttl],
             3 => vec!["FLOCK.RELEASE".into(), key, owner],
             4 => vec!["FLOCK.RENEW".into(), key, owner, ttl],

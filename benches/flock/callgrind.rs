@@ -116,6 +116,24 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
             }),
         ),
         (
+            "FLOCK.MACQUIRE of 3",
+            "flock",
+            Box::new(|i, c: &mut Conn| {
+                // Keys as long as the ACQUIRE phase's (`f:0000001`), so that the key's own
+                // cost in the keyspace is the same per key.
+                let keys = [0, 1, 2].map(|j| format!("{j}:{i:07}"));
+                c.push(&[
+                    "FLOCK.MACQUIRE",
+                    "3",
+                    &keys[0],
+                    &keys[1],
+                    &keys[2],
+                    &uuid(i),
+                    TTL,
+                ])
+            }),
+        ),
+        (
             "Lua fenced acquire",
             "lua",
             Box::new(|i, c: &mut Conn| {
@@ -270,6 +288,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
             "FLOCK.CHECK",
             "FLOCK.FENCED + SET",
             "DELIFEQ",
+            "FLOCK.MACQUIRE of 3",
         ]
         .contains(name)
         {
@@ -292,6 +311,7 @@ pub(crate) fn callgrind(cfg: &Cfg, rep: &mut Report) {
         ("FLOCK.RELEASE", "Lua compare-and-delete"),
         ("FLOCK.CHECK", "GET"),
         ("FLOCK.FENCED + SET", "Lua token check + SET"),
+        ("FLOCK.MACQUIRE of 3", "FLOCK.ACQUIRE"),
     ];
     if delifeq {
         pairs.insert(3, ("FLOCK.RELEASE", "DELIFEQ"));

@@ -48,7 +48,7 @@ impl Cfg {
                 "--no-callgrind" => callgrind = false,
                 "-h" | "--help" => {
                     println!(
-                        "cargo bench --bench flock [-- --quick] [--out DIR] [--only 1,2,3,4,5,6,7,8 (6: callgrind)] [--no-callgrind]"
+                        "cargo bench --bench flock [-- --quick] [--out DIR] [--only 1,2,3,4,5,6,7,8,9 (6: callgrind)] [--no-callgrind]"
                     );
                     std::process::exit(0);
                 }

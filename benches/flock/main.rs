@@ -26,6 +26,7 @@
 //! 8. FLOCK.WATCH: one watcher told against one BLOCK waiter granted (p99 from RELEASE to
 //!    reply), 1,000 watchers of one grant (first and last reply), memory per idle watcher
 //!    against per idle waiter.
+//! 9. FLOCK.MACQUIRE: MACQUIRE of 3 free keys against one ACQUIRE (at most 3x).
 //!
 //! In a full run, when valgrind is installed, a short callgrind run counts instructions per
 //! call (noise-free) and lists where flock's commands spend them.
@@ -103,7 +104,7 @@ fn main() {
 
     let mut rep = Report::default();
     type Scenario = fn(&Cfg, &mut Report, u64);
-    let runs: [(u32, Scenario); 7] = [
+    let runs: [(u32, Scenario); 8] = [
         (1, |c, r, _| scenarios::cost::run(c, r)),
         (2, |c, r, _| scenarios::cycles::run(c, r)),
         (3, |c, r, _| scenarios::memory::run(c, r)),
@@ -111,6 +112,7 @@ fn main() {
         (5, scenarios::scaling::run),
         (7, |c, r, _| scenarios::kinds::run(c, r)),
         (8, |c, r, _| scenarios::watch::run(c, r)),
+        (9, |c, r, _| scenarios::multi::run(c, r)),
     ];
     for (i, run) in runs {
         if cfg.runs(i) {

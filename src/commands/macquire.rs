@@ -6,16 +6,52 @@
 
 use super::executor;
 use crate::ffi::block::{self, Found, KeyId};
-use crate::ffi::{self, Ctx, Key, RStr, RString, Status};
+use crate::ffi::{self, Ctx, Key, KeyFlags, KeysRequest, RStr, RString, Status};
 use crate::server::{self, config, stats};
 use crate::store::bindings;
 use crate::waiting::jobs::{self, Job};
 use crate::waiting::waiters;
-use flock_core::args::{AcquireArgs, ArgError};
+use flock_core::args::{parse_i64, AcquireArgs, ArgError};
 use flock_core::engine::{self, BlockRefused, Reply};
 use flock_core::errors::{Fixed, Formatted};
+use flock_core::lock_stats::Event as Measured;
 use flock_core::multi::{self, Decision, KeyLook, Refusal};
 use flock_core::Now;
+use smallvec::SmallVec;
+
+/// Keys kept inline by a MACQUIRE (more spill to the heap).
+const INLINE: usize = 8;
+
+/// The command, registered `getkeys-api` beside its keynum key spec: Redis 7.0's cluster
+/// routing (the CROSSSLOT check) reads a module command's keys from its legacy range or from
+/// this API, not from its key specs, and a counted set of keys has no legacy range.
+pub struct Macquire;
+
+impl ffi::Command for Macquire {
+    const GETKEYS: bool = true;
+
+    fn run(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
+        macquire(ctx, args)
+    }
+
+    fn keys(req: KeysRequest<'_>, args: &[RStr<'_>]) {
+        // The `numkeys` arguments after argv[1], each read and written; none when numkeys is
+        // out of range or past the end (the command itself then answers with its error).
+        let n = args
+            .get(1)
+            .and_then(|n| parse_i64(ffi::bytes(n)))
+            .filter(|n| (1..=multi::MAX_KEYS as i64).contains(n))
+            .map_or(0, |n| n as usize);
+        if n == 0 || 2 + n > args.len() {
+            return;
+        }
+        let flags = KeyFlags::RW.and(KeyFlags::ACCESS).and(KeyFlags::UPDATE);
+        for pos in 2..2 + n {
+            // Inside argv (checked just above); at most 66.
+            req.key_at(pos as std::ffi::c_int, flags);
+        }
+    }
+}
 
 fn reply_arg_error(ctx: Ctx<'_>, e: ArgError) -> Status {
     match e {
@@ -27,14 +63,13 @@ fn reply_arg_error(ctx: Ctx<'_>, e: ArgError) -> Status {
 /// What the keys hold, in order, for `decide`: the key's state, how many wait for it, and
 /// the per-key flag of [`KeyLook::owner_in_queue`]. `None`: a key holds another type.
 fn look_at<R>(
-    ctx: Ctx<'_>,
+    keys: &[Key],
     names: &[RStr<'_>],
     queued: impl Fn(usize, RStr<'_>) -> (usize, bool),
     decide: impl FnOnce(&[KeyLook<'_>]) -> R,
 ) -> Option<R> {
-    let keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, false)).collect();
-    let found: Vec<_> = keys.iter().map(block::lock_of).collect();
-    let mut looks = Vec::with_capacity(names.len());
+    let found: SmallVec<[_; INLINE]> = keys.iter().map(block::lock_of).collect();
+    let mut looks: SmallVec<[KeyLook<'_>; INLINE]> = SmallVec::new();
     for (i, (f, name)) in found.iter().zip(names).enumerate() {
         let state = match f {
             Found::OtherType => return None,
@@ -57,24 +92,23 @@ fn look_at<R>(
 /// which case the new grants made so far are released again.
 fn grant_all(
     ctx: Ctx<'_>,
+    keys: &mut [Key],
     names: &[RStr<'_>],
     args: &AcquireArgs<'_>,
     bind_to: Option<u64>,
     now: Now,
-) -> Option<Vec<u64>> {
-    let mut tokens = Vec::with_capacity(names.len());
-    for (i, name) in names.iter().enumerate() {
-        let mut key = Key::open(ctx, *name, true);
-        let reply = executor::run(ctx, *name, &mut key, true, |stored, cx, w| {
+) -> Option<SmallVec<[u64; INLINE]>> {
+    let mut tokens = SmallVec::new();
+    for (i, (name, key)) in names.iter().zip(keys.iter_mut()).enumerate() {
+        let reply = executor::run(ctx, *name, key, true, |stored, cx, w| {
             multi::grant_key(stored, cx, w, args, bind_to, now)
         });
         match reply {
             Ok(Reply::Int(token)) => tokens.push(token as u64),
             _ => {
                 // Not reached unless Redis refuses to store a lock: all or nothing still.
-                for (name, token) in names[..i].iter().zip(&tokens) {
-                    let mut key = Key::open(ctx, *name, true);
-                    let _ = executor::run(ctx, *name, &mut key, false, |stored, cx, w| {
+                for ((name, key), token) in names[..i].iter().zip(keys.iter_mut()).zip(&tokens) {
+                    let _ = executor::run(ctx, *name, key, false, |stored, cx, w| {
                         engine::release(stored, cx, w, args.owner, Some(*token))
                     });
                 }
@@ -96,7 +130,7 @@ fn reply_tokens(ctx: Ctx<'_>, tokens: &[u64]) -> Status {
 
 /// `FLOCK.MACQUIRE numkeys key [key ...] owner ttl [BOUND] [BLOCK timeout]`
 pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
-    let argv: Vec<&[u8]> = args.iter().map(ffi::bytes).collect();
+    let argv: SmallVec<[&[u8]; 16]> = args.iter().map(ffi::bytes).collect();
     let a = match multi::parse_macquire(&argv, config::max_ttl_ms(), config::max_holders()) {
         Ok(a) => a,
         Err(e) => return reply_arg_error(ctx, e),
@@ -114,14 +148,17 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
         },
     };
     let now = server::now();
+    // Each key opened once, for writing: looked at, then granted.
+    let mut keys: SmallVec<[Key; INLINE]> =
+        names.iter().map(|n| Key::open(ctx, *n, true)).collect();
     let decided = look_at(
-        ctx,
+        &keys,
         names,
         |_, name| {
             let waiting = waiters::count(ctx, name);
             (waiting, waiting > 0 && waiters::has_owner(ctx, name, owner))
         },
-        |looks| multi::at_call(looks, owner, now),
+        |looks| multi::at_call(looks, owner, now, config::lock_delay_ms()),
     );
     let Some(decision) = decided else {
         return ffi::reply_error_static(ctx, Fixed::WrongType.text());
@@ -135,7 +172,7 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             };
             ffi::reply_error_string(ctx, &text.message())
         }
-        Decision::Grant => match grant_all(ctx, names, &a.acquire, bind_to, now) {
+        Decision::Grant => match grant_all(ctx, &mut keys, names, &a.acquire, bind_to, now) {
             Some(tokens) => reply_tokens(ctx, &tokens),
             None => ffi::reply_error_static(ctx, Fixed::NotStored.text()),
         },
@@ -149,9 +186,8 @@ pub fn macquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
                 Ok(()) => {
                     // Each key now knows it is waited for (a free one is kept, empty, while
                     // the request heads its queue), and is settled.
-                    for name in names {
-                        let mut key = Key::open(ctx, *name, true);
-                        let _ = executor::run(ctx, *name, &mut key, true, |stored, cx, w| {
+                    for (name, key) in names.iter().zip(keys.iter_mut()) {
+                        let _ = executor::run(ctx, *name, key, true, |stored, cx, w| {
                             w.watch_if_waited();
                             engine::revisit(stored, cx, w, None)
                         });
@@ -190,15 +226,16 @@ pub fn try_waiting(ctx: Ctx<'_>, waiter: u64) {
     let names: Vec<RStr<'_>> = names.iter().map(RString::get).collect();
     let now = server::now();
     let owner: &[u8] = &req.owner;
+    let mut keys: Vec<Key> = names.iter().map(|n| Key::open(ctx, *n, true)).collect();
     let decided = look_at(
-        ctx,
+        &keys,
         &names,
         |i, _| {
             req.keys
                 .get(i)
                 .map_or((0, false), |(_, n, first)| (*n, *first))
         },
-        |looks| multi::ready(looks, owner, now),
+        |looks| multi::ready(looks, owner, now, config::lock_delay_ms()),
     );
     // A key of another type: its own look fails the request (TRYAGAIN or the type error).
     if decided != Some(Decision::Grant) {
@@ -211,10 +248,20 @@ pub fn try_waiting(ctx: Ctx<'_>, waiter: u64) {
         bound: req.bind_to.is_some(),
         block: None,
     };
-    let Some(tokens) = grant_all(ctx, &names, &args, req.bind_to, now) else {
+    let Some(tokens) = grant_all(ctx, &mut keys, &names, &args, req.bind_to, now) else {
         return;
     };
-    if waiters::deliver_multi(waiter, &tokens).is_none() {
+    if let Some(waited_us) = waiters::deliver_multi(waiter, &tokens) {
+        // FLOCK.STATS: each key's class records the wait, as for an ACQUIRE ... BLOCK.
+        let wait_ms = waited_us / 1000;
+        for (name, key) in names.iter().zip(&keys) {
+            if let Some(b) = block::record_of(key) {
+                let mut class = b.class();
+                stats::record(&mut class, ffi::bytes(name), Measured::Waited { wait_ms });
+                b.set_class(class);
+            }
+        }
+    } else {
         // Gone meanwhile (not reached: nothing runs between): release what was granted.
         let keys: Vec<KeyId> = req.keys.into_iter().map(|(k, _, _)| k).collect();
         for (key, token) in keys.into_iter().zip(tokens) {

@@ -102,7 +102,6 @@ handler!(StatsReset, stats_command::reset);
 handler!(StatsHelp, stats_command::help);
 handler!(Watch, watch::watch);
 handler!(Waiters, watch::waiters);
-handler!(Macquire, macquire::macquire);
 
 /// How a command of the table is registered.
 #[derive(Clone, Copy)]
@@ -177,7 +176,7 @@ const COMMANDS: [(&CommandSpec, Registered); 16] = [
     ),
     (
         &commands::MACQUIRE,
-        Registered::Command(ffi::create_command::<Macquire>),
+        Registered::Command(ffi::create_command::<macquire::Macquire>),
     ),
 ];
 

@@ -27,9 +27,12 @@ struct Blocked {
     bc: BlockedClient<Waiting>,
     client_id: u64,
     key: KeyId,
-    /// A FLOCK.MACQUIRE request: its other keys, in the order given after `key` (it waits in
-    /// the queue of each). Empty for an ACQUIRE.
-    others: Vec<KeyId>,
+    /// A FLOCK.MACQUIRE request (`None`: an ACQUIRE): its other keys, in the order given after
+    /// `key` (it waits in the queue of each; none for one key). Boxed: one pointer in every
+    /// waiter's entry, which the registry's table keeps the capacity of (a boxed slice would
+    /// be two).
+    #[allow(clippy::box_collection)]
+    others: Option<Box<Vec<KeyId>>>,
     /// The waiter's own timeout timer (0: waits without limit). flock times waiters out
     /// itself rather than through Redis: Redis 7.0 drops the reply of a client whose timeout
     /// passes after the module unblocked it but before the reply went out.
@@ -235,7 +238,7 @@ pub fn block(
         // A MACQUIRE replaced in one of its queues leaves the others too (this one's queue
         // is `key`, where the new request took its place).
         let others: Vec<KeyId> = std::iter::once(earlier.key.clone())
-            .chain(earlier.others.iter().cloned())
+            .chain(earlier.others.iter().flat_map(|o| o.iter().cloned()))
             .filter(|k| *k != id)
             .collect();
         leave_others(reg, earlier_id, &others);
@@ -248,7 +251,7 @@ pub fn block(
             bc,
             client_id,
             key: id,
-            others: Vec::new(),
+            others: None,
             timer,
             deadline_us: if timeout_ms > 0 {
                 server::now()
@@ -364,7 +367,7 @@ pub fn fail_all(key: &KeyId, msg: &'static str) {
         if let Some(b) = reg.blocked.remove(&w.id) {
             reg.by_client.remove(&b.client_id);
             // A MACQUIRE request leaves its other queues (this one is gone already).
-            let mut rest: Vec<KeyId> = b.others.clone();
+            let mut rest: Vec<KeyId> = b.others.as_deref().cloned().unwrap_or_default();
             rest.push(b.key.clone());
             rest.retain(|k| k != key);
             leave_others(reg, w.id, &rest);
@@ -407,17 +410,22 @@ pub fn is_waited(db: c_int, key: &[u8]) -> bool {
 fn leave(reg: &mut Registry, waiter_id: u64) -> Option<Blocked> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
-    leave_queue(reg, waiter_id, &b.key);
-    leave_others(reg, waiter_id, &b.others);
+    leave_queue(reg, waiter_id, &b.key, b.others.is_some());
+    if let Some(others) = &b.others {
+        leave_others(reg, waiter_id, others);
+    }
     Some(b)
 }
 
 /// Take waiter `waiter_id` out of the queue of `key`; when it was the head and others wait
-/// behind it, the key is looked at again right after (they may fit now).
-fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId) {
-    let look_again = reg
-        .queue_mut(key.0, &key.1)
-        .is_some_and(|q| q.leave(waiter_id));
+/// behind it, the key is looked at again right after (they may fit now). A MACQUIRE request
+/// that headed the queue of a free key kept that key in the keyspace, with no grant: the key
+/// is looked at again even with nobody behind (to be deleted, G10).
+fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId, multi: bool) {
+    let look_again = reg.queue_mut(key.0, &key.1).is_some_and(|q| {
+        let first = q.is_front(waiter_id);
+        q.leave(waiter_id) || (multi && first)
+    });
     reg.drop_if_empty(key.0, &key.1);
     if look_again {
         jobs::schedule(Job::Revisit(key.clone()));
@@ -427,7 +435,7 @@ fn leave_queue(reg: &mut Registry, waiter_id: u64, key: &KeyId) {
 /// A MACQUIRE request leaves the queues of `keys` (its keys but the one already handled).
 fn leave_others(reg: &mut Registry, waiter_id: u64, keys: &[KeyId]) {
     for key in keys {
-        leave_queue(reg, waiter_id, key);
+        leave_queue(reg, waiter_id, key, true);
     }
 }
 
@@ -644,7 +652,7 @@ pub fn block_multi(
             bc,
             client_id,
             key: first.clone(),
-            others: others.to_vec(),
+            others: Some(Box::new(others.to_vec())),
             timer,
             deadline_us: if timeout_ms > 0 {
                 now.saturating_add(timeout_ms.saturating_mul(1000))
@@ -675,7 +683,7 @@ pub fn multi_request(waiter_id: u64) -> Option<MultiRequest> {
     let reg = guard.get();
     let b = reg.blocked.get(&waiter_id)?;
     let keys: Vec<KeyId> = std::iter::once(b.key.clone())
-        .chain(b.others.iter().cloned())
+        .chain(b.others.iter().flat_map(|o| o.iter().cloned()))
         .collect();
     let mut found = None;
     let mut out = Vec::with_capacity(keys.len());
@@ -707,7 +715,7 @@ pub fn deliver_multi(waiter_id: u64, tokens: &[u64]) -> Option<u64> {
     let b = reg.blocked.remove(&waiter_id)?;
     reg.by_client.remove(&b.client_id);
     let keys: Vec<KeyId> = std::iter::once(b.key.clone())
-        .chain(b.others.iter().cloned())
+        .chain(b.others.iter().flat_map(|o| o.iter().cloned()))
         .collect();
     for k in &keys {
         // Those behind it face a key it holds now: nothing to look at again.

@@ -6,5 +6,6 @@ pub(crate) mod cost;
 pub(crate) mod cycles;
 pub(crate) mod kinds;
 pub(crate) mod memory;
+pub(crate) mod multi;
 pub(crate) mod scaling;
 pub(crate) mod watch;

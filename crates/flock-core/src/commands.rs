@@ -343,7 +343,9 @@ pub const WAITERS: CommandSpec = CommandSpec {
 /// the `numkeys` arguments after argv[1] ([`key_search`]), each read and written.
 pub const MACQUIRE: CommandSpec = CommandSpec {
     name: c"flock.macquire",
-    flags: c"write deny-oom",
+    // getkeys-api too: Redis 7.0's cluster check reads a module command's keys from its
+    // legacy range or that API, and counted keys have no range.
+    flags: c"write deny-oom getkeys-api",
     arity: -5,
     key: Some(KeyAccess::Update),
     summary: Some(c"Takes several exclusive locks at once, all or nothing, and returns one fencing token per key, or waits for all of them with BLOCK."),

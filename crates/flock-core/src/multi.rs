@@ -14,10 +14,10 @@
 //! is replicated, persisted, notified and counted as an ACQUIRE's is.
 
 use crate::args::{parse_acquire, parse_i64, AcquireArgs, ArgError};
-use crate::clock::Now;
+use crate::clock::{Deadline, Now};
 use crate::engine::{self, BlockRefused, Context, Env, Outcome, Stored, Waiters};
 use crate::queue::Waiter;
-use crate::state::{LockState, Mode};
+use crate::state::{Binding, LockState, Mode};
 
 /// The most keys one MACQUIRE names.
 pub const MAX_KEYS: usize = 64;
@@ -25,8 +25,8 @@ pub const MAX_KEYS: usize = 64;
 /// `FLOCK.MACQUIRE numkeys key [key ...] owner ttl [BOUND] [BLOCK timeout]`, parsed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MacquireArgs<'a> {
-    /// The keys in the order given (the tokens come back in this order).
-    pub keys: Vec<&'a [u8]>,
+    /// The keys in the order given (the tokens come back in this order): a part of argv.
+    pub keys: &'a [&'a [u8]],
     /// What follows the keys, as ACQUIRE's arguments (always exclusive).
     pub acquire: AcquireArgs<'a>,
 }
@@ -37,11 +37,11 @@ pub struct MacquireArgs<'a> {
 /// option), then the keys (the same key twice is a syntax error). SHARED and LIMIT are
 /// unknown options here: every grant of MACQUIRE is exclusive.
 pub fn parse_macquire<'a>(
-    argv: &[&'a [u8]],
+    argv: &'a [&'a [u8]],
     max_ttl_ms: u64,
     max_holders: u32,
 ) -> Result<MacquireArgs<'a>, ArgError> {
-    let [command, numkeys, rest @ ..] = argv else {
+    let [_, numkeys, rest @ ..] = argv else {
         return Err(ArgError::Arity);
     };
     if rest.len() < 3 {
@@ -55,15 +55,16 @@ pub fn parse_macquire<'a>(
     if rest.len() < n + 2 {
         return Err(ArgError::Arity);
     }
-    let (keys, tail) = rest.split_at(n);
-    let Some(first) = keys.first() else {
-        return Err(ArgError::NumKeys);
+    let Some(keys) = rest.get(..n) else {
+        return Err(ArgError::Arity);
     };
-    let mut as_acquire: Vec<&'a [u8]> = Vec::with_capacity(tail.len() + 2);
-    as_acquire.push(command);
-    as_acquire.push(first);
-    as_acquire.extend_from_slice(tail);
-    let acquire = parse_acquire(&as_acquire, max_ttl_ms, max_holders)?;
+    // ACQUIRE's parser reads argv[2..] (owner, ttl, options) and skips argv[0] and argv[1]
+    // (command and key): the slice that starts two before the owner is such an argv, with
+    // nothing copied (n >= 1, so it starts at argv[1] or later).
+    let Some(as_acquire) = argv.get(n..) else {
+        return Err(ArgError::Arity);
+    };
+    let acquire = parse_acquire(as_acquire, max_ttl_ms, max_holders)?;
     if !acquire.mode.is_exclusive() {
         return Err(ArgError::Syntax);
     }
@@ -72,10 +73,7 @@ pub fn parse_macquire<'a>(
             return Err(ArgError::Syntax);
         }
     }
-    Ok(MacquireArgs {
-        keys: keys.to_vec(),
-        acquire,
-    })
+    Ok(MacquireArgs { keys, acquire })
 }
 
 /// What a MACQUIRE request sees of one of its keys.
@@ -119,12 +117,33 @@ enum Standing {
     Busy,
 }
 
-/// `look` for `owner` at `now`; `waiting_request`: the request already waits (then
-/// `owner_in_queue` says it is first in line, and it never refuses).
+/// No live grant and no running delayed slot at `now`, counting the slots that grants which
+/// stopped being live leave when the key is settled (lock-delay from the lease's deadline, or
+/// from now for a bound grant whose connection is gone, as [`LockState::expire`] leaves them):
+/// the key as the settle every grant begins with leaves it.
+fn clear(state: &LockState, now: Now, lock_delay_ms: u64) -> bool {
+    if state.live_count(now) > 0 || state.active_delays(now) > 0 {
+        return false;
+    }
+    lock_delay_ms == 0
+        || state.grants().iter().all(|g| {
+            let from = if g.binding() == Binding::Lost && !g.deadline.passed(now) {
+                Deadline::after(0, now)
+            } else {
+                g.deadline
+            };
+            from.plus(lock_delay_ms).passed(now)
+        })
+}
+
+/// `look` for `owner` at `now` under `flock.lock-delay-ms` = `lock_delay_ms`;
+/// `waiting_request`: the request already waits (then `owner_in_queue` says it is first in
+/// line, and it never refuses).
 fn standing(
     look: &KeyLook<'_>,
     owner: &[u8],
     now: Now,
+    lock_delay_ms: u64,
     waiting_request: bool,
 ) -> Result<Standing, Refusal> {
     if let Some(state) = look.state {
@@ -145,9 +164,7 @@ fn standing(
     if !waiting_request && look.owner_in_queue {
         return Err(Refusal::Waits);
     }
-    let clear = look
-        .state
-        .is_none_or(|s| s.live_count(now) == 0 && s.active_delays(now) == 0);
+    let clear = look.state.is_none_or(|s| clear(s, now, lock_delay_ms));
     let first = if waiting_request {
         look.owner_in_queue
     } else {
@@ -160,10 +177,16 @@ fn standing(
     })
 }
 
-fn decide(keys: &[KeyLook<'_>], owner: &[u8], now: Now, waiting_request: bool) -> Decision {
+fn decide(
+    keys: &[KeyLook<'_>],
+    owner: &[u8],
+    now: Now,
+    lock_delay_ms: u64,
+    waiting_request: bool,
+) -> Decision {
     let mut busy = false;
     for (i, look) in keys.iter().enumerate() {
-        match standing(look, owner, now, waiting_request) {
+        match standing(look, owner, now, lock_delay_ms, waiting_request) {
             Err(why) => return Decision::Refused(i, why),
             Ok(Standing::Busy) => busy = true,
             Ok(Standing::Own | Standing::Free) => {}
@@ -178,15 +201,17 @@ fn decide(keys: &[KeyLook<'_>], owner: &[u8], now: Now, waiting_request: bool) -
 
 /// MACQUIRE at the call, on its keys in the order given: a refusal on any key first (the
 /// first such key in order), else grant when every key is free for `owner` or its own.
-pub fn at_call(keys: &[KeyLook<'_>], owner: &[u8], now: Now) -> Decision {
-    decide(keys, owner, now, false)
+/// `lock_delay_ms`: `flock.lock-delay-ms` (a lease that ran out but was not yet ended leaves a
+/// delayed slot when the key is settled).
+pub fn at_call(keys: &[KeyLook<'_>], owner: &[u8], now: Now, lock_delay_ms: u64) -> Decision {
+    decide(keys, owner, now, lock_delay_ms, false)
 }
 
 /// A waiting MACQUIRE request, when a key of it came free: granted when, on every key, it
 /// holds the key already or is first in line on a key with no live grant and no running
 /// lock-delay slot. Never refused (only [`Decision::Grant`] or [`Decision::Busy`]).
-pub fn ready(keys: &[KeyLook<'_>], owner: &[u8], now: Now) -> Decision {
-    decide(keys, owner, now, true)
+pub fn ready(keys: &[KeyLook<'_>], owner: &[u8], now: Now, lock_delay_ms: u64) -> Decision {
+    decide(keys, owner, now, lock_delay_ms, true)
 }
 
 /// The server's context with the clocks read once for the whole MACQUIRE: every key is

@@ -90,6 +90,15 @@ fn block_of(key: &Key) -> Found<RecordPtr> {
     }
 }
 
+/// The block of the lock under `key`, if it holds one (for its class and timer slot, which
+/// Redis never sees).
+pub fn record_of(key: &Key) -> Option<RecordPtr> {
+    match block_of(key) {
+        Found::Lock(b) => Some(b),
+        _ => None,
+    }
+}
+
 /// The state of the lock under `key`, for reading.
 pub fn lock_of(key: &Key) -> Found<StateRef<'_>> {
     match block_of(key) {

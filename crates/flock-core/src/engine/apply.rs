@@ -1,7 +1,7 @@
 //! A state that arrives from outside: loaded (RDB, RESTORE, AOF) or applied from the master.
 
 use super::{with_state, Context, Effect, Effects, Env, Outcome, Reply, Stored};
-use crate::clock::Now;
+use crate::clock::{Deadline, Now};
 use crate::snapshot::LockImage;
 use crate::state::LockState;
 use crate::tokens::TokenIssuer;
@@ -10,7 +10,13 @@ use crate::tokens::TokenIssuer;
 /// this server; the tokens it carries raise the high-water mark (G3).
 pub fn load(image: LockImage, now: Now, tokens: &mut TokenIssuer) -> LockState {
     tokens.observe(image.token());
-    image.restore(now)
+    let mut state = image.restore(now);
+    if state.grants().is_empty() && state.delays.is_empty() {
+        // Saved with nothing in it (a free key that a waiting MACQUIRE kept: waiters are never
+        // saved): due at once, so that its timer finds it vacant and deletes it (G10).
+        state.delays.push(Deadline::after(0, now));
+    }
+    state
 }
 
 /// `FLOCK.APPLY`: a replica (or AOF loading) takes the master's state of the key as it is,

@@ -21,16 +21,18 @@ fn later(ms: u64) -> Now {
 
 // ---- parsing ----
 
-fn parse(args: &str) -> Result<MacquireArgs<'_>, ArgError> {
+fn parse(args: &str) -> Result<MacquireArgs<'static>, ArgError> {
     let mut argv: Vec<&[u8]> = vec![b"FLOCK.MACQUIRE"];
+    let args: &'static str = Box::leak(args.to_string().into_boxed_str());
     argv.extend(args.split(' ').map(str::as_bytes));
-    parse_macquire(&argv, 1_000, 10)
+    // Leaked: a test's few bytes, so that the parsed arguments can borrow them.
+    parse_macquire(Box::leak(argv.into_boxed_slice()), 1_000, 10)
 }
 
 #[test]
 fn parse_takes_the_keys_in_order_then_acquires_arguments() {
     let a = parse("3 a b c me 500 BOUND BLOCK 10").expect("parsed");
-    assert_eq!(a.keys, vec![&b"a"[..], b"b", b"c"]);
+    assert_eq!(a.keys, &[&b"a"[..], b"b", b"c"][..]);
     assert_eq!(a.acquire.owner, b"me");
     assert_eq!(a.acquire.ttl_ms, 500);
     assert_eq!(a.acquire.mode, Mode::Exclusive);
@@ -123,34 +125,34 @@ fn look(state: Option<&LockState>, waiting: usize, owner_in_queue: bool) -> KeyL
 #[test]
 fn at_call_every_key_free_grants() {
     let keys = [look(None, 0, false), look(None, 0, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Grant);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Grant);
 }
 
 #[test]
 fn at_call_keys_the_owner_holds_count_as_its_own_even_with_waiters_behind() {
     let mine = held(Mode::Exclusive, &[("me", 7, 1000)]);
     let keys = [look(Some(&mine), 2, false), look(None, 0, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Grant);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Grant);
 }
 
 #[test]
 fn at_call_one_key_held_by_another_owner_is_busy() {
     let theirs = held(Mode::Exclusive, &[("them", 7, 1000)]);
     let keys = [look(None, 0, false), look(Some(&theirs), 0, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Busy);
 }
 
 #[test]
 fn at_call_a_key_held_shared_by_others_is_busy() {
     let readers = held(Mode::Shared, &[("r1", 7, 1000), ("r2", 8, 1000)]);
     let keys = [look(Some(&readers), 0, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Busy);
 }
 
 #[test]
 fn at_call_a_free_key_with_waiters_is_busy_nobody_overtakes() {
     let keys = [look(None, 0, false), look(None, 1, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Busy);
 }
 
 #[test]
@@ -158,15 +160,36 @@ fn at_call_a_key_in_lock_delay_is_busy() {
     let mut delayed = LockState::default();
     delayed.delays.push(crate::clock::Deadline::after(100, T0));
     let keys = [look(Some(&delayed), 0, false)];
-    assert_eq!(at_call(&keys, b"me", T0), Decision::Busy);
-    assert_eq!(at_call(&keys, b"me", later(100)), Decision::Grant);
+    assert_eq!(at_call(&keys, b"me", T0, 0), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", later(100), 0), Decision::Grant);
 }
 
 #[test]
 fn at_call_a_lease_that_ran_out_leaves_its_key_free() {
     let ran_out = held(Mode::Exclusive, &[("them", 7, 10)]);
     let keys = [look(Some(&ran_out), 0, false)];
-    assert_eq!(at_call(&keys, b"me", later(10)), Decision::Grant);
+    assert_eq!(at_call(&keys, b"me", later(10), 0), Decision::Grant);
+}
+
+#[test]
+fn at_call_a_lease_that_ran_out_leaves_its_lock_delay_slot_so_its_key_is_busy() {
+    // Not ended yet (nothing settled the key): its slot of lock-delay counts all the same.
+    let ran_out = held(Mode::Exclusive, &[("them", 7, 10)]);
+    let keys = [look(Some(&ran_out), 0, false)];
+    assert_eq!(at_call(&keys, b"me", later(50), 100), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", later(110), 100), Decision::Grant);
+}
+
+#[test]
+fn at_call_a_bound_grant_whose_connection_closed_leaves_a_slot_from_now() {
+    let mut g = Grant::new(b"them", 8, 1000, T0);
+    let mut bound = LockState::default();
+    g.bind(Some(5));
+    bound.push_grant(g);
+    bound.close(5);
+    let keys = [look(Some(&bound), 0, false)];
+    assert_eq!(at_call(&keys, b"me", later(10), 100), Decision::Busy);
+    assert_eq!(at_call(&keys, b"me", later(10), 0), Decision::Grant);
 }
 
 #[test]
@@ -175,7 +198,7 @@ fn at_call_a_key_the_owner_holds_shared_refuses_the_whole_call() {
     let shared = held(Mode::Shared, &[("me", 8, 1000)]);
     let keys = [look(Some(&theirs), 0, false), look(Some(&shared), 0, false)];
     assert_eq!(
-        at_call(&keys, b"me", T0),
+        at_call(&keys, b"me", T0, 0),
         Decision::Refused(1, Refusal::Holds(Mode::Shared))
     );
 }
@@ -185,7 +208,7 @@ fn at_call_a_key_the_owner_holds_as_a_permit_refuses_the_whole_call() {
     let permits = held(Mode::Permits(3), &[("me", 8, 1000)]);
     let keys = [look(None, 0, false), look(Some(&permits), 0, false)];
     assert_eq!(
-        at_call(&keys, b"me", T0),
+        at_call(&keys, b"me", T0, 0),
         Decision::Refused(1, Refusal::Holds(Mode::Permits(3)))
     );
 }
@@ -194,14 +217,14 @@ fn at_call_a_key_the_owner_holds_as_a_permit_refuses_the_whole_call() {
 fn at_call_a_key_the_owner_waits_for_refuses_the_whole_call() {
     let keys = [look(None, 0, false), look(None, 1, true)];
     assert_eq!(
-        at_call(&keys, b"me", T0),
+        at_call(&keys, b"me", T0, 0),
         Decision::Refused(1, Refusal::Waits)
     );
     // Also when it holds the key and a MACQUIRE of it still waits for others.
     let mine = held(Mode::Exclusive, &[("me", 7, 1000)]);
     let keys = [look(Some(&mine), 1, true)];
     assert_eq!(
-        at_call(&keys, b"me", T0),
+        at_call(&keys, b"me", T0, 0),
         Decision::Refused(0, Refusal::Waits)
     );
 }
@@ -209,30 +232,30 @@ fn at_call_a_key_the_owner_waits_for_refuses_the_whole_call() {
 #[test]
 fn ready_first_in_line_on_every_free_key_grants() {
     let keys = [look(None, 3, true), look(None, 1, true)];
-    assert_eq!(ready(&keys, b"me", T0), Decision::Grant);
+    assert_eq!(ready(&keys, b"me", T0, 0), Decision::Grant);
 }
 
 #[test]
 fn ready_not_first_in_line_on_one_key_waits() {
     let keys = [look(None, 3, true), look(None, 2, false)];
-    assert_eq!(ready(&keys, b"me", T0), Decision::Busy);
+    assert_eq!(ready(&keys, b"me", T0, 0), Decision::Busy);
 }
 
 #[test]
 fn ready_first_in_line_on_a_held_key_waits() {
     let theirs = held(Mode::Exclusive, &[("them", 7, 1000)]);
     let keys = [look(None, 1, true), look(Some(&theirs), 1, true)];
-    assert_eq!(ready(&keys, b"me", T0), Decision::Busy);
-    assert_eq!(ready(&keys, b"me", later(1000)), Decision::Grant);
+    assert_eq!(ready(&keys, b"me", T0, 0), Decision::Busy);
+    assert_eq!(ready(&keys, b"me", later(1000), 0), Decision::Grant);
 }
 
 #[test]
 fn ready_a_key_the_owner_still_holds_needs_no_turn() {
     let mine = held(Mode::Exclusive, &[("me", 7, 1000)]);
     let keys = [look(Some(&mine), 2, false), look(None, 1, true)];
-    assert_eq!(ready(&keys, b"me", T0), Decision::Grant);
+    assert_eq!(ready(&keys, b"me", T0, 0), Decision::Grant);
     // Its lease ran out while it waited: now it needs its turn there too.
-    assert_eq!(ready(&keys, b"me", later(1000)), Decision::Busy);
+    assert_eq!(ready(&keys, b"me", later(1000), 0), Decision::Busy);
 }
 
 // ---- the grants ----
@@ -513,4 +536,20 @@ fn a_single_waiter_ahead_of_a_request_is_granted_as_usual() {
         .iter()
         .any(|e| matches!(e, Effect::TryMulti { .. })));
     assert_eq!(q.queue.len(), 1);
+}
+
+#[test]
+fn a_key_saved_with_nothing_in_it_loads_due_at_once_to_be_deleted() {
+    // The free key a waiting MACQUIRE kept, saved in an RDB (its waiter is not saved).
+    let mut tokens = TokenIssuer::new();
+    let image = crate::snapshot::LockImage::of(&LockState::default());
+    let state = engine::load(image, T0, &mut tokens);
+    assert!(state.is_vacant(T0));
+    assert_eq!(state.active_delays(T0), 0, "not in lock-delay");
+    assert_eq!(state.next_deadline().map(|d| d.mono_us), Some(T0.mono_us));
+    // Its timer then deletes it.
+    let mut state = state;
+    let mut e = env(&mut tokens, T0);
+    let out = engine::expire(Stored::Full(&mut state), &mut e, &mut Queue::default());
+    assert!(out.effects.deletes_key(), "{:?}", out.effects);
 }

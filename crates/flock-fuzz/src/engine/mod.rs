@@ -20,7 +20,8 @@
 //! (hand-offs are the model's, in FIFO order; after a write a head that fits never waits and
 //! the key is armed for its next deadline), G7 (the replica agrees with the master on
 //! everything that travels), G9, and FLOCK.WATCH's rule (`watch.rs`: what a watcher of each
-//! grant, and of token 0, is told after the step).
+//! grant, and of token 0, is told after the step), and FLOCK.MACQUIRE without BLOCK (`multi.rs`:
+//! the decision at the call against the model's, each key's grant against the model's ACQUIRE).
 
 use crate::bytes::Bytes;
 use flock_core::args::{self, AcquireArgs, ArgError};
@@ -60,6 +61,7 @@ fn owner_bytes(o: usize) -> Vec<u8> {
 mod bound;
 mod check;
 mod model;
+mod multi;
 mod server;
 mod travel;
 mod watch;
@@ -346,6 +348,68 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
                 let after = others(&real, k, spared, now);
                 for g in &before {
                     assert!(after.contains(g), "step {steps}: grant {g:?} touched (G2)");
+                }
+            }
+            // FLOCK.MACQUIRE (no BLOCK) of 1 to 3 keys in some order: the decision at the call
+            // against the model's, then each key granted as the module grants it (an ordinary
+            // ACQUIRE at the call's instant) against the model's ACQUIRE of that key.
+            24 => {
+                if real.tokens.high_water() >= MAX_TOKEN {
+                    continue;
+                }
+                let n = 1 + r.below(KEYS);
+                let mut ks: Vec<usize> = (0..KEYS).collect();
+                ks.rotate_left(r.below(KEYS));
+                if r.u8() & 1 == 1 {
+                    ks.reverse();
+                }
+                ks.truncate(n);
+                let c = r.u8();
+                let conn = conns[usize::from(c) % CONNS];
+                let mut argv: Vec<Vec<u8>> =
+                    vec![b"FLOCK.MACQUIRE".to_vec(), n.to_string().into_bytes()];
+                argv.extend(ks.iter().map(|&k| KEY_NAMES[k].to_vec()));
+                argv.extend([owner.clone(), ttl_ms.to_string().into_bytes()]);
+                if c & 0x80 != 0 {
+                    argv.push(b"BOUND".to_vec());
+                }
+                let refs: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
+                let a = flock_core::multi::parse_macquire(&refs, MAX_TTL_MS, set.max_holders)
+                    .unwrap_or_else(|e| panic!("step {steps}: {argv:?}: {e:?}"));
+                let bind_to = a.acquire.bound.then_some(conn);
+                let looks: Vec<flock_core::multi::KeyLook<'_>> = ks
+                    .iter()
+                    .map(|&k| flock_core::multi::KeyLook {
+                        state: real.states[k].as_ref(),
+                        waiting: real.queues[k].len(),
+                        owner_in_queue: real.queues[k].has_owner(&owner),
+                    })
+                    .collect();
+                let got = flock_core::multi::at_call(&looks, &owner, now, set.lock_delay_ms);
+                let want = multi::decide(&model, &ks, &owner, now, set.lock_delay_ms);
+                assert_eq!(got, want, "step {steps}: MACQUIRE {ks:?} owner {o}");
+                said = format!("MACQUIRE {ks:?} {got:?}");
+                if got == flock_core::multi::Decision::Grant {
+                    for &kk in &ks {
+                        let (reply, out) = real
+                            .run(kk, now, set, true, |s, env, host| {
+                                flock_core::multi::grant_key(s, env, host, &a.acquire, bind_to, now)
+                            })
+                            .expect("MACQUIRE creates the key");
+                        delivered.extend(out.delivered);
+                        events.extend(out.events);
+                        if out.armed.is_some() {
+                            timers[kk] = out.armed;
+                        }
+                        armed = out.armed;
+                        let want = model.acquire(kk, &a.acquire, now, set, None, bind_to, conn);
+                        model.publish(kk, now);
+                        assert!(matches!(reply, Reply::Int(_)), "step {steps}: {reply:?}");
+                        assert_eq!(reply, want, "step {steps}: MACQUIRE key {kk}");
+                        touched = kk;
+                    }
+                    write = true;
+                    full = true;
                 }
             }
             // FLOCK.CHECK of a recent token (read-only: no settle)
