@@ -261,10 +261,15 @@ impl WaitQueue {
     }
 
     /// `owner`'s request leaves the queue, returned to be answered (its owner came to hold
-    /// the key another way: an owner never both holds and waits). O(1) when `owner` does not
-    /// wait.
+    /// the key another way: an owner never both holds and waits for one key). O(1) when
+    /// `owner` does not wait. A FLOCK.MACQUIRE request stays: it waits for its other keys too,
+    /// and a key its owner holds counts as free for it (it keeps that grant's token).
     pub fn take_owner(&mut self, owner: &[u8]) -> Option<Waiter> {
-        let w = self.entries.get(self.position_of_owner(owner)?)?.clone();
+        let w = self.entries.get(self.position_of_owner(owner)?)?;
+        if w.multi {
+            return None;
+        }
+        let w = w.clone();
         self.cancel(w.id);
         Some(w)
     }
@@ -425,5 +430,21 @@ mod tests {
         assert!(!q.leave(3), "the head, nobody behind");
         assert!(!q.leave(99), "never queued");
         assert!(q.is_empty());
+    }
+
+    /// An owner that comes to hold the key leaves a single-key wait (answered nil), but its
+    /// FLOCK.MACQUIRE request stays in the queue: it waits for its other keys.
+    #[test]
+    fn take_owner_takes_a_single_key_wait_and_leaves_a_macquire_request() {
+        let mut q = WaitQueue::default();
+        q.push(waiter(1, "a", 10));
+        q.push(Waiter {
+            multi: true,
+            ..waiter(2, "m", 10)
+        });
+        assert_eq!(q.take_owner(b"a").map(|w| w.id), Some(1));
+        assert!(q.take_owner(b"m").is_none());
+        assert_eq!(q.len(), 1);
+        assert!(q.take_owner(b"nobody").is_none());
     }
 }

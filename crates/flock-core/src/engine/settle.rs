@@ -99,7 +99,8 @@ fn hand_off(
         let mut multi_first = None;
         let mut other_limit = None;
         let fits = &mut |w: &Waiter| {
-            if state.owner_grant(&w.owner, now).is_some() {
+            let holds = state.owner_grant(&w.owner, now).is_some();
+            if holds && !w.multi {
                 holder = Some(w.owner.clone());
                 return false;
             }
@@ -110,7 +111,9 @@ fn hand_off(
                 }
             }
             let fits = state.fits(w.mode, now, max_holders);
-            if w.multi && fits {
+            // A key its owner holds counts as free for a MACQUIRE request (it keeps that
+            // token): the module looks at its other keys.
+            if w.multi && (fits || holds) {
                 multi_first = Some(w.id);
             }
             fits && !w.multi
