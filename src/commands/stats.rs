@@ -1,5 +1,6 @@
-//! `FLOCK.STATS GET [class ...]`, `FLOCK.STATS RESET` and `FLOCK.STATS HELP`: the per-class lock statistics for
-//! sizing TTLs (flock-core's `lock_stats`; `server::stats::record` fills them in).
+//! `FLOCK.STATS GET [class ...]`, `FLOCK.STATS RESET` and `FLOCK.STATS HELP`: the per-class
+//! lock statistics for sizing TTLs (flock-core's `lock_stats`; `server::stats::record` fills
+//! them in).
 //! Subcommands, so an ACL can allow `flock.stats|get` alone.
 
 use crate::ffi::{self, Ctx, RStr, Status};

@@ -14,7 +14,6 @@ use crate::store::expiry::{self, Arming, DueKey};
 use crate::waiting::jobs::{self, Job, Task};
 use crate::waiting::{waiters, watchers};
 use flock_core::engine::{self, RevisitPlan};
-use flock_core::errors::Fixed;
 use flock_core::keyspace::{self, Arrival, ServerChange, Step};
 use flock_core::migration::{self, MoveStep, SlotMove, SlotRanges};
 use flock_core::watch::{self, ServerStep};
@@ -284,7 +283,7 @@ fn on_slot_migration(ctx: Ctx<'_>, subevent: u64, pairs: &[(i64, i64)]) {
             MoveStep::HoldImports => moving::set_importing(&ranges, true),
             MoveStep::EndImports => moving::set_importing(&ranges, false),
             MoveStep::ArmArrived => {
-                expiry::arm_where(ctx, |name| migration::key_in(&ranges, name));
+                expiry::arm_where(ctx, in_ranges(&ranges));
                 replication::mark_soon();
             }
             MoveStep::StreamEffects => {
@@ -292,24 +291,25 @@ fn on_slot_migration(ctx: Ctx<'_>, subevent: u64, pairs: &[(i64, i64)]) {
                 server::assume_replication_consumed();
             }
             MoveStep::EndStreamEffects => moving::set_exporting(false),
-            MoveStep::Departed => slots_left(&ranges),
+            // The slots belong to another node now and the server deletes their keys next
+            // (each then leaves by `key_left`); until then nothing here acts on them.
+            MoveStep::ForgetDeadlines => expiry::forget_where(in_ranges(&ranges)),
+            MoveStep::FailWaiters(why) => {
+                let moved = in_ranges(&ranges);
+                for key in waiters::waited_keys(None) {
+                    if moved(&key.1) {
+                        waiters::fail_all(&key, why.as_str());
+                    }
+                }
+            }
+            MoveStep::FailWatchers(why) => watchers::fail_where(in_ranges(&ranges), why),
         }
     }
 }
 
-/// The slots `ranges` now belong to another node and the server deletes their keys next (each
-/// then leaves by [`key_left`]). Until then nothing here may act on them: their deadline
-/// entries go, and their waiters and watchers are told TRYAGAIN now (the new owner serves
-/// them; a grant made here from now on would be a second copy of the lock).
-fn slots_left(ranges: &SlotRanges) {
-    let moved = |name: &[u8]| migration::key_in(ranges, name);
-    expiry::forget_where(moved);
-    for key in waiters::waited_keys(None) {
-        if moved(&key.1) {
-            waiters::fail_all(&key, Fixed::WaitedKeyMoved.as_str());
-        }
-    }
-    watchers::fail_where(moved, Fixed::WaitedKeyMoved);
+/// Whether a key's name hashes into `ranges` (the slots an event names).
+fn in_ranges(ranges: &SlotRanges) -> impl Fn(&[u8]) -> bool + '_ {
+    move |name| migration::key_in(ranges, name)
 }
 
 /// The module was loaded: the steps of a start (before any data is loaded).

@@ -50,9 +50,9 @@ fixed_errors! {
     TooManyWaiters => c"ERR too many clients wait for this key (flock.max-waiters)",
     /// `engine::ReplyError::CouldNotBlock`.
     CouldNotBlock => c"ERR could not block the client",
-    /// Redis would not store a new lock (`commands/reply.rs`).
+    /// Redis would not store a new lock (`commands/reply.rs`, `commands/macquire.rs`).
     NotStored => c"ERR could not store the lock",
-    /// A client called FLOCK.APPLY (`src/commands.rs`).
+    /// A client called FLOCK.APPLY (`commands/handlers.rs`).
     ApplyInternal => c"ERR FLOCK.APPLY is internal: only replication and AOF loading may call it",
     /// FENCED's inner command names its own lock key (`commands/fenced.rs`).
     FencedOwnKey => c"ERR FLOCK.FENCED cannot touch its own lock key",
@@ -72,11 +72,12 @@ fixed_errors! {
     FencedCrossSlot => c"CROSSSLOT Keys in request don't hash to the same slot",
     /// ... any other errno.
     FencedCouldNotRun => c"ERR the command inside FLOCK.FENCED could not run",
-    /// A waiter's key now holds another type (`engine::revisit_plan`).
+    /// A waiter's key now holds another type (`engine::plan_revisit`).
     WaitedKeyOtherType => c"ERR the lock key now holds a value of another type",
-    /// A waiter's key moved to another cluster node (`engine::revisit_plan`).
+    /// A waiter's key moved to another cluster node (`engine::plan_revisit`, and the slots an
+    /// atomic slot migration gave away: `migration::on_slot_move`).
     WaitedKeyMoved => c"TRYAGAIN the lock key moved to another node while you waited; retry",
-    /// Every waiter when this master becomes a replica (`registration/events.rs`).
+    /// Every waiter when this master becomes a replica (`keyspace::consequences`).
     UnblockedNowReplica => c"UNBLOCKED this server is now a replica",
     /// FLOCK.WATCH's keys and tokens are not in pairs (`watch::WatchArgError::Pairs`).
     WatchPairs => c"ERR FLOCK.WATCH takes key token pairs",

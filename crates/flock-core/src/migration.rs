@@ -9,6 +9,7 @@
 //! undone by deleting them. The module learns each step from a server event, carries out the
 //! steps below, and decides none of them itself.
 
+use crate::errors::Fixed;
 use crate::slots::key_slot;
 
 /// The option bit Valkey 9 reads as "this module handles atomic slot migration"
@@ -80,9 +81,14 @@ pub enum MoveStep {
     /// The export is over: effects are built only when something consumes them again.
     EndStreamEffects,
     /// These slots' keys are not this node's any more (the server deletes them next): no
-    /// deadline of theirs is acted on, and their waiters and watchers are told TRYAGAIN now
-    /// (the target serves them), before anything here could grant them.
-    Departed,
+    /// deadline of theirs is acted on (a grant made or ended here from now on would be a
+    /// second copy of the lock's history).
+    ForgetDeadlines,
+    /// Their waiters are told this error now, before anything here could grant them: the
+    /// target serves their keys, where a retry goes.
+    FailWaiters(Fixed),
+    /// Their watchers are told this error now (the target serves their keys).
+    FailWatchers(Fixed),
 }
 
 /// The steps of `m` on a master (`true`) or a replica, in order. A replica follows its
@@ -97,9 +103,12 @@ pub fn on_slot_move(m: SlotMove, master: bool) -> Vec<MoveStep> {
         (SlotMove::ExportStarted, true) => vec![MoveStep::StreamEffects],
         // Nothing left: the keys stay, with their timers, waiters and watchers.
         (SlotMove::ExportAborted, true) => vec![MoveStep::EndStreamEffects],
-        (SlotMove::ExportCompleted, true) => {
-            vec![MoveStep::EndStreamEffects, MoveStep::Departed]
-        }
+        (SlotMove::ExportCompleted, true) => vec![
+            MoveStep::EndStreamEffects,
+            MoveStep::ForgetDeadlines,
+            MoveStep::FailWaiters(Fixed::WaitedKeyMoved),
+            MoveStep::FailWatchers(Fixed::WaitedKeyMoved),
+        ],
         (SlotMove::ExportStarted | SlotMove::ExportAborted | SlotMove::ExportCompleted, false) => {
             vec![]
         }
@@ -169,7 +178,12 @@ mod tests {
         an_export_streams_effects: SlotMove::ExportStarted, true => [MoveStep::StreamEffects];
         an_aborted_export_keeps_everything: SlotMove::ExportAborted, true => [MoveStep::EndStreamEffects];
         a_completed_export_lets_the_keys_go: SlotMove::ExportCompleted, true
-            => [MoveStep::EndStreamEffects, MoveStep::Departed];
+            => [
+                MoveStep::EndStreamEffects,
+                MoveStep::ForgetDeadlines,
+                MoveStep::FailWaiters(Fixed::WaitedKeyMoved),
+                MoveStep::FailWatchers(Fixed::WaitedKeyMoved)
+            ];
         a_replica_of_the_source_waits_for_its_masters_deletes: SlotMove::ExportCompleted, false => [];
         a_replica_streams_nothing: SlotMove::ExportStarted, false => [];
     }
