@@ -723,3 +723,43 @@ fn inspection_subcommands() {
         assert_eq!(line.split('\t').count(), 3, "{line:?}");
     }
 }
+
+#[test]
+fn on_a_cluster() {
+    let cluster = flock_testkit::Cluster::start();
+    let urls = cluster.urls().join(",");
+    let on = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args(["--cluster", "--url", &urls]).args(args);
+        c
+    };
+    let key = "{report:7}:lock";
+    let mut any = cluster.nodes[0].srv.conn();
+    let slot: i64 = q(&mut any, &["CLUSTER", "KEYSLOT", key]);
+    let master = cluster.master_of(slot as u16);
+    let mut m = master.srv.conn();
+
+    let st = on(&["run", key, "--", "sh", "-c", "exit 4"])
+        .status()
+        .expect("run");
+    assert_eq!(st.code(), Some(4));
+
+    // A run routed to the key's master, seen there by `holders` through the cluster client,
+    // and stopped by a REVOKE on that master (the tool's WATCH follows the slot).
+    let d = dir("cluster");
+    let pidf = d.join("child");
+    let script = format!("echo $$ > {}; sleep 60", pidf.display());
+    let mut run = on(&["run", key, "--owner", "nightly", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let cp = read_pid(&pidf);
+    let listed = on(&["holders", key]).output().expect("holders");
+    let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let token = holders(&mut m, key)[0].1;
+    assert!(text.starts_with(&format!("nightly\t{token}\t")), "{text}");
+    let _: i64 = q(&mut m, &["FLOCK.REVOKE", key]);
+    assert_eq!(exit_within(&mut run, Duration::from_secs(20)), 3);
+    wait_until("COMMAND gone", || gone(cp));
+    assert!(stderr_of(run).contains("revoked"));
+}
