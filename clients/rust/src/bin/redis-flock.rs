@@ -19,13 +19,14 @@ use conn::{EX_UNAVAILABLE, EX_USAGE};
 
 /// Run a command under a flock lock, or look at locks.
 #[derive(Parser)]
-#[command(name = "redis-flock", version, about)]
+#[command(name = "redis-flock", version)]
 struct Cli {
-    /// The server: redis://[user:password@]host:port[/db] (rediss:// for TLS); with --cluster
-    /// one or more seed nodes, comma-separated.
+    /// The server: redis://[user:password@]host:port[/db]; with --cluster one or more seed
+    /// nodes, comma-separated.
     #[arg(
         long,
         env = "REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         global = true
     )]
@@ -40,8 +41,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Sub {
     /// Run COMMAND while holding the lock KEY (FLOCK_KEY, FLOCK_OWNER and FLOCK_TOKEN in its
-    /// environment); exit with COMMAND's status, or 75 when the lock is busy, 3 when it was
-    /// lost while COMMAND ran, 64 for bad arguments, 69 when the server cannot be used.
+    /// environment, in a process group of its own that gets SIGTERM, then SIGKILL after
+    /// --grace, when the lock is lost).
+    #[command(after_help = RUN_STATUSES)]
     Run(RunArgs),
     /// FLOCK.INFO KEY: one `field<TAB>value` line per field; nothing when the key is unknown.
     Info { key: String },
@@ -58,12 +60,28 @@ enum Sub {
     Stats { classes: Vec<String> },
 }
 
+/// `run`'s exit statuses, as `--help` shows them (the README's table).
+const RUN_STATUSES: &str = "\
+Exit status:
+  COMMAND's own   COMMAND exited with the lock held throughout (128 + N when signal N ended it)
+  75              the lock was not granted (--conflict-exit-code); COMMAND never started
+  3               the lock was lost while COMMAND ran (--lost-exit-code)
+  64              bad arguments
+  69              the server cannot be reached, has no flock module, or too few replicas
+                  acknowledged a --replicas grant; COMMAND never started
+  127 / 126       COMMAND not found / not runnable";
+
 #[derive(Args)]
 struct RunArgs {
     /// The lock key.
     key: String,
     /// Lease length in milliseconds; the watchdog renews at a third of it.
-    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 30_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     ttl: u64,
     /// Wait up to MS milliseconds for the lock, in the server's FIFO queue (`forever`: no
     /// limit). Without it (or with 0): one try.
@@ -83,7 +101,7 @@ struct RunArgs {
     #[arg(long, value_name = "N")]
     replicas: Option<u32>,
     /// The owner name (default: 128 random bits in hex).
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     owner: Option<String>,
     /// After a loss, SIGKILL COMMAND's process group this many milliseconds after SIGTERM.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
@@ -138,6 +156,14 @@ fn main() {
     std::process::exit(status);
 }
 
+/// The URL as it may be printed: the user and password between `://` and `@` left out.
+fn without_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(i), Some(j)) if j > i => format!("{}://***{}", &url[..i], &url[j..]),
+        _ => url.to_string(),
+    }
+}
+
 async fn dispatch(cli: Cli) -> i32 {
     let target = match conn::target(&cli.url, cli.cluster) {
         Ok(t) => t,
@@ -182,7 +208,7 @@ async fn dispatch(cli: Cli) -> i32 {
                 if status == EX_UNAVAILABLE {
                     eprintln!(
                         "redis-flock: is the server at {} up, with the flock module loaded?",
-                        cli.url
+                        without_password(&cli.url)
                     );
                 }
             }
