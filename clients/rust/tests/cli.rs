@@ -81,6 +81,16 @@ fn holders(c: &mut redis::Connection, key: &str) -> Vec<(String, u64)> {
     rows.into_iter().map(|(o, t, _)| (o, t)).collect()
 }
 
+/// Whether a client is blocked in FLOCK.WATCH right now (CLIENT LIST: flags `b`).
+fn watch_blocked(c: &mut redis::Connection) -> bool {
+    let list: String = q(c, &["CLIENT", "LIST"]);
+    list.lines().any(|l| {
+        l.contains(" cmd=flock.watch ")
+            && l.split(' ')
+                .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+    })
+}
+
 /// A process is gone when it no longer exists or is a zombie nobody reaped yet (it runs no
 /// more code either way).
 fn gone(pid: u32) -> bool {
@@ -628,28 +638,29 @@ fn inspection_subcommands() {
         assert_eq!(stdout(&out), "", "{sub}");
     }
 
-    // `watch` from before anything happens.
+    // `watch` from before anything happens; its lines come through a channel, so that the
+    // test acts only once the tool watches what it is about to change.
     let mut watch = cli(&srv, &["watch", "inv"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn watch");
     let watch_out = watch.stdout.take().expect("stdout");
-    let reader = thread::spawn(move || {
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    thread::spawn(move || {
         use std::io::{BufRead, BufReader};
-        let mut lines = vec![];
         for line in BufReader::new(watch_out).lines() {
             let Ok(line) = line else { break };
-            lines.push(line);
-            if lines.len() == 4 {
+            if tx.send(line).is_err() {
                 break;
             }
         }
+    });
+    let next = || {
         lines
-    });
-    wait_until("watch is waiting", || {
-        let clients: String = q(&mut c, &["CLIENT", "LIST"]);
-        clients.contains("cmd=flock.watch")
-    });
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line from watch within 10 s")
+    };
+    wait_until("watch waits", || watch_blocked(&mut c));
 
     let t1: u64 = q(&mut c, &["FLOCK.ACQUIRE", "inv", "alice", "60000"]);
     // A waiter behind alice (on a connection of its own: BLOCK holds it).
@@ -692,22 +703,18 @@ fn inspection_subcommands() {
     assert_eq!(&fields[..2], &["bob", "exclusive"]);
     assert!(fields[2].parse::<u64>().is_ok(), "{waiters_out:?}");
 
-    // alice releases: bob is granted; an operator revokes bob.
+    assert_eq!(next(), format!("held\talice\t{t1}"));
+    // alice releases: bob is granted; once the tool watches bob's grant, an operator
+    // revokes it.
     let _: i64 = q(&mut c, &["FLOCK.RELEASE", "inv", "alice"]);
     let t2 = waiter.join().expect("bob").expect("bob granted");
+    assert_eq!(next(), format!("released\talice\t{t1}"));
+    assert_eq!(next(), format!("held\tbob\t{t2}"));
+    wait_until("watch waits on bob's grant", || watch_blocked(&mut c));
     let _: i64 = q(&mut c, &["FLOCK.REVOKE", "inv"]);
-    let lines = reader.join().expect("watch lines");
+    assert_eq!(next(), format!("revoked\tbob\t{t2}"));
     let _ = watch.kill();
     let _ = watch.wait();
-    assert_eq!(
-        lines,
-        vec![
-            format!("held\talice\t{t1}"),
-            format!("released\talice\t{t1}"),
-            format!("held\tbob\t{t2}"),
-            format!("revoked\tbob\t{t2}"),
-        ]
-    );
 
     // stats: the class `inv` (no digits: the key itself) with its counts, and the overflow.
     let stats = stdout(&output(&srv, &["stats"]));
