@@ -169,7 +169,7 @@ pub async fn run(target: Target, spec: RunSpec) -> i32 {
                 kill_at = Some(stop_group(pgid, &spec));
             }
             _ = lost_rx.wait_for(|v| *v), if lost.is_none() => {
-                lost = Some("(renewal refused or local deadline passed)".to_string());
+                lost = Some("(the client marked the lease lost)".to_string());
                 kill_at = Some(stop_group(pgid, &spec));
             }
             Some(sig) = sigs.recv() => {
