@@ -118,11 +118,11 @@ fn dir(tag: &str) -> PathBuf {
     temp_dir(&format!("cli-{tag}"))
 }
 
-/// The cron job of the scenario: appends `start` and, half a second later, `end` to a file,
-/// so that two runs at once would show as two `start`s in a row.
-fn job(file: &Path) -> String {
+/// The cron job of the scenario: appends `start` and, `secs` later, `end` to a file, so that
+/// two runs at once would show as two `start`s in a row.
+fn job(file: &Path, secs: &str) -> String {
     format!(
-        "echo start >> {f}; sleep 0.5; echo end >> {f}",
+        "echo start >> {f}; sleep {secs}; echo end >> {f}",
         f = file.display()
     )
 }
@@ -132,11 +132,14 @@ fn cron_job_never_runs_twice() {
     let srv = Server::start();
     let d = dir("cron");
     let log = d.join("job.log");
-    let script = job(&log);
+    let script = job(&log, "0.5");
 
-    // Two at once, one try each (cron's default): one runs, the other exits busy (75).
-    let a = spawn(&srv, &["run", "nightly", "--", "sh", "-c", &script]);
-    let b = spawn(&srv, &["run", "nightly", "--", "sh", "-c", &script]);
+    // Two at once, one try each (cron's default): one runs, the other exits busy (75). The
+    // job lasts long enough (2 s) that the second has started, even on a loaded machine,
+    // before the first is done.
+    let long = job(&log, "2");
+    let a = spawn(&srv, &["run", "nightly", "--", "sh", "-c", &long]);
+    let b = spawn(&srv, &["run", "nightly", "--", "sh", "-c", &long]);
     let mut codes = vec![];
     for mut c in [a, b] {
         codes.push(exit_within(&mut c, Duration::from_secs(20)));
