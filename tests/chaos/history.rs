@@ -220,6 +220,10 @@ pub(crate) struct History {
     pub(crate) resets: Vec<u64>,
     /// Spans (from, to) in which the master was a replica promoted with its clock a day behind.
     pub(crate) skewed: Vec<(u64, u64)>,
+    /// Every FLOCK.WATCH the watchers sent and what they were told (coord.rs).
+    pub(crate) watches: Vec<crate::coord::WatchRec>,
+    /// Every FLOCK.MACQUIRE the multi-key clients sent and how it ended (coord.rs).
+    pub(crate) multis: Vec<crate::coord::MultiRec>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
@@ -277,6 +281,9 @@ pub(crate) struct Shared {
     pub(crate) failover_epoch: AtomicU64,
     pub(crate) keys: usize,
     pub(crate) kinds: Vec<KeyKind>,
+    /// Keys from this index on are mutexes of one slot (`{chaosm}:lock<k>`), which the
+    /// MACQUIRE clients take 2 or 3 at a time (with_multi_keys); the others use them too.
+    pub(crate) multi_from: usize,
     pub(crate) workers: usize,
     /// Each client's lock connection, for the injector's CLIENT KILL.
     pub(crate) conns: Mutex<Vec<ConnSlot>>,
@@ -309,9 +316,18 @@ impl Shared {
             failover_epoch: AtomicU64::new(0),
             keys,
             kinds: (0..keys).map(key_kind).collect(),
+            multi_from: keys,
             workers,
             conns: Mutex::new(vec![ConnSlot::default(); workers]),
         }
+    }
+
+    /// `n` more keys, mutexes that share one hash tag, for the MACQUIRE clients.
+    pub(crate) fn with_multi_keys(mut self, n: usize) -> Shared {
+        self.multi_from = self.keys;
+        self.keys += n;
+        self.kinds.extend(std::iter::repeat_n(KeyKind::Exclusive, n));
+        self
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -321,9 +337,15 @@ impl Shared {
         self.hist.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub(crate) fn lock_key(&self, k: usize) -> String {
+        if k >= self.multi_from {
+            return format!("{{chaosm}}:lock{k}");
+        }
         format!("{{chaos{k}}}:lock")
     }
     pub(crate) fn log_key(&self, k: usize) -> String {
+        if k >= self.multi_from {
+            return format!("{{chaosm}}:log{k}");
+        }
         format!("{{chaos{k}}}:log")
     }
     pub(crate) fn epoch(&self) -> u64 {
