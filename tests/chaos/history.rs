@@ -284,6 +284,9 @@ pub(crate) struct Shared {
     /// Keys from this index on are mutexes of one slot (`{chaosm}:lock<k>`), which the
     /// MACQUIRE clients take 2 or 3 at a time (with_multi_keys); the others use them too.
     pub(crate) multi_from: usize,
+    /// MACQUIREs sent and not answered yet: while one waits, a free key it heads exists on the
+    /// master and not on the replica (SPEC MACQUIRE), so the digests may differ (G7).
+    pub(crate) multi_in_flight: AtomicUsize,
     pub(crate) workers: usize,
     /// Each client's lock connection, for the injector's CLIENT KILL.
     pub(crate) conns: Mutex<Vec<ConnSlot>>,
@@ -317,6 +320,7 @@ impl Shared {
             keys,
             kinds: (0..keys).map(key_kind).collect(),
             multi_from: keys,
+            multi_in_flight: AtomicUsize::new(0),
             workers,
             conns: Mutex::new(vec![ConnSlot::default(); workers]),
         }

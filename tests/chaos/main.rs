@@ -283,7 +283,19 @@ fn history_checker_under_faults() {
     });
     let mut h = std::mem::take(&mut *sh.hist());
     if !drained {
-        h.violation("lock keys still exist 15 s after the last client stopped (G10)".into());
+        // Which keys, and what is in them (a lock, waiters, or an empty key nobody uses).
+        let mut left = Vec::new();
+        for k in &lock_keys {
+            if c.call(&["EXISTS", k]).ok() == Some(Reply::Int(1)) {
+                let info = c.call(&["FLOCK.INFO", k]).ok();
+                let waiters = c.call(&["FLOCK.WAITERS", k]).ok();
+                left.push(format!("{k} (INFO {info:?}, WAITERS {waiters:?})"));
+            }
+        }
+        h.violation(format!(
+            "lock keys still exist 15 s after the last client stopped (G10): {}",
+            left.join(", ")
+        ));
     }
     let blocked = info_of(port, "flock", "flock_blocked_clients");
     if blocked.as_deref() != Some("0") {

@@ -49,7 +49,9 @@ impl Client {
         let limit = Duration::from_millis(block.unwrap_or(0) + 10_000);
         let epoch = sh.epoch();
         let send = sh.now();
+        sh.multi_in_flight.fetch_add(1, SeqCst);
         let r = self.call(&args, limit);
+        sh.multi_in_flight.fetch_sub(1, SeqCst);
         let ack = sh.now();
         let end = match r {
             Call::Reply(Reply::Array(a)) => {
