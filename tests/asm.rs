@@ -19,7 +19,7 @@ use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
 /// The chaos run's history and checker, reused as they are.
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 #[path = "chaos"]
 mod chaos {
     pub(crate) mod checker;

@@ -235,7 +235,10 @@ fn the_guides_election_replays_in_two_terminals() {
             );
         }
     }
-    assert!(waiting.is_none(), "the guide never shows what {waiting:?} was told");
+    assert!(
+        waiting.is_none(),
+        "the guide never shows what {waiting:?} was told"
+    );
     let took = told_after.expect("the guide's follower never waited for the leader");
     assert!(
         took < Duration::from_secs(1),

@@ -2,6 +2,8 @@
 //! and acknowledgement times, and the state the clients, the operator and the fault injector
 //! share (the current master's port, the gate that pauses clients during a failover).
 
+pub(crate) mod coord;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
@@ -220,10 +222,10 @@ pub(crate) struct History {
     pub(crate) resets: Vec<u64>,
     /// Spans (from, to) in which the master was a replica promoted with its clock a day behind.
     pub(crate) skewed: Vec<(u64, u64)>,
-    /// Every FLOCK.WATCH the watchers sent and what they were told (coord.rs).
-    pub(crate) watches: Vec<crate::coord::WatchRec>,
-    /// Every FLOCK.MACQUIRE the multi-key clients sent and how it ended (coord.rs).
-    pub(crate) multis: Vec<crate::coord::MultiRec>,
+    /// Every FLOCK.WATCH the watchers sent and what they were told (history/coord.rs).
+    pub(crate) watches: Vec<coord::WatchRec>,
+    /// Every FLOCK.MACQUIRE the multi-key clients sent and how it ended (history/coord.rs).
+    pub(crate) multis: Vec<coord::MultiRec>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
@@ -330,7 +332,8 @@ impl Shared {
     pub(crate) fn with_multi_keys(mut self, n: usize) -> Shared {
         self.multi_from = self.keys;
         self.keys += n;
-        self.kinds.extend(std::iter::repeat_n(KeyKind::Exclusive, n));
+        self.kinds
+            .extend(std::iter::repeat_n(KeyKind::Exclusive, n));
         self
     }
 

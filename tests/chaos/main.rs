@@ -93,7 +93,6 @@
 
 mod checker;
 mod clients;
-mod coord;
 mod faults;
 mod history;
 
@@ -426,9 +425,9 @@ fn history_checker_under_faults() {
     // The watchers were told of ends, and the MACQUIRE clients were granted.
     assert!(
         watchers == 0
-            || h.watches
-                .iter()
-                .any(|w| matches!(&w.told, coord::Told::Fired { event, .. } if event == "released")),
+            || h.watches.iter().any(
+                |w| matches!(&w.told, coord::Told::Fired { event, .. } if event == "released")
+            ),
         "no watcher was told of a release: {}",
         coordination_summary(&h)
     );

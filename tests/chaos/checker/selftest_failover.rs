@@ -84,8 +84,10 @@ fn a_master_a_day_behind_above_every_earlier_token_passes() {
 /// A durable grant of 4 s on key 0 acknowledged at 1 ms (its replica acknowledged it), and a
 /// plain one of 4 s on key 2; the old master dies at 100 ms, the new one lists at 200 ms.
 fn durable_history() -> History {
-    let mut h = History::default();
-    h.quiet = true;
+    let mut h = History {
+        quiet: true,
+        ..Default::default()
+    };
     let mut d = kind_rec(0, "d", 10, Kind::Exclusive, 4000, &[(0, MS)]);
     d.durable = true;
     h.grants.push(d);

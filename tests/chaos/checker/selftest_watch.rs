@@ -4,7 +4,7 @@
 
 use super::selftest::{kind_rec, violations_of};
 use super::*;
-use crate::coord::*;
+use crate::history::coord::*;
 
 const MS: u64 = 1000;
 
@@ -12,7 +12,14 @@ const MS: u64 = 1000;
 /// holder at 200..201 ms.
 fn released_grant() -> History {
     let mut h = History::default();
-    let mut g = kind_rec(0, "a", 10, Kind::Exclusive, 1000, &[(0, MS), (100 * MS, 101 * MS)]);
+    let mut g = kind_rec(
+        0,
+        "a",
+        10,
+        Kind::Exclusive,
+        1000,
+        &[(0, MS), (100 * MS, 101 * MS)],
+    );
     g.proofs.push((200 * MS, 201 * MS));
     g.proof_epochs.push(0);
     g.touched = 200 * MS;
@@ -51,8 +58,10 @@ fn a_watch_told_of_the_release_that_came_passes() {
     let mut h = released_grant();
     h.watches
         .push(watch(10, 3000, 150, 202, fired("released", Some("a"), 10)));
-    h.watches.push(watch(10, 3000, 300, 301, fired("gone", None, 10)));
-    h.watches.push(watch(0, 3000, 50, 51, fired("held", Some("a"), 10)));
+    h.watches
+        .push(watch(10, 3000, 300, 301, fired("gone", None, 10)));
+    h.watches
+        .push(watch(0, 3000, 50, 51, fired("held", Some("a"), 10)));
     let v = violations_of(&mut h, &[]);
     assert!(v.is_empty(), "{v:?}");
     assert_eq!(h.checks.get("WATCH ends matched to their cause"), Some(&1));
@@ -118,7 +127,8 @@ fn a_missed_release_is_flagged() {
 #[test]
 fn gone_for_a_grant_surely_live_is_flagged() {
     let mut h = released_grant();
-    h.watches.push(watch(10, 3000, 10, 20, fired("gone", None, 10)));
+    h.watches
+        .push(watch(10, 3000, 10, 20, fired("gone", None, 10)));
     assert!(found(&mut h, "proved itself live before and after"));
 }
 
@@ -198,7 +208,8 @@ fn a_macquire_nil_before_its_timeout_or_with_wrong_tokens_is_flagged() {
 fn macquires_never_granted_are_no_progress() {
     let mut h = History::default();
     for i in 0..20 {
-        h.multis.push(multi(Some(50), i * 100, i * 100 + 51, MultiEnd::Nil));
+        h.multis
+            .push(multi(Some(50), i * 100, i * 100 + 51, MultiEnd::Nil));
     }
     assert!(found(&mut h, "no progress"));
     h.multis

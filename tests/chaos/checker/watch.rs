@@ -1,5 +1,5 @@
 //! The coordination checks (issue 24), over what the watchers were told and how the MACQUIREs
-//! ended (coord.rs), against the rest of the history:
+//! ended (history/coord.rs), against the rest of the history:
 //! - WATCH: every reply names the token asked (or, for token 0, a grant of the key that was not
 //!   surely over: `held`); `gone` never for a grant surely live throughout the call; an end
 //!   (`released`, `expired`, `revoked`, `closed`, `lost`) only when the history shows a cause
@@ -14,7 +14,7 @@
 //!   only around faults, and some were granted (progress). G1 per key needs nothing here:
 //!   their grants are ordinary grants of the history.
 
-use crate::coord::*;
+use crate::history::coord::*;
 use crate::history::*;
 use crate::EPS_US;
 use std::collections::HashMap;
@@ -42,7 +42,10 @@ fn cause(h: &History, g: &GrantRec, event: &str, send: u64, ack: u64) -> bool {
             .iter()
             .any(|o| o.may_end(g) && o.send <= ack + EPS_US && o.done + EPS_US >= send)
     };
-    let fault = h.resets.iter().any(|&r| r + EPS_US >= send && r <= ack + EPS_US)
+    let fault = h
+        .resets
+        .iter()
+        .any(|&r| r + EPS_US >= send && r <= ack + EPS_US)
         || g.lost_in_failover
         || h.skewed.iter().any(|&(a, b)| a <= ack && b >= send);
     match event {
@@ -82,7 +85,9 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
         );
         let (event, owner, token) = match &w.told {
             Told::Hung => {
-                v.push(format!("{what}: no answer within its timeout + 20 s (hung)"));
+                v.push(format!(
+                    "{what}: no answer within its timeout + 20 s (hung)"
+                ));
                 continue;
             }
             Told::Lost => continue,
@@ -97,7 +102,10 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
             Told::TimedOut => {
                 let waited = w.ack.saturating_sub(w.send);
                 if waited + 2_000 < w.timeout_ms * 1000 {
-                    v.push(format!("{what}: nil after {} ms, before its timeout", waited / 1000));
+                    v.push(format!(
+                        "{what}: nil after {} ms, before its timeout",
+                        waited / 1000
+                    ));
                 }
                 // The watch waited on the server from R (send <= R <= ack - timeout) to R +
                 // timeout: a RELEASE whose request came after ack - timeout and whose reply came
@@ -130,7 +138,9 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
             } => (event.as_str(), owner, *token),
         };
         if w.token != 0 && token != w.token {
-            v.push(format!("{what}: told {event} of token {token}, another token"));
+            v.push(format!(
+                "{what}: told {event} of token {token}, another token"
+            ));
             continue;
         }
         if (w.token == 0) != (event == "held") {
@@ -142,7 +152,8 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
         }
         let Some(g) = by_token.get(&token).map(|&i| &h.grants[i]) else {
             // A grant whose reply no client read (a hang-up, a lost reply): not in the history.
-            *n.entry("WATCH reports of grants outside the history").or_default() += 1;
+            *n.entry("WATCH reports of grants outside the history")
+                .or_default() += 1;
             continue;
         };
         if g.key != w.key || (event != "gone" && owner.as_deref() != Some(g.owner.as_str())) {
@@ -180,7 +191,9 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
             }
             _ => {
                 *n.entry("WATCH ends checked").or_default() += 1;
-                ends.entry(token).or_default().push((w.send, w.ack, w.epoch));
+                ends.entry(token)
+                    .or_default()
+                    .push((w.send, w.ack, w.epoch));
                 let late = g
                     .proofs
                     .iter()
@@ -198,7 +211,8 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
                     && g.failover_epoch == w.epoch
                     && g.proof_epochs.iter().all(|&e| e == w.epoch);
                 if !same_master {
-                    *n.entry("WATCH ends across a failover (not checked)").or_default() += 1;
+                    *n.entry("WATCH ends across a failover (not checked)")
+                        .or_default() += 1;
                 } else if cause(h, g, event, w.send, w.ack) {
                     *n.entry("WATCH ends matched to their cause").or_default() += 1;
                 } else {
@@ -269,7 +283,9 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
                 d.sort_unstable();
                 d.dedup();
                 if t.len() != m.keys.len() || d.len() != t.len() || t.iter().any(|&x| x <= 0) {
-                    v.push(format!("{what}: granted tokens {t:?}, not one distinct per key"));
+                    v.push(format!(
+                        "{what}: granted tokens {t:?}, not one distinct per key"
+                    ));
                 }
             }
         }
@@ -281,7 +297,9 @@ pub(crate) fn check_coordination(sh: &Shared, h: &mut History) {
         ));
     }
     let blocked = h.multis.iter().filter(|m| m.block.is_some()).count() as u64;
-    *h.checks.entry("MACQUIRE BLOCK calls that finished").or_default() += h
+    *h.checks
+        .entry("MACQUIRE BLOCK calls that finished")
+        .or_default() += h
         .multis
         .iter()
         .filter(|m| m.block.is_some() && m.end != MultiEnd::Hung)

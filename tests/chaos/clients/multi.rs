@@ -1,12 +1,12 @@
 //! The MACQUIRE clients: each round takes 2 or 3 of the keys that share one hash tag
 //! (`Shared::with_multi_keys`), named in a random order, with FLOCK.MACQUIRE (most often with
-//! BLOCK, a third of the time BOUND), records how it ended (coord.rs `MultiRec`: the checker
+//! BLOCK, a third of the time BOUND), records how it ended (history/coord.rs `MultiRec`: the checker
 //! wants every BLOCK to finish, which it cannot in a deadlock), and holds each grant as any
 //! client holds one (FENCED writes, CHECK, RENEW, release or abandon): the checker's per-key
 //! checks (G1 and the rest) see them beside the single-key clients' grants of the same keys.
 
 use super::*;
-use crate::coord::*;
+use crate::history::coord::*;
 
 impl Client {
     pub(crate) fn run_multi(&mut self) {

@@ -1,11 +1,11 @@
 //! The watchers: each loops over FLOCK.WATCH calls on one connection of its own and records
-//! what it was told (coord.rs `WatchRec`). The token it watches is one it saw: a grant
+//! what it was told (history/coord.rs `WatchRec`). The token it watches is one it saw: a grant
 //! FLOCK.HOLDERS just listed (most often), 0 (the key's oldest live grant), or a grant of the
 //! history that already ended (which must be `gone`); after an end was reported it watches the
 //! same token again now and then (which must be `gone` too: an end is reported once).
 
 use super::*;
-use crate::coord::*;
+use crate::history::coord::*;
 
 /// Parse a WATCH reply: `[key, event, owner, token]`, nil, an error.
 fn told_of(r: &Reply) -> Result<Told, String> {
@@ -18,7 +18,9 @@ fn told_of(r: &Reply) -> Result<Told, String> {
                 owner: owner.string(),
                 token: *t,
             }),
-            _ => Err(format!("FLOCK.WATCH: not [key, event, owner, token]: {r:?}")),
+            _ => Err(format!(
+                "FLOCK.WATCH: not [key, event, owner, token]: {r:?}"
+            )),
         },
         _ => Err(format!("FLOCK.WATCH: unexpected reply {r:?}")),
     }
@@ -81,9 +83,11 @@ pub(crate) fn watcher(sh: Arc<Shared>, id: usize, seed: u64) {
                             continue;
                         }
                     };
-                    let t = (!list.is_empty())
-                        .then(|| list[rng.below(list.len() as u64) as usize].1)
-                        .unwrap_or(0);
+                    let t = if list.is_empty() {
+                        0
+                    } else {
+                        list[rng.below(list.len() as u64) as usize].1
+                    };
                     let mut h = sh.hist();
                     h.holders.push(HoldersRec {
                         key: k,
@@ -128,8 +132,7 @@ pub(crate) fn watcher(sh: Arc<Shared>, id: usize, seed: u64) {
             }
         };
         if let Told::Error(e) = &told {
-            if e.starts_with("LOADING") || e.starts_with("READONLY") || e.starts_with("UNBLOCKED")
-            {
+            if e.starts_with("LOADING") || e.starts_with("READONLY") || e.starts_with("UNBLOCKED") {
                 conn = None;
             }
         }
