@@ -217,3 +217,46 @@ fn macquires_never_granted_are_no_progress() {
     let v = violations_of(&mut h, &[]);
     assert!(v.is_empty(), "{v:?}");
 }
+
+#[test]
+fn a_macquire_grant_overlapping_another_on_one_of_its_keys_is_g1() {
+    // Keys 3 to 5 are the MACQUIRE clients' mutexes of one slot.
+    let sh = Shared::new(0, 3, 0).with_multi_keys(3);
+    assert_eq!(sh.lock_key(3), "{chaosm}:lock3");
+    assert_eq!(sh.kinds[3..], [KeyKind::Exclusive; 3]);
+    let logs: HashMap<usize, Vec<String>> = (0..6).map(|k| (k, Vec::new())).collect();
+    let run = |grants: Vec<GrantRec>| {
+        let mut h = History {
+            quiet: true,
+            grants,
+            ..Default::default()
+        };
+        h.multis.push(MultiRec {
+            client: 0,
+            keys: vec![4, 3],
+            block: Some(1000),
+            send: 0,
+            ack: MS,
+            end: MultiEnd::Granted(vec![10, 11]),
+        });
+        check_history(&sh, &mut h, &logs);
+        h.violations
+    };
+    // The MACQUIRE's grants of keys 4 and 3, live from 0 to 50 ms.
+    let multi = |k: usize, t: i64| {
+        kind_rec(
+            k,
+            "m1",
+            t,
+            Kind::Exclusive,
+            1000,
+            &[(0, MS), (50 * MS, 51 * MS)],
+        )
+    };
+    let v = run(vec![multi(4, 10), multi(3, 11)]);
+    assert!(v.is_empty(), "{v:?}");
+    // A single-key client proves a grant of key 3 at 20 ms: two live grants of a mutex.
+    let other = kind_rec(3, "c1", 20, Kind::Exclusive, 1000, &[(20 * MS, 21 * MS)]);
+    let v = run(vec![multi(4, 10), multi(3, 11), other]);
+    assert!(v.iter().any(|x| x.contains("G1")), "{v:?}");
+}
