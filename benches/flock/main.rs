@@ -24,8 +24,8 @@
 //! 7. lock kinds and BOUND: shared against exclusive, a key of 1,000 readers against one of
 //!    1, BOUND against unbound, one more reader's memory against a held lock's;
 //! 8. FLOCK.WATCH: one watcher told against one BLOCK waiter granted (p99 from RELEASE to
-//!    reply), 1,000 watchers of one grant (first and last reply), memory per idle watcher
-//!    against per idle waiter.
+//!    reply), 1,000 watchers of one grant (first and last reply), 10,000 watchers of 10,000
+//!    keys (last reply, replies/s), memory per idle watcher against per idle waiter.
 //! 9. FLOCK.MACQUIRE: MACQUIRE of 3 free keys against one ACQUIRE (at most 3x).
 //!
 //! In a full run, when valgrind is installed, a short callgrind run counts instructions per

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 mod failover;
 mod selftest;
 mod selftest_failover;
+mod selftest_watch;
+mod watch;
 
 pub(crate) use failover::check_durable_survivors;
 
@@ -756,4 +758,6 @@ pub(crate) fn check_history(sh: &Shared, h: &mut History, logs: &HashMap<usize, 
     for x in v {
         h.violation(x);
     }
+    // WATCH and MACQUIRE (issue 24): checker/watch.rs.
+    watch::check_coordination(sh, h);
 }

@@ -3,7 +3,8 @@
 //! keys at random. This file: a client's connections and how it sends a call and reads the
 //! answer; `clients/round.rs` one round of random operations, `clients/hold.rs` what a
 //! holder does with its grant, `clients/durable.rs` the durable clients' pipelined WAIT,
-//! `clients/operator.rs` the operator.
+//! `clients/operator.rs` the operator, `clients/watch.rs` the watchers (FLOCK.WATCH) and
+//! `clients/multi.rs` the MACQUIRE clients.
 
 use crate::history::*;
 use crate::EPS_US;
@@ -15,10 +16,13 @@ use std::time::Duration;
 
 mod durable;
 mod hold;
+mod multi;
 mod operator;
 mod round;
+mod watch;
 
 pub(crate) use operator::operator;
+pub(crate) use watch::watcher;
 
 pub(crate) struct Client {
     pub(crate) id: usize,

@@ -2,6 +2,8 @@
 //! and acknowledgement times, and the state the clients, the operator and the fault injector
 //! share (the current master's port, the gate that pauses clients during a failover).
 
+pub(crate) mod coord;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
@@ -220,6 +222,10 @@ pub(crate) struct History {
     pub(crate) resets: Vec<u64>,
     /// Spans (from, to) in which the master was a replica promoted with its clock a day behind.
     pub(crate) skewed: Vec<(u64, u64)>,
+    /// Every FLOCK.WATCH the watchers sent and what they were told (history/coord.rs).
+    pub(crate) watches: Vec<coord::WatchRec>,
+    /// Every FLOCK.MACQUIRE the multi-key clients sent and how it ended (history/coord.rs).
+    pub(crate) multis: Vec<coord::MultiRec>,
     pub(crate) violations: Vec<String>,
     pub(crate) ops: BTreeMap<&'static str, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
@@ -277,6 +283,12 @@ pub(crate) struct Shared {
     pub(crate) failover_epoch: AtomicU64,
     pub(crate) keys: usize,
     pub(crate) kinds: Vec<KeyKind>,
+    /// Keys from this index on are mutexes of one slot (`{chaosm}:lock<k>`), which the
+    /// MACQUIRE clients take 2 or 3 at a time (with_multi_keys); the others use them too.
+    pub(crate) multi_from: usize,
+    /// MACQUIREs sent and not answered yet: while one waits, a free key it heads exists on the
+    /// master and not on the replica (SPEC MACQUIRE), so the digests may differ (G7).
+    pub(crate) multi_in_flight: AtomicUsize,
     pub(crate) workers: usize,
     /// Each client's lock connection, for the injector's CLIENT KILL.
     pub(crate) conns: Mutex<Vec<ConnSlot>>,
@@ -309,9 +321,20 @@ impl Shared {
             failover_epoch: AtomicU64::new(0),
             keys,
             kinds: (0..keys).map(key_kind).collect(),
+            multi_from: keys,
+            multi_in_flight: AtomicUsize::new(0),
             workers,
             conns: Mutex::new(vec![ConnSlot::default(); workers]),
         }
+    }
+
+    /// `n` more keys, mutexes that share one hash tag, for the MACQUIRE clients.
+    pub(crate) fn with_multi_keys(mut self, n: usize) -> Shared {
+        self.multi_from = self.keys;
+        self.keys += n;
+        self.kinds
+            .extend(std::iter::repeat_n(KeyKind::Exclusive, n));
+        self
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -321,9 +344,15 @@ impl Shared {
         self.hist.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub(crate) fn lock_key(&self, k: usize) -> String {
+        if k >= self.multi_from {
+            return format!("{{chaosm}}:lock{k}");
+        }
         format!("{{chaos{k}}}:lock")
     }
     pub(crate) fn log_key(&self, k: usize) -> String {
+        if k >= self.multi_from {
+            return format!("{{chaosm}}:log{k}");
+        }
         format!("{{chaos{k}}}:log")
     }
     pub(crate) fn epoch(&self) -> u64 {

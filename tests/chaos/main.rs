@@ -69,8 +69,19 @@
 //!   lock-delay one (the delay counts from the close).
 //! - G7: master and replica have the same DEBUG DIGEST once the replica caught up.
 //! - G8, G10: no crash or panic in any server log; at the end no lock key, no waiter is left.
+//! - WATCH and MACQUIRE (issue 24; checker/watch.rs): watchers (clients/watch.rs) watch grants
+//!   they saw (listed by HOLDERS, token 0, ended ones) and record what they were told; every
+//!   end they are told has a cause in the history (released, expired, revoked, closed, lost),
+//!   none is told of a grant that proved itself live afterwards, none twice, no release that
+//!   surely came while a watch waited is missed, `gone` never for a grant surely live; errors
+//!   only around faults (TRYAGAIN, UNBLOCKED). MACQUIRE clients (clients/multi.rs) take 2 or 3
+//!   of 3 more mutex keys of one slot (`{chaosm}:lock<k>`, used by the other clients too) in
+//!   random orders, mostly with BLOCK: every call answers within its timeout + 10 s (no
+//!   deadlock), some are granted (progress), and their grants are ordinary grants that every
+//!   check above (G1 per key first) sees.
 //!
 //! Environment: FLOCK_CHAOS_SECS (default 20), FLOCK_CHAOS_CLIENTS (8), FLOCK_CHAOS_KEYS (4),
+//! FLOCK_CHAOS_WATCHERS (2), FLOCK_CHAOS_MULTI (2: MACQUIRE clients; 0 also drops their keys),
 //! FLOCK_CHAOS_SEED, FLOCK_CHAOS_REPORT (append a Markdown table row to this file),
 //! FLOCK_CHAOS_FAKETIME=1 (the servers under libfaketime, the fault a day behind),
 //! REDIS_SERVER (the server binary, e.g. valkey-server).
@@ -130,6 +141,26 @@ fn durable_summary(h: &History) -> String {
     )
 }
 
+/// "N WATCH replies (N ends checked), N MACQUIREs (N granted, N BLOCK finished of N)".
+fn coordination_summary(h: &History) -> String {
+    let n = |k: &str| h.checks.get(k).copied().unwrap_or(0);
+    let fired = h
+        .watches
+        .iter()
+        .filter(|w| matches!(w.told, coord::Told::Fired { .. }))
+        .count();
+    format!(
+        "{} WATCHes ({fired} told an event, {} ends matched to their cause), {} MACQUIREs ({} \
+         granted, {} of {} BLOCK calls finished)",
+        h.watches.len(),
+        n("WATCH ends matched to their cause"),
+        h.multis.len(),
+        n("MACQUIRE granted"),
+        n("MACQUIRE BLOCK calls that finished"),
+        n("MACQUIRE BLOCK calls")
+    )
+}
+
 /// "N CLIENT KILLs, N bound grants ended by them".
 fn kills_summary(h: &History) -> String {
     format!(
@@ -148,6 +179,9 @@ fn history_checker_under_faults() {
     let clients = env_num("FLOCK_CHAOS_CLIENTS", 8) as usize;
     let keys = env_num("FLOCK_CHAOS_KEYS", 4) as usize;
     let seed = env_num("FLOCK_CHAOS_SEED", now_us() as u64);
+    // Issue 24: watchers (FLOCK.WATCH) and MACQUIRE clients on 3 more keys of one slot.
+    let watchers = env_num("FLOCK_CHAOS_WATCHERS", 2) as usize;
+    let multis = env_num("FLOCK_CHAOS_MULTI", 2) as usize;
     let server = server_binary();
     eprintln!(
         "chaos: {secs} s, {clients} clients, {keys} keys, seed {seed} \
@@ -157,8 +191,12 @@ fn history_checker_under_faults() {
     // replica whose clock is a day behind (faults/clock.rs; valkey-server only).
     let faked = std::env::var("FLOCK_CHAOS_FAKETIME").is_ok_and(|v| v == "1");
     let (servers, clocks) = chaos_servers(faked);
-    let sh = Arc::new(Shared::new(servers[0].port(), keys, clients + 1));
-    let uses: Vec<String> = (0..keys)
+    // Workers: the clients, the operator, the MACQUIRE clients (ids after the operator's, for
+    // their connection slots) and the watchers.
+    let workers = clients + 1 + multis + watchers;
+    let multi_keys = if multis > 0 { 3 } else { 0 };
+    let sh = Arc::new(Shared::new(servers[0].port(), keys, workers).with_multi_keys(multi_keys));
+    let uses: Vec<String> = (0..sh.keys)
         .map(|k| format!("{}: {}", sh.lock_key(k), sh.kinds[k].name()))
         .collect();
     eprintln!("chaos: keys {}", uses.join(", "));
@@ -197,6 +235,34 @@ fn history_checker_under_faults() {
         let sh = sh.clone();
         threads.push(std::thread::spawn(move || operator(sh, seed ^ 0x0BE7)));
     }
+    for j in 0..multis {
+        let sh = sh.clone();
+        let id = clients + 1 + j;
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client {
+                id,
+                sh,
+                rng: Rng::new(seed.wrapping_add(0x3AC0 + id as u64)),
+                conn: None,
+                conn_id: None,
+                side: None,
+                side_id: None,
+                sent_epoch: 0,
+                n: 0,
+                seq: 0,
+                gen: 0,
+                holding: 0,
+                durable: false,
+            };
+            c.run_multi();
+        }));
+    }
+    for j in 0..watchers {
+        let sh = sh.clone();
+        threads.push(std::thread::spawn(move || {
+            watcher(sh, j, seed.wrapping_add(0xEA7C + j as u64))
+        }));
+    }
     let until = Instant::now() + Duration::from_secs(secs);
     inj.run(until);
     sh.stop.store(true, SeqCst);
@@ -208,7 +274,7 @@ fn history_checker_under_faults() {
     // Quiesce: every lease ends (at most 4 s, plus lock-delay), the replica catches up.
     let port = inj.master_port();
     let mut c = RawConn::connect(port).expect("connect to the master at the end");
-    let lock_keys: Vec<String> = (0..keys).map(|k| sh.lock_key(k)).collect();
+    let lock_keys: Vec<String> = (0..sh.keys).map(|k| sh.lock_key(k)).collect();
     let drained = poll_until(Duration::from_secs(15), || {
         lock_keys
             .iter()
@@ -216,7 +282,19 @@ fn history_checker_under_faults() {
     });
     let mut h = std::mem::take(&mut *sh.hist());
     if !drained {
-        h.violation("lock keys still exist 15 s after the last client stopped (G10)".into());
+        // Which keys, and what is in them (a lock, waiters, or an empty key nobody uses).
+        let mut left = Vec::new();
+        for k in &lock_keys {
+            if c.call(&["EXISTS", k]).ok() == Some(Reply::Int(1)) {
+                let info = c.call(&["FLOCK.INFO", k]).ok();
+                let waiters = c.call(&["FLOCK.WAITERS", k]).ok();
+                left.push(format!("{k} (INFO {info:?}, WAITERS {waiters:?})"));
+            }
+        }
+        h.violation(format!(
+            "lock keys still exist 15 s after the last client stopped (G10): {}",
+            left.join(", ")
+        ));
     }
     let blocked = info_of(port, "flock", "flock_blocked_clients");
     if blocked.as_deref() != Some("0") {
@@ -226,7 +304,7 @@ fn history_checker_under_faults() {
     }
     inj.compare_digests();
     let mut logs = HashMap::new();
-    for k in 0..keys {
+    for k in 0..sh.keys {
         let r = c
             .call(&["LRANGE", &sh.log_key(k), "0", "-1"])
             .expect("LRANGE");
@@ -292,6 +370,7 @@ fn history_checker_under_faults() {
     );
     eprintln!("{}", kills_summary(&h));
     eprintln!("{}", durable_summary(&h));
+    eprintln!("{}", coordination_summary(&h));
     eprintln!("violations: {}", h.violations.len());
     for x in h.violations.iter().take(30) {
         eprintln!("  - {x}");
@@ -304,12 +383,13 @@ fn history_checker_under_faults() {
             .unwrap_or(server.clone());
         let faults: Vec<String> = h.faults.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let row = format!(
-            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes; {}; {}) | {total_faults} ({}) | {} |\n",
+            "| history checker, {name}, {secs} s, {clients} clients, {keys} keys | {total_ops} ({} grants: {}; {} FENCED writes; {}; {}; {}) | {total_faults} ({}) | {} |\n",
             h.grants.len(),
             grants_by_kind(&h),
             h.writes.len(),
             kills_summary(&h),
             durable_summary(&h),
+            coordination_summary(&h),
             faults.join(", "),
             h.violations.len()
         );
@@ -342,6 +422,20 @@ fn history_checker_under_faults() {
             h.grants.iter().filter(|g| g.kind == k).count() >= 10
                 && h.grants.iter().any(|g| g.kind == k && g.bound.is_some())
         });
+    // The watchers were told of ends, and the MACQUIRE clients were granted.
+    assert!(
+        watchers == 0
+            || h.watches.iter().any(
+                |w| matches!(&w.told, coord::Told::Fired { event, .. } if event == "released")
+            ),
+        "no watcher was told of a release: {}",
+        coordination_summary(&h)
+    );
+    assert!(
+        multis == 0 || h.checks.get("MACQUIRE granted").copied().unwrap_or(0) >= 5,
+        "the MACQUIRE clients made too little progress: {}",
+        coordination_summary(&h)
+    );
     // Durable clients took part (every fourth client is one).
     assert!(
         clients < 4 || h.grants.iter().filter(|g| g.durable).count() >= 10,
