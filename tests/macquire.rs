@@ -305,6 +305,37 @@ fn a_waiter_that_holds_some_of_its_keys_keeps_their_tokens_when_granted() {
     assert!(waiters_of(&mut c, "a").is_empty());
 }
 
+/// A value holding the waiting owner's grant arrives under one of its keys (COPY): the
+/// MACQUIRE keeps its place in every queue (a single-key wait would end with nil), that key
+/// counts as free for it, and it is granted with the arrived token once the others are free.
+#[test]
+fn a_waiter_whose_grant_arrives_under_one_of_its_keys_waits_on_and_keeps_that_token() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    grant(&mut c, "a", "them", 30_000);
+    grant(&mut c, "b", "them", 30_000);
+    let w = spawn_macq(&srv, &["2", "a", "b", "me", "30000", "BLOCK", "0"]);
+    wait_blocked(&mut c, 1);
+    let ts = grant(&mut c, "src", "me", 30_000);
+    let r = call(&mut c, &["COPY", "src", "a", "REPLACE"]);
+    assert_eq!(r.int(), Some(1), "COPY: {r:?}");
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        flock_stat(&mut c, "blocked_clients"),
+        1,
+        "still waiting for b"
+    );
+    assert_eq!(waiters_of(&mut c, "a"), vec!["me"]);
+    assert_eq!(waiters_of(&mut c, "b"), vec!["me"]);
+    assert_eq!(release(&mut c, "b", "them"), 1);
+    let t = tokens(&join(w));
+    assert_eq!(t[0], ts, "a keeps the arrived token");
+    assert!(t[1] > ts);
+    for key in ["a", "b"] {
+        assert!(waiters_of(&mut c, key).is_empty(), "{key}");
+    }
+}
+
 #[test]
 fn two_waiters_in_opposite_key_orders_do_not_deadlock() {
     let srv = Server::start();

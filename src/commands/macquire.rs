@@ -99,15 +99,23 @@ fn grant_all(
     now: Now,
 ) -> Option<SmallVec<[u64; INLINE]>> {
     let mut tokens = SmallVec::new();
+    // Per key: whether the owner held it before this call (its grant then stays, whatever).
+    let mut held: SmallVec<[bool; INLINE]> = SmallVec::new();
     for (i, (name, key)) in names.iter().zip(keys.iter_mut()).enumerate() {
+        held.push(match block::lock_of(key) {
+            Found::Lock(s) => s.owner_grant(args.owner, now).is_some(),
+            _ => false,
+        });
         let reply = executor::run(ctx, *name, key, true, |stored, cx, w| {
             multi::grant_key(stored, cx, w, args, bind_to, now)
         });
         match reply {
             Ok(Reply::Int(token)) => tokens.push(token as u64),
             _ => {
-                // Not reached unless Redis refuses to store a lock: all or nothing still.
-                for ((name, key), token) in names[..i].iter().zip(keys.iter_mut()).zip(&tokens) {
+                // Not reached unless Redis refuses to store a lock: all or nothing still, so
+                // the grants this call made are released again (those held before stay).
+                let made = names.iter().zip(keys.iter_mut()).zip(&tokens).zip(&held);
+                for (((name, key), token), _) in made.take(i).filter(|(_, held)| !**held) {
                     let _ = executor::run(ctx, *name, key, false, |stored, cx, w| {
                         engine::release(stored, cx, w, args.owner, Some(*token))
                     });
