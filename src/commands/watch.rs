@@ -6,7 +6,7 @@ use crate::ffi::block::{self, Found};
 use crate::ffi::{self, Ctx, Key, RStr, Status};
 use crate::server;
 use crate::waiting::waiters;
-use crate::waiting::watchers::{self, Pair, Refused};
+use crate::waiting::watchers::{self, Pair, Pairs, Refused};
 use flock_core::errors::Fixed;
 use flock_core::watch::{self, AtCall, WatchArgError};
 
@@ -27,7 +27,7 @@ pub fn watch(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
     let now = server::now();
     let db = ctx.selected_db();
     // Every key first: a key of another type is an error whatever the other pairs say.
-    let mut pairs = Vec::with_capacity(parsed.pairs.len());
+    let mut pairs = Pairs::with_capacity(parsed.pairs.len());
     let mut fired = None;
     for (i, (name, token)) in parsed.pairs.iter().enumerate() {
         let Some(key_name) = args.get(2 + 2 * i) else {

@@ -20,6 +20,7 @@ use crate::server::{self, config};
 use flock_core::engine::{Effect, Outcome};
 use flock_core::errors::Fixed;
 use flock_core::watch::{self, Fired, WatchEvent};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,11 +35,15 @@ pub struct Pair {
     pub on_replica: bool,
 }
 
+/// A watcher's pairs: one inline (the common case: a holder watching its own grant), so an
+/// idle watcher costs no allocation for them.
+pub type Pairs = SmallVec<[Pair; 1]>;
+
 struct Watcher {
     /// The blocked client, until it is unblocked (then Redis asks for the reply).
     bc: Option<BlockedClient<Watching>>,
     client_id: u64,
-    pairs: Vec<Pair>,
+    pairs: Pairs,
     /// The answer so far: the firing pair first in argument order, and what it says.
     answer: Option<(usize, Fired)>,
     /// An error instead (TRYAGAIN, UNBLOCKED).
@@ -52,15 +57,16 @@ struct Watcher {
 struct Registry {
     /// Watcher ids by database, then key name (a watcher of two pairs on one key is listed
     /// once per pair).
-    by_key: HashMap<c_int, HashMap<Vec<u8>, Vec<u64>>>,
+    /// Two ids inline: most watched keys have one or two watchers.
+    by_key: HashMap<c_int, HashMap<Vec<u8>, SmallVec<[u64; 2]>>>,
     watchers: HashMap<u64, Watcher>,
     by_client: HashMap<u64, u64>,
     next_id: u64,
 }
 
 impl Registry {
-    fn of_key(&self, db: c_int, name: &[u8]) -> Option<&Vec<u64>> {
-        self.by_key.get(&db)?.get(name)
+    fn of_key(&self, db: c_int, name: &[u8]) -> Option<&[u64]> {
+        self.by_key.get(&db)?.get(name).map(|ids| &ids[..])
     }
 
     /// Take watcher `id` out of every index; the caller owns it from now on.
@@ -74,7 +80,7 @@ impl Registry {
                 continue;
             };
             if let Some(ids) = per_db.get_mut(&p.key.1) {
-                ids.retain(|&i| i != id);
+                ids.retain(|i| *i != id);
                 if ids.is_empty() {
                     per_db.remove(&p.key.1);
                 }
@@ -141,7 +147,7 @@ pub fn count(db: c_int, name: &[u8]) -> usize {
     if !any() {
         return 0;
     }
-    registry().get().of_key(db, name).map_or(0, Vec::len)
+    registry().get().of_key(db, name).map_or(0, <[u64]>::len)
 }
 
 /// Keep the grants `out` ends and how, for [`key_changed`] after the operation.
@@ -182,7 +188,7 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
     };
     let mut guard = registry();
     let reg = guard.get();
-    let ids = reg.of_key(db, name).cloned().unwrap_or_default();
+    let ids: SmallVec<[u64; 2]> = reg.of_key(db, name).map(SmallVec::from_slice).unwrap_or_default();
     for id in ids {
         let Some(w) = reg.watchers.get_mut(&id) else {
             continue;
@@ -230,12 +236,12 @@ pub enum Refused {
 }
 
 /// Block the calling client until one of `pairs` fires or `timeout_ms` (0: no limit) passes.
-pub fn block(ctx: Ctx<'_>, pairs: Vec<Pair>, timeout_ms: u64) -> Result<(), Refused> {
+pub fn block(ctx: Ctx<'_>, pairs: Pairs, timeout_ms: u64) -> Result<(), Refused> {
     let mut guard = registry();
     let reg = guard.get();
     let max = config::max_watchers();
     for p in &pairs {
-        let n = reg.of_key(p.key.0, &p.key.1).map_or(0, Vec::len);
+        let n = reg.of_key(p.key.0, &p.key.1).map_or(0, <[u64]>::len);
         if !watch::admits(n, max) {
             return Err(Refused::TooMany);
         }
@@ -388,7 +394,7 @@ pub fn fail_where(which: impl Fn(&[u8]) -> bool, msg: Fixed) {
 fn fail_key(db: c_int, name: &[u8], msg: Fixed) {
     let mut guard = registry();
     let reg = guard.get();
-    let ids = reg.of_key(db, name).cloned().unwrap_or_default();
+    let ids: SmallVec<[u64; 2]> = reg.of_key(db, name).map(SmallVec::from_slice).unwrap_or_default();
     for id in ids {
         if let Some(w) = reg.watchers.get_mut(&id) {
             if w.answer.is_none() {
