@@ -3,11 +3,12 @@
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
 // Imports point one way: in the order error, options, sync, retry, connection, durable,
-// state, watchdog, lease, queue, flock, each module uses only modules before it.
+// state, watchdog, lease, held, queue, flock, each module uses only modules before it.
 mod connection;
 mod durable;
 mod error;
 mod flock;
+mod held;
 mod lease;
 mod options;
 mod queue;
@@ -21,7 +22,7 @@ mod watchdog;
 pub use redis;
 
 pub use connection::Target;
-pub use error::{Error, Result};
+pub use error::{Error, LossReason, Result};
 pub use flock::{Flock, Guard};
 pub use lease::{Lease, LeaseHandle};
 pub use options::{LockOptions, Mode, Wait};

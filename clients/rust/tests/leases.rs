@@ -111,7 +111,7 @@ async fn scoped_lock_and_release() {
         .release("job:4", "w4", Some(lease.token()))
         .await
         .expect("release"));
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     let _lease = flock.lock("job:5", MS(5000)).await.expect("lock");
     assert_eq!(flock.revoke("job:5", None).await.expect("revoke"), 1);
 }
@@ -183,9 +183,9 @@ async fn revoke_is_noticed_within_a_third_of_the_ttl() {
     );
     assert!(lease.is_lost());
     assert_eq!(lease.remaining(), Duration::ZERO);
-    assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost)));
+    assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost(_))));
     assert!(lease.wait_lost(MS(1)).await);
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     println!("REVOKE noticed after {took:?} (ttl {ttl:?})");
 }
 
@@ -219,7 +219,7 @@ async fn with_lock_returns_lost_or_the_blocks_own_error() {
             Ok(7)
         })
         .await;
-    assert!(matches!(out, Err(Error::Lost)), "{out:?}");
+    assert!(matches!(out, Err(Error::Lost(_))), "{out:?}");
 
     // The block fails: its own error passes through unchanged; the lease shows the loss.
     let seen = Arc::new(Mutex::new(None));
@@ -278,7 +278,7 @@ async fn holder_child(port: String) {
                 let took = t.elapsed();
                 let what = match r {
                     Ok(()) => "ok".to_string(),
-                    Err(Error::Lost) => "Lost".to_string(),
+                    Err(Error::Lost(_)) => "Lost".to_string(),
                     Err(e) => format!("{e:?}"),
                 };
                 println!(
@@ -591,10 +591,13 @@ async fn release_is_exact_to_its_token() {
     let opts = LockOptions::new(MS(5000)).owner("same-owner");
     let old = flock.lock("ex", opts.clone()).await.expect("lock");
     let _: i64 = q(&mut raw, &["FLOCK.REVOKE", "ex"]).await;
+    // Rule 11: while the old lease is live this Flock refuses a second one of the same owner;
+    // the revoke is heard (rule 9) and the old lease lost first.
+    assert!(old.wait_lost(MS(3000)).await);
     let new = flock.lock("ex", opts).await.expect("lock again");
     assert!(new.token() > old.token());
     // The stale lease's release names its own token: the newer grant of the same owner stays.
-    assert!(matches!(old.release().await, Err(Error::Lost)));
+    assert!(matches!(old.release().await, Err(Error::Lost(_))));
     assert!(server_check(&mut raw, "ex", new.token()).await > 0);
     assert!(!new.is_lost());
     // A stale fenced write: Error::Fenced, and the lease is marked lost.
@@ -604,6 +607,6 @@ async fn release_is_exact_to_its_token() {
         .await;
     assert!(matches!(r, Err(Error::Fenced(_))), "{r:?}");
     assert!(new.is_lost());
-    assert!(matches!(new.renew(None).await, Err(Error::Lost)));
+    assert!(matches!(new.renew(None).await, Err(Error::Lost(_))));
     drop(new);
 }
