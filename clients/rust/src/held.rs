@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::error::{invalid, Error, Result};
 use crate::lease::Lease;
 use crate::options::{LockOptions, Mode};
-use crate::state::State;
+use crate::state::{Caller, State};
 use crate::sync::lock;
 
 /// A `Flock`'s live leases by key.
@@ -62,8 +62,8 @@ impl Held {
                 own_wait: false,
             });
         }
-        let task = tokio::task::try_id();
-        let mine = |st: &State| task.is_some() && st.task == task;
+        let caller = Caller::current();
+        let mine = |st: &State| st.task == caller;
         let owner = match &opts.owner {
             Some(o) => Some(o.clone()),
             // A reentrant acquire without an owner: the owner of the lease this task holds.

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::connection::Shared;
 use crate::error::{Error, LossReason, Result};
 use crate::options::{ttl_ms, Durable, LockOptions, Mode};
-use crate::state::{LeaseConn, Renewal, Sent, State, Timing};
+use crate::state::{Caller, LeaseConn, Renewal, Sent, State, Timing};
 use crate::sync::lock;
 use crate::watchdog::keeper;
 
@@ -274,7 +274,7 @@ impl Lease {
             reason: Mutex::new(None),
             wake: Notify::new(),
             keeper: Mutex::new(None),
-            task: tokio::task::try_id(),
+            task: Caller::current(),
             reentrant: opts.reentrant,
         });
         let keeper = tokio::spawn(keeper(state.clone(), opts.renew));

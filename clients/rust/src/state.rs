@@ -39,6 +39,23 @@ pub(crate) struct Timing {
     pub(crate) holds: u32,
 }
 
+/// Who acquires (rule 11): the tokio task, or outside any task (a `block_on`, such as
+/// `#[tokio::main]`'s body) the thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Caller {
+    pub(crate) fn current() -> Caller {
+        match tokio::task::try_id() {
+            Some(id) => Caller::Task(id),
+            None => Caller::Thread(std::thread::current().id()),
+        }
+    }
+}
+
 /// One lease, shared by its handles, its watchdog and its release.
 pub(crate) struct State {
     pub(crate) key: String,
@@ -63,7 +80,7 @@ pub(crate) struct State {
     pub(crate) keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Rule 11: the tokio task that acquired the lease (a wait of that task on its own key
     /// would wait on itself), and whether it may be re-entered.
-    pub(crate) task: Option<tokio::task::Id>,
+    pub(crate) task: Caller,
     pub(crate) reentrant: bool,
 }
 
