@@ -13,6 +13,7 @@ use crate::connection::{Shared, Target};
 use crate::durable::{require_waitaof, round_trip, settle};
 use crate::error::{invalid, Error, Result};
 use crate::held::{Held, Reentry};
+use crate::inspect::{self, Holder, Info, Stats, Waiter};
 use crate::lease::{Lease, LeaseHandle};
 use crate::options::{check_key, check_owner, check_token, ttl_ms, LockOptions, Mode, Wait};
 use crate::queue::wait_for;
@@ -304,5 +305,50 @@ impl Flock {
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(key).arg(token);
         Ok(Duration::from_millis(self.shared.query::<u64>(&cmd).await?))
+    }
+
+    /// `FLOCK.INFO key`: the key's state, or `None` when the server does not know the key.
+    pub async fn info(&self, key: &str) -> Result<Option<Info>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.INFO");
+        cmd.arg(key);
+        inspect::info(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// `FLOCK.HOLDERS key`: every live grant of the key, oldest first.
+    pub async fn holders(&self, key: &str) -> Result<Vec<Holder>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.HOLDERS");
+        cmd.arg(key);
+        inspect::holders(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// `FLOCK.WAITERS key`: the requests waiting for the key, first in line first; empty
+    /// when nobody waits.
+    pub async fn waiters(&self, key: &str) -> Result<Vec<Waiter>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.WAITERS");
+        cmd.arg(key);
+        inspect::waiters(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// Whether a live grant holds the key (a key with only waiters, or only in lock-delay,
+    /// is not locked).
+    pub async fn locked(&self, key: &str) -> Result<bool> {
+        Ok(self.info(key).await?.is_some_and(|i| i.holders > 0))
+    }
+
+    /// `FLOCK.STATS GET [class ...]`: the figures of the given classes of keys (all when
+    /// `classes` is empty). On a cluster, those of the one node the command reaches.
+    pub async fn stats(&self, classes: &[&str]) -> Result<Stats> {
+        let mut cmd = redis::cmd("FLOCK.STATS");
+        cmd.arg("GET");
+        for c in classes {
+            if c.is_empty() {
+                return Err(invalid("a class must be a non-empty string"));
+            }
+            cmd.arg(*c);
+        }
+        inspect::stats(&self.shared.query::<redis::Value>(&cmd).await?)
     }
 }

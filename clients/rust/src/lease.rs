@@ -128,6 +128,15 @@ impl LeaseHandle {
             Sent::Failed(e) => Err(e.into()),
         }
     }
+    /// `FLOCK.HOLDERS` of this lease's key: every live grant of it, oldest first.
+    pub async fn holders(&self) -> Result<Vec<crate::inspect::Holder>> {
+        let mut cmd = redis::cmd("FLOCK.HOLDERS");
+        cmd.arg(&self.st.key);
+        match self.st.send::<redis::Value>(&cmd, true, None).await {
+            Sent::Reply(v, _, _) => crate::inspect::holders(&v),
+            Sent::Failed(e) => Err(e.into()),
+        }
+    }
     /// Renew now with a token-qualified RENEW, for `ttl` (default: the current ttl, which a
     /// given `ttl` replaces for the watchdog too). `Error::Lost` when the grant is gone. On a
     /// durable lease (rule 10) `Error::NotDurable` when too few replicas acknowledged the

@@ -2,13 +2,14 @@
 #![forbid(unsafe_code)]
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
-// Imports point one way: in the order error, options, sync, retry, connection, durable,
-// state, watchdog, lease, held, queue, flock, each module uses only modules before it.
+// Imports point one way: in the order error, options, inspect, sync, retry, connection,
+// durable, state, watchdog, lease, held, queue, flock, each module uses only modules before it.
 mod connection;
 mod durable;
 mod error;
 mod flock;
 mod held;
+mod inspect;
 mod lease;
 mod options;
 mod queue;
@@ -24,5 +25,6 @@ pub use redis;
 pub use connection::Target;
 pub use error::{Error, LossReason, Result};
 pub use flock::{Flock, Guard};
+pub use inspect::{Holder, Info, Stats, Waiter};
 pub use lease::{Lease, LeaseHandle};
 pub use options::{LockOptions, Mode, Wait};

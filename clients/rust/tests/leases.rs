@@ -59,12 +59,19 @@ async fn scoped_lock_and_release() {
         flock.lock("job:1", MS(1000)).await,
         Err(Error::Busy)
     ));
-    let t0 = Instant::now();
-    let busy = flock
-        .lock("job:1", LockOptions::new(MS(1000)).wait(Wait::For(MS(300))))
-        .await;
+    // Another task waits (this one would wait on its own lease: rule 11, at once Busy).
+    let f2 = flock.clone();
+    let (busy, waited) = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let busy = f2
+            .lock("job:1", LockOptions::new(MS(1000)).wait(Wait::For(MS(300))))
+            .await;
+        (busy, t0.elapsed())
+    })
+    .await
+    .expect("task");
     assert!(matches!(busy, Err(Error::Busy)), "{busy:?}");
-    assert!(t0.elapsed() >= MS(290), "waited {:?}", t0.elapsed());
+    assert!(waited >= MS(290), "waited {waited:?}");
 
     let token = lease.token();
     lease.release().await.expect("release");
