@@ -163,7 +163,6 @@ impl LossReason {
 
     /// A FLOCK.WATCH event as a loss reason (rule 9): a `released` the lease did not send is
     /// someone else ending the grant with the lease's owner, so `revoked`.
-    #[allow(dead_code)] // (used by the watcher, rule 9)
     pub(crate) fn of_event(event: &str) -> LossReason {
         match event {
             "revoked" | "released" => LossReason::Revoked,

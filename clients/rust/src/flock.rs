@@ -18,6 +18,7 @@ use crate::lease::{Lease, LeaseHandle};
 use crate::options::{check_key, check_owner, check_token, ttl_ms, LockOptions, Mode, Wait};
 use crate::queue::wait_for;
 use crate::state::LeaseConn;
+use crate::watch::Watcher;
 
 /// The factory: takes a `redis::Client` or a `ClusterClient` and opens its own connections
 /// (one multiplexed connection for commands and renewals, one more per BLOCK wait and per
@@ -27,6 +28,8 @@ pub struct Flock {
     shared: Arc<Shared>,
     /// Rule 11: the leases this factory (and its clones) handed out.
     held: Arc<Held>,
+    /// Rule 9: the FLOCK.WATCH lanes that hear those leases' grants end.
+    watcher: Arc<Watcher>,
 }
 
 impl fmt::Debug for Flock {
@@ -45,8 +48,10 @@ pub type Guard = Lease;
 impl Flock {
     /// A factory over a `redis::Client` or a `redis::cluster::ClusterClient`. Connects lazily.
     pub fn new(client: impl Into<Target>) -> Self {
+        let shared = Arc::new(Shared::new(client.into()));
         Flock {
-            shared: Arc::new(Shared::new(client.into())),
+            watcher: Arc::new(Watcher::new(shared.clone())),
+            shared,
             held: Arc::new(Held::default()),
         }
     }
@@ -109,6 +114,7 @@ impl Flock {
         match lease {
             Some(lease) => {
                 self.held.add(&lease);
+                self.watcher.add(lease.state());
                 Ok(Some(lease))
             }
             // Not granted by the one try, and waiting would wait on the caller's own lease.
@@ -305,6 +311,19 @@ impl Flock {
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(key).arg(token);
         Ok(Duration::from_millis(self.shared.query::<u64>(&cmd).await?))
+    }
+
+    /// Rule 9: why this factory stopped watching its leases with FLOCK.WATCH (a server
+    /// without it, an ACL that refuses it), or `None` while it watches. When it does not,
+    /// losses are found at the next renewal.
+    pub fn watch_disabled(&self) -> Option<String> {
+        self.watcher.disabled()
+    }
+
+    /// Rule 9: how many watching connections (one per node, per slot with leases in a
+    /// cluster, per further 64 leases) are open or opening now.
+    pub fn watch_connections(&self) -> usize {
+        self.watcher.lanes_running()
     }
 
     /// `FLOCK.INFO key`: the key's state, or `None` when the server does not know the key.

@@ -278,6 +278,7 @@ impl Lease {
                 last_sent: sent,
                 released: false,
                 holds: 1,
+                releasing: false,
             }),
             lost: lost_tx,
             reason: Mutex::new(None),

@@ -3,7 +3,7 @@
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
 // Imports point one way: in the order error, options, inspect, sync, retry, connection,
-// durable, state, watchdog, lease, held, queue, flock, each module uses only modules before it.
+// durable, state, watchdog, lease, held, watch, queue, flock, each module uses only modules before it.
 mod connection;
 mod durable;
 mod error;
@@ -16,6 +16,7 @@ mod queue;
 mod retry;
 mod state;
 mod sync;
+mod watch;
 mod watchdog;
 
 /// The redis-rs this crate is built on (for `Client`, `ClusterClient`, `cmd`). Use it rather

@@ -37,6 +37,9 @@ pub(crate) struct Timing {
     /// Rule 11: the holds of a reentrant lease (1 for any other); the last release sends
     /// RELEASE.
     pub(crate) holds: u32,
+    /// The lease's own RELEASE is on its way: the `released` event FLOCK.WATCH reports for it
+    /// is not a loss (rule 9).
+    pub(crate) releasing: bool,
 }
 
 /// Who acquires (rule 11): the tokio task, or outside any task (a `block_on`, such as
@@ -312,6 +315,7 @@ impl State {
     /// connection failure, where 0 counts as released.
     pub(crate) async fn release_exact(&self) -> Result<()> {
         let was_lost = self.is_lost();
+        lock(&self.timing).releasing = true;
         let mut cmd = redis::cmd("FLOCK.RELEASE");
         cmd.arg(&self.key).arg(&self.owner).arg(self.token);
         let r = match self.send::<i64>(&cmd, true, None).await {
