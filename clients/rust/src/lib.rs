@@ -3,9 +3,11 @@
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
 // Imports point one way: in the order error, options, inspect, sync, retry, connection,
-// durable, state, watchdog, lease, held, watch, queue, flock, each module uses only modules before it.
+// durable, state, watchdog, lease, held, watch, queue, flock, each module uses only modules
+// before it, except election, which builds on flock (and flock only names it).
 mod connection;
 mod durable;
+mod election;
 mod error;
 mod flock;
 mod held;
@@ -24,6 +26,7 @@ mod watchdog;
 pub use redis;
 
 pub use connection::Target;
+pub use election::{Election, Leader, Observer};
 pub use error::{Error, LossReason, Result};
 pub use flock::{Flock, Guard};
 pub use inspect::{Holder, Info, Stats, Waiter};

@@ -13,6 +13,13 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// How many requests wait for `key` on this node (FLOCK.WAITERS; 0 where the key is not).
+async fn waiters(c: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    let r: redis::RedisResult<Vec<redis::Value>> =
+        redis::cmd("FLOCK.WAITERS").arg(key).query_async(c).await;
+    r.map(|v| v.len()).unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     // The testkit's cluster calls are blocking: block_in_place hands this worker's tasks to
@@ -45,9 +52,11 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
         .await
     });
     let mut src = from.srv.async_conn().await;
+    // (FLOCK.WAITERS rather than blocked_clients: the Flock's FLOCK.WATCH of the holder's
+    // lease, rule 9, is a blocked client too)
     wait_until("the waiter blocks on the old master", MS(10_000), || {
         let mut c = src.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiters(&mut c, key).await == 1 }
     })
     .await;
 
@@ -63,7 +72,7 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     // The waiter got TRYAGAIN at the old master and waits again at the new one.
     wait_until("the waiter blocks on the new master", MS(15_000), || {
         let mut c = dst.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiters(&mut c, key).await == 1 }
     })
     .await;
     assert_eq!(info_i64(&mut src, "clients", "blocked_clients").await, 0);

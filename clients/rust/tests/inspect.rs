@@ -4,17 +4,23 @@
 use std::time::Duration;
 
 use flock_client::{Error, Flock, LockOptions, Mode, Wait};
-use flock_testkit::aio::{info_i64, wait_until};
+use flock_testkit::aio::{q, wait_until};
 use flock_testkit::Server;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-/// Waits until `n` clients are blocked on the server (waiters queued).
-async fn blocked(srv: &Server, n: i64) {
+/// Waits until `n` requests wait for `key` (the raw FLOCK.WAITERS: blocked_clients would
+/// count the Flock's FLOCK.WATCH too, rule 9).
+async fn blocked(srv: &Server, key: &str, n: usize) {
     let c = srv.async_conn().await;
     wait_until("the waiters are queued", MS(3000), || {
         let mut c = c.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == n }
+        async move {
+            q::<Vec<redis::Value>>(&mut c, &["FLOCK.WAITERS", key])
+                .await
+                .len()
+                == n
+        }
     })
     .await;
 }
@@ -43,7 +49,7 @@ async fn si_1_and_i_3_info_and_waiters() {
         )
         .await
     });
-    blocked(&srv, 1).await;
+    blocked(&srv, "k", 1).await;
     let w2 = w.clone();
     let second = tokio::spawn(async move {
         w2.acquire(
@@ -55,7 +61,7 @@ async fn si_1_and_i_3_info_and_waiters() {
         )
         .await
     });
-    blocked(&srv, 2).await;
+    blocked(&srv, "k", 2).await;
 
     // I.1: the fields of a held key with waiters.
     let info = flock.info("k").await.expect("info").expect("known");

@@ -13,6 +13,18 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// Clients blocked in a wait, not counting FLOCK.WATCHes (rule 9: each Flock with leases keeps
+/// one waiting, which counts in blocked_clients and flock_blocked_clients too).
+async fn waiting(c: &mut redis::aio::MultiplexedConnection, field: &str) -> i64 {
+    let section = if field == "blocked_clients" {
+        "clients"
+    } else {
+        "flock"
+    };
+    flock_testkit::aio::info_i64(c, section, field).await
+        - flock_testkit::aio::info_i64(c, "flock", "flock_watchers").await
+}
+
 async fn exists(c: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     q::<i64>(c, &["EXISTS", key]).await == 1
 }
@@ -445,7 +457,7 @@ async fn remaining_is_never_above_the_servers_check() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiting(&mut c, "blocked_clients").await == 1 }
     })
     .await;
     lease.release().await.expect("release");
@@ -522,7 +534,7 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_i64(&mut c, "flock", "flock_blocked_clients").await == 1 }
+        async move { waiting(&mut c, "flock_blocked_clients").await == 1 }
     })
     .await;
     tokio::time::sleep(MS(2000)).await;
@@ -574,8 +586,8 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         wait_until("the waiter blocks", MS(5000), || {
             let mut c = raw.clone();
             async move {
-                info_i64(&mut c, "clients", "blocked_clients").await == i
-                    && info_i64(&mut c, "flock", "flock_blocked_clients").await == i
+                waiting(&mut c, "blocked_clients").await == i
+                    && waiting(&mut c, "flock_blocked_clients").await == i
             }
         })
         .await;
@@ -586,7 +598,7 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         t.await.expect("waiter");
     }
     assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4]);
-    assert_eq!(info_i64(&mut raw, "clients", "blocked_clients").await, 0);
+    assert_eq!(waiting(&mut raw, "blocked_clients").await, 0);
     assert!(!exists(&mut raw, "q").await);
 }
 
