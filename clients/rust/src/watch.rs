@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::connection::{Conn, Shared, Target};
 use crate::error::LossReason;
@@ -67,9 +68,12 @@ pub(crate) fn slot_of(key: &str) -> u16 {
 
 #[derive(Default)]
 struct LaneState {
-    /// Every live lease of the lane, watched or about to be.
-    leases: HashMap<Pair, Weak<State>>,
+    /// Every live lease of the lane, watched or about to be, and when it is due to join the
+    /// WATCH (ARM_DELAY after its grant).
+    leases: HashMap<Pair, (Weak<State>, Instant)>,
     running: bool,
+    /// The lane waits with nothing to watch and no lease due: a new lease must wake it.
+    idle: bool,
     /// Whether a task is on its way to re-arm the WATCH.
     arming: bool,
     /// The pairs the WATCH under way names; `None` between WATCHes.
@@ -145,37 +149,58 @@ impl Watcher {
                 }
             }
         };
-        let (start, arm) = {
+        let (start, arm, wake) = {
             let mut s = lock(&lane.st);
-            s.leases
-                .insert((st.key.clone(), st.token), Arc::downgrade(st));
+            s.leases.insert(
+                (st.key.clone(), st.token),
+                (Arc::downgrade(st), Instant::now() + ARM_DELAY),
+            );
             if !s.running {
                 s.running = true;
-                (true, false)
-            } else if s.in_flight.is_some() && !s.arming {
+                (true, false, false)
+            } else if s.in_flight.is_some() {
+                let arm = !s.arming;
                 s.arming = true;
-                (false, true)
+                (false, arm, false)
             } else {
-                (false, false)
+                // Between WATCHes or waiting for an earlier lease to be due: the lane looks
+                // at the new one by itself; only an idle lane needs waking.
+                let wake = s.idle;
+                s.idle = false;
+                (false, false, wake)
             }
         };
         if start {
             rt.spawn(run(self.clone(), lane));
         } else if arm {
             rt.spawn(rearm(self.shared.clone(), lane));
-        } else {
+        } else if wake {
             lane.wake.notify_one();
         }
     }
 }
 
-/// The live leases of a lane (the others are forgotten), at most MAX_PAIRS.
-fn live(s: &mut LaneState) -> Vec<Pair> {
-    s.leases.retain(|_, w| {
+/// The live leases of a lane that are due to be watched, at most MAX_PAIRS, and when the
+/// next one not yet due will be (the ended leases are forgotten). A lease released within
+/// ARM_DELAY of its grant never costs a WATCH.
+fn live(s: &mut LaneState) -> (Vec<Pair>, Option<Instant>) {
+    let now = Instant::now();
+    s.leases.retain(|_, (w, _)| {
         w.upgrade()
             .is_some_and(|st| !st.is_released() && !*st.lost.borrow())
     });
-    s.leases.keys().take(MAX_PAIRS).cloned().collect()
+    let mut soonest: Option<Instant> = None;
+    let mut due = Vec::new();
+    for (pair, (_, at)) in &s.leases {
+        if *at <= now {
+            if due.len() < MAX_PAIRS {
+                due.push(pair.clone());
+            }
+        } else if soonest.is_none_or(|t| *at < t) {
+            soonest = Some(*at);
+        }
+    }
+    (due, soonest)
 }
 
 /// Ends the lane's waiting WATCH (CLIENT UNBLOCK from the shared connection) so that it is
@@ -185,7 +210,7 @@ async fn rearm(shared: Arc<Shared>, lane: Arc<Lane>) {
     for _ in 0..UNBLOCK_TRIES {
         let id = {
             let mut s = lock(&lane.st);
-            let want = live(&mut s);
+            let (want, _) = live(&mut s);
             let covered = match &s.in_flight {
                 // Between WATCHes: the next one names the new set.
                 None => true,
@@ -241,7 +266,7 @@ fn event_of(v: &Value) -> Option<(String, String, u64)> {
 /// released by its holder.
 fn fire(lane: &Lane, pair: &Pair, event: &str) {
     let w = lock(&lane.st).leases.remove(pair);
-    let Some(st) = w.and_then(|w| w.upgrade()) else {
+    let Some(st) = w.and_then(|(w, _)| w.upgrade()) else {
         return;
     };
     {
@@ -253,7 +278,10 @@ fn fire(lane: &Lane, pair: &Pair, event: &str) {
             return;
         }
     }
-    st.mark_lost(LossReason::of_event(event));
+    // A local deadline already passed is the truer reason (rule 1): `is_lost` marks it first.
+    if !st.is_lost() {
+        st.mark_lost(LossReason::of_event(event));
+    }
 }
 
 /// The lane's loop, on a connection of its own, until it has had nothing to watch for IDLE.
@@ -261,28 +289,42 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
     let mut conn: Option<Conn> = None;
     let mut failures = 0u32;
     let cluster = lane.slot.is_some();
-    tokio::time::sleep(ARM_DELAY).await;
+    let mut idle_since = Instant::now();
     loop {
-        let pairs = {
+        let (pairs, soonest) = {
             let mut s = lock(&lane.st);
-            let pairs = live(&mut s);
+            let (pairs, soonest) = live(&mut s);
             if !pairs.is_empty() {
                 s.in_flight = Some(pairs.iter().cloned().collect());
-            }
-            pairs
-        };
-        if pairs.is_empty() {
-            let woken = tokio::time::timeout(IDLE, lane.wake.notified()).await;
-            if woken.is_err() {
-                let mut s = lock(&lane.st);
-                if live(&mut s).is_empty() {
+                // A lease not yet due joins this WATCH when it is (CLIENT UNBLOCK then).
+                if soonest.is_some() && !s.arming {
+                    s.arming = true;
+                    tokio::spawn(rearm(w.shared.clone(), lane.clone()));
+                }
+            } else if soonest.is_none() {
+                if idle_since.elapsed() >= IDLE {
                     s.running = false;
                     s.client_id = None;
                     return;
                 }
+                s.idle = true;
+            }
+            (pairs, soonest)
+        };
+        if pairs.is_empty() {
+            match soonest {
+                Some(at) => {
+                    idle_since = Instant::now();
+                    tokio::time::sleep_until(at).await;
+                }
+                None => {
+                    let until = idle_since + IDLE;
+                    let _ = tokio::time::timeout_at(until, lane.wake.notified()).await;
+                }
             }
             continue;
         }
+        idle_since = Instant::now();
         let c = match conn.as_mut() {
             Some(c) => c,
             None => match w.shared.dedicated().await {
@@ -328,6 +370,7 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
             ))),
         };
         lock(&lane.st).in_flight = None;
+        idle_since = Instant::now();
         match reply {
             Ok(v) => {
                 failures = 0;
