@@ -16,6 +16,19 @@ use crate::inspect;
 use crate::lease::{Lease, LeaseHandle};
 use crate::options::{check_key, check_owner, ttl_ms, LockOptions, Wait};
 
+impl Flock {
+    /// Leader election over `key` (see [`Election`]): a candidate with this ttl and owner (a
+    /// random one when `None`). (Defined here, not in `flock`, so that imports point one way.)
+    pub fn election(
+        &self,
+        key: impl Into<String>,
+        ttl: Duration,
+        owner: Option<&str>,
+    ) -> Result<Election> {
+        Election::new(self.clone(), key.into(), ttl, owner.map(str::to_string))
+    }
+}
+
 /// A leader: its owner and the token of its grant (a fencing token for what it writes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {

@@ -11,7 +11,6 @@ use tokio::time::Instant;
 
 use crate::connection::{Shared, Target};
 use crate::durable::{require_waitaof, round_trip, settle};
-use crate::election::Election;
 use crate::error::{invalid, Error, Result};
 use crate::held::{Held, Reentry};
 use crate::inspect::{self, Holder, Info, Stats, Waiter};
@@ -325,17 +324,6 @@ impl Flock {
     /// cluster, per further 64 leases) are open or opening now.
     pub fn watch_connections(&self) -> usize {
         self.watcher.lanes_running()
-    }
-
-    /// Leader election over `key` (see [`Election`]): a candidate with this ttl and owner (a
-    /// random one when `None`).
-    pub fn election(
-        &self,
-        key: impl Into<String>,
-        ttl: Duration,
-        owner: Option<&str>,
-    ) -> Result<Election> {
-        Election::new(self.clone(), key.into(), ttl, owner.map(str::to_string))
     }
 
     /// A connection of its own (an election's observer).

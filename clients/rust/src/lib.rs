@@ -3,8 +3,8 @@
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
 // Imports point one way: in the order error, options, inspect, sync, retry, connection,
-// durable, state, watchdog, lease, held, watch, queue, flock, each module uses only modules
-// before it, except election, which builds on flock (and flock only names it).
+// durable, state, watchdog, lease, held, watch, queue, flock, election, each module uses only
+// modules before it (`Flock::election` is defined in election).
 mod connection;
 mod durable;
 mod election;
