@@ -17,7 +17,12 @@ use crate::sync::lock;
 #[derive(Default)]
 pub(crate) struct Held {
     by_key: Mutex<HashMap<String, Vec<Weak<State>>>>,
+    /// When the map has this many keys, the keys without a live lease are dropped (so that a
+    /// process locking ever new keys does not keep one entry per key it ever held).
+    sweep_at: Mutex<usize>,
 }
+
+const SWEEP_MIN: usize = 1024;
 
 /// What rule 11 says of an acquire, before anything is sent.
 pub(crate) enum Reentry {
@@ -105,6 +110,15 @@ impl Held {
         let list = map.entry(st.key.clone()).or_default();
         list.retain(|w| w.upgrade().is_some_and(|s| !s.is_released()));
         list.push(Arc::downgrade(st));
+        let mut sweep_at = lock(&self.sweep_at);
+        if map.len() >= (*sweep_at).max(SWEEP_MIN) {
+            map.retain(|_, list| {
+                list.retain(|w| w.upgrade().is_some_and(|s| !s.is_released()));
+                !list.is_empty()
+            });
+            // Amortized: the next sweep after the map doubled again.
+            *sweep_at = map.len() * 2;
+        }
     }
 }
 
