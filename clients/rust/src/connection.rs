@@ -52,6 +52,26 @@ impl Conn {
         }
     }
 
+    /// `cmd` on the master of `slot` (a cluster), or on the one server: for commands that name
+    /// no key but must reach a key's node (CLIENT ID, CLIENT UNBLOCK of a watching connection).
+    pub(crate) async fn query_at<T: FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        slot: Option<u16>,
+    ) -> redis::RedisResult<T> {
+        match (self, slot) {
+            (Conn::Cluster(c), Some(slot)) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                let v = c.route_command(cmd.clone(), route).await?;
+                Ok(redis::from_redis_value(v)?)
+            }
+            (c, _) => c.query(cmd).await,
+        }
+    }
+
     /// A pipeline sent as one write; on a cluster it goes to the node of its first key.
     pub(crate) async fn pipe(&mut self, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
         match self {
@@ -136,6 +156,22 @@ impl Shared {
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> redis::RedisResult<T> {
         let (gen, mut c) = self.conn().await?;
         let r = c.query(cmd).await;
+        if let Err(e) = &r {
+            if is_connection_error(e) && matches!(c, Conn::Single(_)) {
+                self.failed(gen);
+            }
+        }
+        r
+    }
+
+    /// [`Conn::query_at`] on the shared connection.
+    pub(crate) async fn query_at<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        slot: Option<u16>,
+    ) -> redis::RedisResult<T> {
+        let (gen, mut c) = self.conn().await?;
+        let r = c.query_at(cmd, slot).await;
         if let Err(e) = &r {
             if is_connection_error(e) && matches!(c, Conn::Single(_)) {
                 self.failed(gen);

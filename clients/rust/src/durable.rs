@@ -227,9 +227,9 @@ pub(crate) async fn require_waitaof(shared: &Shared) -> Result<()> {
         .await?;
     match missing {
         None => Ok(()),
-        Some(version) => Err(invalid(
-            "fsync(true) needs WAITAOF, which this server does not have",
-            format!("the server is {version}; WAITAOF came with Redis 7.2 (Valkey has it)"),
-        )),
+        Some(version) => Err(invalid(format!(
+            "fsync(true) needs WAITAOF, which this server does not have: the server is \
+             {version}; WAITAOF came with Redis 7.2 (Valkey has it)"
+        ))),
     }
 }

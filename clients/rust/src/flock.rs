@@ -12,10 +12,13 @@ use tokio::time::Instant;
 use crate::connection::{Shared, Target};
 use crate::durable::{require_waitaof, round_trip, settle};
 use crate::error::{invalid, Error, Result};
+use crate::held::{Held, Reentry};
+use crate::inspect::{self, Holder, Info, Stats, Waiter};
 use crate::lease::{Lease, LeaseHandle};
-use crate::options::{ttl_ms, LockOptions, Mode, Wait};
+use crate::options::{check_key, check_owner, check_token, ttl_ms, LockOptions, Mode, Wait};
 use crate::queue::wait_for;
 use crate::state::LeaseConn;
+use crate::watch::Watcher;
 
 /// The factory: takes a `redis::Client` or a `ClusterClient` and opens its own connections
 /// (one multiplexed connection for commands and renewals, one more per BLOCK wait and per
@@ -23,6 +26,10 @@ use crate::state::LeaseConn;
 #[derive(Clone)]
 pub struct Flock {
     shared: Arc<Shared>,
+    /// Rule 11: the leases this factory (and its clones) handed out.
+    held: Arc<Held>,
+    /// Rule 9: the FLOCK.WATCH lanes that hear those leases' grants end.
+    watcher: Arc<Watcher>,
 }
 
 impl fmt::Debug for Flock {
@@ -41,8 +48,11 @@ pub type Guard = Lease;
 impl Flock {
     /// A factory over a `redis::Client` or a `redis::cluster::ClusterClient`. Connects lazily.
     pub fn new(client: impl Into<Target>) -> Self {
+        let shared = Arc::new(Shared::new(client.into()));
         Flock {
-            shared: Arc::new(Shared::new(client.into())),
+            watcher: Arc::new(Watcher::new(shared.clone())),
+            shared,
+            held: Arc::new(Held::default()),
         }
     }
 
@@ -56,6 +66,11 @@ impl Flock {
     }
 
     /// Take the lock; `None` when it is not granted within the wait.
+    ///
+    /// Rule 11: when this `Flock` already holds a live lease of `key` with the same owner, the
+    /// result is `Error::Busy` at once (the held lease is left as it was), or with
+    /// `reentrant(true)` another hold of that same lease. A wait on a key that a lease of the
+    /// calling tokio task holds would wait on itself: it is one try, then `Error::Busy`.
     pub async fn acquire(
         &self,
         key: impl Into<String>,
@@ -63,18 +78,60 @@ impl Flock {
     ) -> Result<Option<Lease>> {
         let key = key.into();
         let opts = opts.into();
+        // Rule 12: every argument checked before anything is sent.
+        check_key(&key)?;
         let ttl = ttl_ms(opts.ttl)?;
-        let owner = match &opts.owner {
-            Some(o) => o.clone(),
-            None => format!("{:032x}", rand::random::<u128>()),
-        };
-        if let Mode::Permits(0) = opts.mode {
-            return Err(invalid("LIMIT must be at least 1", String::new()));
+        if let Some(o) = &opts.owner {
+            check_owner(o)?;
         }
+        if let Mode::Permits(0) = opts.mode {
+            return Err(invalid(
+                "limit (Mode::Permits) must be a positive integer, not 0",
+            ));
+        }
+        let ttl_d = Duration::from_millis(ttl);
+        // Rule 10's checks too come before anything is sent.
+        let durable = opts.durability(ttl_d)?;
+        let (owner, own_wait) = match self.held.reenter(&key, &opts)? {
+            Reentry::Again(lease) => return Ok(Some(lease)),
+            Reentry::Acquire { owner, own_wait } => (owner, own_wait),
+        };
+        let owner = owner.unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
         let wait = match opts.wait {
             Wait::For(d) if d.is_zero() => Wait::None,
             w => w,
         };
+        let lease = self
+            .acquire_as(
+                key,
+                owner,
+                ttl,
+                opts,
+                durable,
+                if own_wait { Wait::None } else { wait },
+            )
+            .await?;
+        match lease {
+            Some(lease) => {
+                self.held.add(&lease);
+                self.watcher.add(lease.state());
+                Ok(Some(lease))
+            }
+            // Not granted by the one try, and waiting would wait on the caller's own lease.
+            None if own_wait && wait != Wait::None => Err(Error::Busy),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire_as(
+        &self,
+        key: String,
+        owner: String,
+        ttl: u64,
+        opts: LockOptions,
+        durable: Option<crate::options::Durable>,
+        wait: Wait,
+    ) -> Result<Option<Lease>> {
         let mut cmd = redis::cmd("FLOCK.ACQUIRE");
         cmd.arg(&key).arg(&owner).arg(ttl);
         match opts.mode {
@@ -90,9 +147,7 @@ impl Flock {
             cmd.arg("BOUND");
         }
         let ttl_d = Duration::from_millis(ttl);
-        // Rule 10: checked before anything is sent (bound with replicas/fsync, the durable
-        // timeout, WAITAOF for fsync).
-        let durable = opts.durability(ttl_d)?;
+        // Rule 10: WAITAOF for fsync, asked of the server before the ACQUIRE.
         if durable.is_some_and(|d| d.fsync) {
             require_waitaof(&self.shared).await?;
         }
@@ -196,7 +251,7 @@ impl Flock {
     /// Scoped lock: take the lock (or fail with `Busy`), run `f` with a handle of the lease,
     /// release, and return `f`'s result. When `f` fails its error goes on unchanged (the
     /// handle's `is_lost()` shows a loss); when `f` succeeds but the lease was lost meanwhile,
-    /// the result is `Error::Lost` (converted with `From`).
+    /// the result is `Error::Lost(reason)` (converted with `From`).
     pub async fn with_lock<F, Fut, T, E>(
         &self,
         key: impl Into<String>,
@@ -221,6 +276,11 @@ impl Flock {
     /// Release `owner`'s grant of `key` from anywhere (a supervisor that knows the owner);
     /// with a token only that grant. True when a live grant was released.
     pub async fn release(&self, key: &str, owner: &str, token: Option<u64>) -> Result<bool> {
+        check_key(key)?;
+        check_owner(owner)?;
+        if let Some(t) = token {
+            check_token(t)?;
+        }
         let mut cmd = redis::cmd("FLOCK.RELEASE");
         cmd.arg(key).arg(owner);
         if let Some(t) = token {
@@ -232,6 +292,10 @@ impl Flock {
     /// End the key's live grants at once (an operator's tool), or only `owner`'s. Returns the
     /// number of grants ended.
     pub async fn revoke(&self, key: &str, owner: Option<&str>) -> Result<u64> {
+        check_key(key)?;
+        if let Some(o) = owner {
+            check_owner(o)?;
+        }
         let mut cmd = redis::cmd("FLOCK.REVOKE");
         cmd.arg(key);
         if let Some(o) = owner {
@@ -242,8 +306,73 @@ impl Flock {
 
     /// FLOCK.CHECK: the remaining lease of `token` on the server, zero when it is not live.
     pub async fn check(&self, key: &str, token: u64) -> Result<Duration> {
+        check_key(key)?;
+        check_token(token)?;
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(key).arg(token);
         Ok(Duration::from_millis(self.shared.query::<u64>(&cmd).await?))
+    }
+
+    /// Rule 9: why this factory stopped watching its leases with FLOCK.WATCH (a server
+    /// without it, an ACL that refuses it), or `None` while it watches. When it does not,
+    /// losses are found at the next renewal.
+    pub fn watch_disabled(&self) -> Option<String> {
+        self.watcher.disabled()
+    }
+
+    /// Rule 9: how many watching connections (one per node, per slot with leases in a
+    /// cluster, per further 64 leases) are open or opening now.
+    pub fn watch_connections(&self) -> usize {
+        self.watcher.lanes_running()
+    }
+
+    /// A connection of its own (an election's observer).
+    pub(crate) async fn dedicated_conn(&self) -> Result<crate::connection::Conn> {
+        Ok(self.shared.dedicated().await?)
+    }
+
+    /// `FLOCK.INFO key`: the key's state, or `None` when the server does not know the key.
+    pub async fn info(&self, key: &str) -> Result<Option<Info>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.INFO");
+        cmd.arg(key);
+        inspect::info(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// `FLOCK.HOLDERS key`: every live grant of the key, oldest first.
+    pub async fn holders(&self, key: &str) -> Result<Vec<Holder>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.HOLDERS");
+        cmd.arg(key);
+        inspect::holders(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// `FLOCK.WAITERS key`: the requests waiting for the key, first in line first; empty
+    /// when nobody waits.
+    pub async fn waiters(&self, key: &str) -> Result<Vec<Waiter>> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FLOCK.WAITERS");
+        cmd.arg(key);
+        inspect::waiters(&self.shared.query::<redis::Value>(&cmd).await?)
+    }
+
+    /// Whether a live grant holds the key (a key with only waiters, or only in lock-delay,
+    /// is not locked).
+    pub async fn locked(&self, key: &str) -> Result<bool> {
+        Ok(self.info(key).await?.is_some_and(|i| i.holders > 0))
+    }
+
+    /// `FLOCK.STATS GET [class ...]`: the figures of the given classes of keys (all when
+    /// `classes` is empty). On a cluster, those of the one node the command reaches.
+    pub async fn stats(&self, classes: &[&str]) -> Result<Stats> {
+        let mut cmd = redis::cmd("FLOCK.STATS");
+        cmd.arg("GET");
+        for c in classes {
+            if c.is_empty() {
+                return Err(invalid("a class must be a non-empty string"));
+            }
+            cmd.arg(*c);
+        }
+        inspect::stats(&self.shared.query::<redis::Value>(&cmd).await?)
     }
 }

@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue};
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::connection::Shared;
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::options::{ttl_ms, Durable, LockOptions, Mode};
-use crate::state::{LeaseConn, Renewal, Sent, State, Timing};
+use crate::state::{Caller, LeaseConn, Renewal, Sent, State, Timing};
 use crate::sync::lock;
 use crate::watchdog::keeper;
 
@@ -67,6 +66,15 @@ impl LeaseHandle {
     pub fn is_lost(&self) -> bool {
         self.st.is_lost()
     }
+    /// Why the lease was lost (rule 12), `None` while it is live and once it was released
+    /// cleanly (a released lease is not lost).
+    pub fn lost_reason(&self) -> Option<LossReason> {
+        self.st.loss_reason()
+    }
+    /// Released by its holder (`release()`, or the background release of a dropped lease).
+    pub fn is_released(&self) -> bool {
+        self.st.is_released()
+    }
     /// A watch channel that turns `true` when the lease is lost (and stays so).
     pub fn lost_signal(&self) -> watch::Receiver<bool> {
         self.st.lost.subscribe()
@@ -84,16 +92,19 @@ impl LeaseHandle {
             Ok(Ok(_))
         ) || self.is_lost()
     }
-    /// "Is there enough lease left for the critical step?": `Error::Lost` when lost,
-    /// `Error::TooShort` when live with less than `min` left. From the local clock only; it
-    /// changes nothing.
+    /// "Is there enough lease left for the critical step?": `Error::Lost(reason)` when lost
+    /// (`Released` when released), `Error::TooShort` when live with less than `min` left. From
+    /// the local clock only; it changes nothing.
     pub fn ensure(&self, min: Duration) -> Result<()> {
-        if self.st.is_lost() || lock(&self.st.timing).released {
-            return Err(Error::Lost);
+        if let Some(e) = self.st.ended() {
+            return Err(e);
         }
         let remaining = self.st.remaining();
         if remaining.is_zero() {
-            return Err(Error::Lost);
+            return Err(self
+                .st
+                .ended()
+                .unwrap_or(Error::Lost(LossReason::DeadlinePassed)));
         }
         if remaining < min {
             return Err(Error::TooShort { remaining });
@@ -101,17 +112,28 @@ impl LeaseHandle {
         Ok(())
     }
     /// FLOCK.CHECK on the server: the remaining lease there; zero (and the lease marked
-    /// lost) when the grant is no longer live. On a bound lease whose connection failed it is
-    /// the connection's error, and the lease is lost.
+    /// lost, reason `gone`) when the grant is no longer live. On a bound lease whose
+    /// connection failed it is the connection's error, and the lease is lost (`closed`).
     pub async fn check(&self) -> Result<Duration> {
         let mut cmd = redis::cmd("FLOCK.CHECK");
         cmd.arg(&self.st.key).arg(self.st.token);
         match self.st.send::<u64>(&cmd, true, None).await {
             Sent::Reply(0, _, _) => {
-                self.st.mark_lost();
+                if !self.st.is_released() {
+                    self.st.mark_lost(LossReason::Gone);
+                }
                 Ok(Duration::ZERO)
             }
             Sent::Reply(ms, _, _) => Ok(Duration::from_millis(ms)),
+            Sent::Failed(e) => Err(e.into()),
+        }
+    }
+    /// `FLOCK.HOLDERS` of this lease's key: every live grant of it, oldest first.
+    pub async fn holders(&self) -> Result<Vec<crate::inspect::Holder>> {
+        let mut cmd = redis::cmd("FLOCK.HOLDERS");
+        cmd.arg(&self.st.key);
+        match self.st.send::<redis::Value>(&cmd, true, None).await {
+            Sent::Reply(v, _, _) => crate::inspect::holders(&v),
             Sent::Failed(e) => Err(e.into()),
         }
     }
@@ -121,8 +143,8 @@ impl LeaseHandle {
     /// renewal in time: the lease stays live and its local deadline stays where the last
     /// acknowledged grant or renewal put it.
     pub async fn renew(&self, ttl: Option<Duration>) -> Result<()> {
-        if self.st.is_lost() || lock(&self.st.timing).released {
-            return Err(Error::Lost);
+        if let Some(e) = self.st.ended() {
+            return Err(e);
         }
         let ttl = match ttl {
             Some(t) => Duration::from_millis(ttl_ms(t)?),
@@ -136,24 +158,42 @@ impl LeaseHandle {
                 Ok(())
             }
             Renewal::Nil => {
-                self.st.mark_lost();
-                Err(Error::Lost)
+                self.st.mark_lost(LossReason::RenewRefused);
+                Err(self.lost_now())
             }
             // Rule 10: renewed on the master, too few acknowledged: the deadline stays.
             Renewal::Short(e) => Err(e),
             Renewal::Failed(e) => {
                 if Instant::now() >= deadline || self.st.bound {
-                    self.st.mark_lost();
-                    return Err(Error::Lost);
+                    self.st.mark_lost(if self.st.bound {
+                        LossReason::Closed
+                    } else {
+                        LossReason::DeadlinePassed
+                    });
+                    return Err(self.lost_now());
                 }
                 Err(e.into())
             }
         }
     }
+    /// The error of a lease just marked lost: its first loss's reason.
+    fn lost_now(&self) -> Error {
+        Error::Lost(self.st.loss_reason().unwrap_or(LossReason::Lost))
+    }
     /// Run `cmd` through FLOCK.FENCED with this lease's token: the server runs it only while
     /// the token is the live grant. A refusal as stale is `Error::Fenced` and marks the lease
-    /// lost. The server decides, even when the local clock already says lost.
+    /// lost (`fenced-refused`). The server decides, even when the local clock already says
+    /// lost; after a clean release there is nothing to ask: `Error::Lost(Released)` at once,
+    /// nothing sent (rule 12).
+    ///
+    /// The reply's type: the command runs whatever `T` is, so a reply that `T` cannot hold
+    /// must not turn a write that ran into an error. `T` is checked against the reply only
+    /// after it is known the write ran, and a mismatch is [`Error::Reply`] carrying the
+    /// reply as it came (the write ran; nothing is lost). Use `redis::Value` to take any reply.
     pub async fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        if self.st.is_released() {
+            return Err(Error::Lost(LossReason::Released));
+        }
         let mut f = redis::cmd("FLOCK.FENCED");
         f.arg(&self.st.key).arg(self.st.token);
         for a in cmd.args_iter() {
@@ -162,10 +202,16 @@ impl LeaseHandle {
             }
         }
         // Not retried: a write whose reply was lost may have run.
-        match self.st.send::<T>(&f, false, None).await {
-            Sent::Reply(v, _, _) => Ok(v),
+        match self.st.send::<redis::Value>(&f, false, None).await {
+            Sent::Reply(v, _, _) => match T::from_redis_value(v.clone()) {
+                Ok(t) => Ok(t),
+                Err(e) => Err(Error::Reply {
+                    reply: v,
+                    detail: e.to_string(),
+                }),
+            },
             Sent::Failed(e) if e.code() == Some("FENCED") => {
-                self.st.mark_lost();
+                self.st.mark_lost(LossReason::FencedRefused);
                 let text = match e.detail() {
                     Some(d) => format!("FENCED {d}"),
                     None => e.to_string(),
@@ -179,9 +225,12 @@ impl LeaseHandle {
 
 /// A held lock: a [`LeaseHandle`] (via `Deref`) plus the duty to release. `release().await`
 /// ends it; dropping an unreleased lease stops its watchdog and releases in the background.
+/// A reentrant lease (`reentrant(true)`, rule 11) is one grant held several times: each
+/// `Lease` value is one hold, and only the last hold's release or drop ends the grant.
 pub struct Lease {
     handle: LeaseHandle,
-    keeper: Option<JoinHandle<()>>,
+    /// This value still holds its hold (not yet released or dropped).
+    holding: bool,
 }
 
 impl fmt::Debug for Lease {
@@ -228,15 +277,44 @@ impl Lease {
                 deadline: sent + ttl,
                 last_sent: sent,
                 released: false,
+                holds: 1,
+                releasing: false,
             }),
             lost: lost_tx,
+            reason: Mutex::new(None),
             wake: Notify::new(),
+            keeper: Mutex::new(None),
+            task: Caller::current(),
+            reentrant: opts.reentrant,
         });
         let keeper = tokio::spawn(keeper(state.clone(), opts.renew));
+        *lock(&state.keeper) = Some(keeper);
         Lease {
             handle: LeaseHandle { st: state },
-            keeper: Some(keeper),
+            holding: true,
         }
+    }
+
+    /// One more hold of a live reentrant lease (rule 11): the same grant, released when its
+    /// last hold is. `None` when the lease ended meanwhile.
+    pub(crate) fn again(st: &Arc<State>) -> Option<Lease> {
+        if !st.hold() {
+            return None;
+        }
+        Some(Lease {
+            handle: LeaseHandle { st: st.clone() },
+            holding: true,
+        })
+    }
+
+    /// The state (for the factory's registry of held leases).
+    pub(crate) fn state(&self) -> &Arc<State> {
+        &self.handle.st
+    }
+
+    /// The holds of this lease's grant (1 unless reentrant and re-entered).
+    pub fn holds(&self) -> u32 {
+        lock(&self.handle.st.timing).holds
     }
 
     /// A shareable handle (for other tasks; it cannot release).
@@ -245,9 +323,21 @@ impl Lease {
     }
 
     /// Stop the watchdog (waiting until it has stopped), then `FLOCK.RELEASE key owner
-    /// token`. `Error::Lost` when the lease had been lost (the RELEASE is sent anyway).
+    /// token`. `Error::Lost(reason)` when the lease had been lost (the RELEASE is sent
+    /// anyway).
+    ///
+    /// On a reentrant lease held more than once, it drops this hold only: the grant stays
+    /// (`Ok`, nothing sent) until the last hold is released.
     pub async fn release(mut self) -> Result<()> {
-        if let Some(k) = self.keeper.take() {
+        self.holding = false;
+        if !self.handle.st.unhold() {
+            return match self.handle.st.ended() {
+                Some(Error::Lost(LossReason::Released)) | None => Ok(()),
+                Some(e) => Err(e),
+            };
+        }
+        let keeper = lock(&self.handle.st.keeper).take();
+        if let Some(k) = keeper {
             k.abort();
             let _ = k.await;
         }
@@ -257,14 +347,24 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Some(k) = self.keeper.take() else {
+        if !self.holding {
             return;
-        };
-        k.abort();
+        }
+        self.holding = false;
+        if !self.handle.st.unhold() {
+            return;
+        }
+        // The last hold, forgotten: stop renewing and release in the background (rule 11).
+        let keeper = lock(&self.handle.st.keeper).take();
+        if let Some(k) = &keeper {
+            k.abort();
+        }
         let st = self.handle.st.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = k.await;
+                if let Some(k) = keeper {
+                    let _ = k.await;
+                }
                 let _ = st.release_exact().await;
             });
         } else {

@@ -2,18 +2,23 @@
 #![forbid(unsafe_code)]
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
-// Imports point one way: in the order error, options, sync, retry, connection, durable,
-// state, watchdog, lease, queue, flock, each module uses only modules before it.
+// Imports point one way: in the order error, options, inspect, sync, retry, connection,
+// durable, state, watchdog, lease, held, watch, queue, flock, election, each module uses only
+// modules before it (`Flock::election` is defined in election).
 mod connection;
 mod durable;
+mod election;
 mod error;
 mod flock;
+mod held;
+mod inspect;
 mod lease;
 mod options;
 mod queue;
 mod retry;
 mod state;
 mod sync;
+mod watch;
 mod watchdog;
 
 /// The redis-rs this crate is built on (for `Client`, `ClusterClient`, `cmd`). Use it rather
@@ -21,7 +26,9 @@ mod watchdog;
 pub use redis;
 
 pub use connection::Target;
-pub use error::{Error, Result};
+pub use election::{Election, Leader, Observer};
+pub use error::{Error, LossReason, Result};
 pub use flock::{Flock, Guard};
+pub use inspect::{Holder, Info, Stats, Waiter};
 pub use lease::{Lease, LeaseHandle};
 pub use options::{LockOptions, Mode, Wait};

@@ -46,6 +46,7 @@ pub struct LockOptions {
     pub(crate) replicas: u32,
     pub(crate) fsync: bool,
     pub(crate) durable_timeout: Option<Duration>,
+    pub(crate) reentrant: bool,
 }
 
 impl LockOptions {
@@ -61,6 +62,7 @@ impl LockOptions {
             replicas: 0,
             fsync: false,
             durable_timeout: None,
+            reentrant: false,
         }
     }
     /// The lease length.
@@ -125,6 +127,16 @@ impl LockOptions {
         self
     }
 
+    /// Rule 11: acquiring a key this `Flock` already holds with the same owner returns
+    /// another hold of that same lease instead of failing with `Error::Busy`; only the last
+    /// hold's release ends the grant. Without an `owner`, the owner is the task's: the tokio
+    /// task that holds the key re-enters, any other task waits like another holder would.
+    /// Asking for another kind (mode, bound) than the held lease is `Error::Invalid`.
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
     /// The durability asked for, checked against the rest of the options: `None` when the
     /// grant need not be durable.
     pub(crate) fn durability(&self, ttl: Duration) -> Result<Option<Durable>> {
@@ -134,7 +146,6 @@ impl LockOptions {
         if self.bound {
             return Err(invalid(
                 "a bound grant cannot be durable (replicas, fsync): it ends at any promotion",
-                String::new(),
             ));
         }
         let timeout = match self.durable_timeout {
@@ -142,17 +153,15 @@ impl LockOptions {
             Some(t) => {
                 let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
                 if ms == 0 {
-                    return Err(invalid(
-                        "durable_timeout must be at least 1 ms",
-                        format!("{t:?}"),
-                    ));
+                    return Err(invalid(format!(
+                        "durable_timeout must be at least 1 ms, not {t:?}"
+                    )));
                 }
                 let t = Duration::from_millis(ms);
                 if t >= ttl {
-                    return Err(invalid(
-                        "durable_timeout must be less than the ttl",
-                        format!("{t:?} with a ttl of {ttl:?}"),
-                    ));
+                    return Err(invalid(format!(
+                        "durable_timeout must be less than the ttl: {t:?} with a ttl of {ttl:?}"
+                    )));
                 }
                 Some(t)
             }
@@ -191,12 +200,45 @@ impl From<Duration> for LockOptions {
     }
 }
 
-/// The ttl as the whole milliseconds the commands carry; less than 1 ms is refused here,
+/// The ttl as the whole milliseconds the commands carry (rule 12): at least 1 ms and a whole
+/// number of milliseconds (a sub-millisecond part would be cut off silently), refused here,
 /// before anything is sent.
 pub(crate) fn ttl_ms(ttl: Duration) -> Result<u64> {
     let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 {
-        return Err(invalid("ttl must be at least 1 ms", format!("{ttl:?}")));
+    if ms == 0 || !ttl.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(invalid(format!(
+            "ttl must be a positive whole number of milliseconds, not {ttl:?}"
+        )));
     }
     Ok(ms)
+}
+
+/// The longest owner, in bytes (rule 12).
+pub(crate) const MAX_OWNER_BYTES: usize = 256;
+
+/// Rule 12: a key is a non-empty string.
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(invalid("key must be a non-empty string"));
+    }
+    Ok(())
+}
+
+/// Rule 12: an owner is a non-empty string of at most 256 bytes.
+pub(crate) fn check_owner(owner: &str) -> Result<()> {
+    if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+        return Err(invalid(format!(
+            "owner must be a non-empty string of at most {MAX_OWNER_BYTES} bytes, not {} bytes",
+            owner.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Rule 12: a token names a grant, so it is at least 1.
+pub(crate) fn check_token(token: u64) -> Result<()> {
+    if token == 0 {
+        return Err(invalid("token must be a positive integer, not 0"));
+    }
+    Ok(())
 }

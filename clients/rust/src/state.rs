@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::connection::{Conn, Shared};
 use crate::durable::round_trip;
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::options::{Durable, Mode};
 use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
 use crate::sync::lock;
@@ -34,6 +34,29 @@ pub(crate) struct Timing {
     /// deadline back.
     pub(crate) last_sent: Instant,
     pub(crate) released: bool,
+    /// Rule 11: the holds of a reentrant lease (1 for any other); the last release sends
+    /// RELEASE.
+    pub(crate) holds: u32,
+    /// The lease's own RELEASE is on its way: the `released` event FLOCK.WATCH reports for it
+    /// is not a loss (rule 9).
+    pub(crate) releasing: bool,
+}
+
+/// Who acquires (rule 11): the tokio task, or outside any task (a `block_on`, such as
+/// `#[tokio::main]`'s body) the thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Caller {
+    pub(crate) fn current() -> Caller {
+        match tokio::task::try_id() {
+            Some(id) => Caller::Task(id),
+            None => Caller::Thread(std::thread::current().id()),
+        }
+    }
 }
 
 /// One lease, shared by its handles, its watchdog and its release.
@@ -52,8 +75,16 @@ pub(crate) struct State {
     pub(crate) timing: Mutex<Timing>,
     /// Rule 3: turns `true` once, never back.
     pub(crate) lost: watch::Sender<bool>,
+    /// Rule 12: why it was lost; set once, with the first loss.
+    pub(crate) reason: Mutex<Option<LossReason>>,
     /// Wakes the watchdog when its schedule changed (a manual renew, the release).
     pub(crate) wake: Notify,
+    /// The watchdog task, aborted by the last hold's release or drop.
+    pub(crate) keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Rule 11: the tokio task that acquired the lease (a wait of that task on its own key
+    /// would wait on itself), and whether it may be re-entered.
+    pub(crate) task: Caller,
+    pub(crate) reentrant: bool,
 }
 
 /// What became of a command sent by [`State::send`].
@@ -77,7 +108,14 @@ pub(crate) enum Renewal {
 }
 
 impl State {
-    pub(crate) fn mark_lost(&self) {
+    /// Marks the lease lost for `reason`; the first loss's reason stays.
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        {
+            let mut r = lock(&self.reason);
+            if r.is_none() && !*self.lost.borrow() {
+                *r = Some(reason);
+            }
+        }
         self.lost.send_if_modified(|v| {
             if *v {
                 false
@@ -98,10 +136,54 @@ impl State {
         }
         if Instant::now() >= t.deadline {
             drop(t);
-            self.mark_lost();
+            self.mark_lost(LossReason::DeadlinePassed);
             return true;
         }
         false
+    }
+
+    /// Rule 11: one more hold of a live lease; false when it was released or lost meanwhile.
+    pub(crate) fn hold(&self) -> bool {
+        if self.is_lost() {
+            return false;
+        }
+        let mut t = lock(&self.timing);
+        if t.released {
+            return false;
+        }
+        t.holds += 1;
+        true
+    }
+
+    /// Rule 11: one hold less; true when it was the last (the caller releases the grant).
+    pub(crate) fn unhold(&self) -> bool {
+        let mut t = lock(&self.timing);
+        t.holds = t.holds.saturating_sub(1);
+        t.holds == 0
+    }
+
+    /// Released by its holder (not a loss).
+    pub(crate) fn is_released(&self) -> bool {
+        lock(&self.timing).released
+    }
+
+    /// Why the lease was lost, `None` while live or once released cleanly.
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        if self.is_lost() {
+            return Some(lock(&self.reason).unwrap_or(LossReason::Lost));
+        }
+        None
+    }
+
+    /// The error of a call on a lease that is lost (its reason) or released (`released`).
+    pub(crate) fn ended(&self) -> Option<Error> {
+        if let Some(r) = self.loss_reason() {
+            return Some(Error::Lost(r));
+        }
+        if self.is_released() {
+            return Some(Error::Lost(LossReason::Released));
+        }
+        None
     }
 
     pub(crate) fn remaining(&self) -> Duration {
@@ -170,7 +252,7 @@ impl State {
                     // Rule 8: a bound grant lives with its connection, and the server ends it
                     // when that connection closes. Whatever call found the failure, the lease
                     // is lost.
-                    self.mark_lost();
+                    self.mark_lost(LossReason::Closed);
                     return Sent::Failed(e);
                 }
                 Err(e) if retry && !self.bound && is_transient(&e) && attempt < RETRIES => {
@@ -233,25 +315,32 @@ impl State {
     /// connection failure, where 0 counts as released.
     pub(crate) async fn release_exact(&self) -> Result<()> {
         let was_lost = self.is_lost();
+        lock(&self.timing).releasing = true;
         let mut cmd = redis::cmd("FLOCK.RELEASE");
         cmd.arg(&self.key).arg(&self.owner).arg(self.token);
         let r = match self.send::<i64>(&cmd, true, None).await {
             Sent::Reply(1, _, _) => Ok(()),
             Sent::Reply(_, _, true) => Ok(()),
             Sent::Reply(_, _, false) => {
-                self.mark_lost();
-                Err(Error::Lost)
+                self.mark_lost(LossReason::Gone);
+                Err(Error::Lost(self.loss_reason().unwrap_or(LossReason::Gone)))
             }
             // A bound lease's connection failed: the server ended the grant when it closed,
             // so there is nothing left to release, and the lease was lost (rule 3).
-            Sent::Failed(e) if self.bound && is_connection_error(&e) => Err(Error::Lost),
+            Sent::Failed(e) if self.bound && is_connection_error(&e) => {
+                self.mark_lost(LossReason::Closed);
+                Err(Error::Lost(
+                    self.loss_reason().unwrap_or(LossReason::Closed),
+                ))
+            }
             Sent::Failed(e) => Err(e.into()),
         };
+        let reason = self.loss_reason();
         lock(&self.timing).released = true;
         self.wake.notify_one();
-        match r {
-            Ok(()) if was_lost => Err(Error::Lost),
-            r => r,
+        match (r, reason) {
+            (Ok(()), Some(reason)) if was_lost => Err(Error::Lost(reason)),
+            (r, _) => r,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::error::LossReason;
 use crate::retry::{backoff, is_transient};
 use crate::state::{Renewal, State};
 use crate::sync::lock;
@@ -39,7 +40,7 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
         }
         let deadline = lock(&st.timing).deadline;
         if Instant::now() >= deadline {
-            st.mark_lost();
+            st.mark_lost(LossReason::DeadlinePassed);
             return;
         }
         if !renew {
@@ -52,7 +53,7 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
             // A manual renew() may have moved the deadline meanwhile.
             let deadline = lock(&st.timing).deadline;
             if Instant::now() >= deadline {
-                st.mark_lost();
+                st.mark_lost(LossReason::DeadlinePassed);
                 return;
             }
             match st.renew_once(ttl, deadline, !st.bound).await {
@@ -61,7 +62,7 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
                     break;
                 }
                 Renewal::Nil => {
-                    st.mark_lost();
+                    st.mark_lost(LossReason::RenewRefused);
                     return;
                 }
                 Renewal::Short(_) => {
@@ -71,7 +72,15 @@ pub(crate) async fn keeper(st: Arc<State>, renew: bool) {
                 }
                 Renewal::Failed(e) => {
                     if st.bound || Instant::now() >= deadline || !is_transient(&e) {
-                        st.mark_lost();
+                        st.mark_lost(if st.bound {
+                            LossReason::Closed
+                        } else if Instant::now() >= deadline {
+                            LossReason::DeadlinePassed
+                        } else {
+                            // A refusal that no retry mends (WRONGTYPE: the key was
+                            // written over): the grant ended some other way.
+                            LossReason::Lost
+                        });
                         return;
                     }
                     attempt += 1;

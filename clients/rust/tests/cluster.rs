@@ -13,6 +13,13 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// How many requests wait for `key` on this node (FLOCK.WAITERS; 0 where the key is not).
+async fn waiters(c: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    let r: redis::RedisResult<Vec<redis::Value>> =
+        redis::cmd("FLOCK.WAITERS").arg(key).query_async(c).await;
+    r.map(|v| v.len()).unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     // The testkit's cluster calls are blocking: block_in_place hands this worker's tasks to
@@ -45,9 +52,11 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
         .await
     });
     let mut src = from.srv.async_conn().await;
+    // (FLOCK.WAITERS rather than blocked_clients: the Flock's FLOCK.WATCH of the holder's
+    // lease, rule 9, is a blocked client too)
     wait_until("the waiter blocks on the old master", MS(10_000), || {
         let mut c = src.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiters(&mut c, key).await == 1 }
     })
     .await;
 
@@ -63,7 +72,7 @@ async fn a_wait_survives_a_slot_move_and_completes_on_the_new_node() {
     // The waiter got TRYAGAIN at the old master and waits again at the new one.
     wait_until("the waiter blocks on the new master", MS(15_000), || {
         let mut c = dst.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiters(&mut c, key).await == 1 }
     })
     .await;
     assert_eq!(info_i64(&mut src, "clients", "blocked_clients").await, 0);
@@ -192,4 +201,62 @@ async fn a_durable_grant_is_acknowledged_by_the_replica_of_its_keys_master() {
         let exists: i64 = q(&mut mc, &["EXISTS", key]).await;
         assert_eq!(exists, 0);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_1_and_9_4_in_a_cluster_one_watch_per_slot_hears_a_revoke_at_once() {
+    // Rule 9 in a cluster: leases of two slots (on two masters) are watched by one
+    // connection per slot; a REVOKE on a slot's master is heard at once, and a lease that
+    // joins a slot's waiting WATCH (CLIENT UNBLOCK routed to that master) is watched too.
+    let cluster = tokio::task::block_in_place(Cluster::start);
+    let flock = Flock::new(ClusterClient::new(cluster.urls()).expect("cluster client"));
+    let mut any = cluster.nodes[0].srv.async_conn().await;
+    let mut keys: Vec<(String, u16)> = Vec::new();
+    for i in 0..100 {
+        let key = format!("{{w{i}}}:lock");
+        let slot = q::<i64>(&mut any, &["CLUSTER", "KEYSLOT", &key]).await as u16;
+        let id = &cluster.master_of(slot).id;
+        if !keys.iter().any(|(_, s)| &cluster.master_of(*s).id == id) {
+            keys.push((key, slot));
+        }
+        if keys.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(keys.len(), 2);
+    let ttl = Duration::from_secs(30);
+    let mut leases = Vec::new();
+    for (key, _) in &keys {
+        leases.push(flock.lock(key.as_str(), ttl).await.expect("lock"));
+    }
+    // A second lease in the first slot joins its lane's WATCH.
+    let (k0, s0) = &keys[0];
+    let tag = &k0[..k0.find('}').map(|i| i + 1).unwrap_or(0)];
+    let late_key = format!("{tag}:late");
+    let late = flock.lock(late_key.as_str(), ttl).await.expect("lock");
+    for (_, slot) in &keys {
+        let m = cluster.master_of(*slot).srv.async_conn().await;
+        wait_until("the slot's WATCH waits", MS(5000), || {
+            let mut c = m.clone();
+            async move { info_i64(&mut c, "flock", "flock_watchers").await == 1 }
+        })
+        .await;
+    }
+    assert_eq!(flock.watch_connections(), 2, "one per slot");
+    tokio::time::sleep(MS(100)).await;
+    let mut m0 = cluster.master_of(*s0).srv.async_conn().await;
+    let t0 = Instant::now();
+    let _: i64 = q(&mut m0, &["FLOCK.REVOKE", &late_key]).await;
+    assert!(late.wait_lost(MS(3000)).await, "heard");
+    let took = t0.elapsed();
+    assert!(took < MS(1000), "heard after {took:?}");
+    assert_eq!(late.lost_reason(), Some(flock_client::LossReason::Revoked));
+    let (k1, s1) = &keys[1];
+    let mut m1 = cluster.master_of(*s1).srv.async_conn().await;
+    let t0 = Instant::now();
+    let _: i64 = q(&mut m1, &["FLOCK.REVOKE", k1]).await;
+    assert!(leases[1].wait_lost(MS(3000)).await, "heard");
+    assert!(t0.elapsed() < MS(1000), "heard after {:?}", t0.elapsed());
+    assert!(!leases[0].is_lost());
+    assert_eq!(flock.watch_disabled(), None);
 }

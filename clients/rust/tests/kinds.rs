@@ -13,6 +13,18 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// Clients blocked in a wait, not counting FLOCK.WATCHes (rule 9: each Flock with leases keeps
+/// one waiting, which counts in blocked_clients and flock_blocked_clients too).
+async fn waiting(c: &mut redis::aio::MultiplexedConnection, field: &str) -> i64 {
+    let section = if field == "blocked_clients" {
+        "clients"
+    } else {
+        "flock"
+    };
+    flock_testkit::aio::info_i64(c, section, field).await
+        - flock_testkit::aio::info_i64(c, "flock", "flock_watchers").await
+}
+
 fn opts(ttl: u64) -> LockOptions {
     LockOptions::new(MS(ttl))
 }
@@ -48,7 +60,7 @@ async fn holders(c: &mut MultiplexedConnection, key: &str) -> Vec<(String, u64)>
 async fn blocked(c: &MultiplexedConnection, n: i64) {
     wait_until(&format!("{n} blocked clients"), MS(10_000), || {
         let mut c = c.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == n }
+        async move { waiting(&mut c, "blocked_clients").await == n }
     })
     .await;
 }
@@ -131,7 +143,7 @@ async fn shared_leases_hold_together_and_a_writer_waits_for_all_of_them() {
         l.release().await.expect("release a reader");
     }
     assert_eq!(holders(&mut raw, "rw").await.len(), 1);
-    assert_eq!(info_i64(&mut raw, "clients", "blocked_clients").await, 1);
+    assert_eq!(waiting(&mut raw, "blocked_clients").await, 1);
     assert!(
         !writer.is_finished(),
         "the writer waits for the last reader"
@@ -238,13 +250,15 @@ async fn limit_mismatch_and_mode_conflicts_are_the_servers_errors() {
         .await
         .expect("try")
         .is_none());
-    // The owner holding a permit asks again in another mode.
-    let r = flock.acquire("lim", opts(5000).owner("a")).await;
+    // The owner holding a permit asks again in another mode, from another process (this
+    // `Flock` refuses a second lease of its own grant before sending: rule 11).
+    let other = Flock::new(srv.client());
+    let r = other.acquire("lim", opts(5000).owner("a")).await;
     assert!(
         redis_error_with(&r, "owner already holds a permit grant of lim"),
         "{r:?}"
     );
-    let r = flock
+    let r = other
         .acquire(
             "lim",
             opts(5000)
@@ -279,7 +293,7 @@ async fn limit_mismatch_and_mode_conflicts_are_the_servers_errors() {
         redis_error_with(&r, "limit mismatch: sh admits any number of shared holders"),
         "{r:?}"
     );
-    let r = flock.acquire("sh", opts(5000).owner("s")).await;
+    let r = other.acquire("sh", opts(5000).owner("s")).await;
     assert!(
         redis_error_with(&r, "owner already holds a shared grant of sh"),
         "{r:?}"
@@ -304,7 +318,8 @@ async fn limit_mismatch_and_mode_conflicts_are_the_servers_errors() {
     let r = flock
         .acquire("big", opts(5000).mode(Mode::Permits(0)))
         .await;
-    assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
+    // Refused by the client itself (rule 12).
+    assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
 }
 
 /// The ids of the server's client connections other than `admin`'s own.
@@ -370,7 +385,7 @@ async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
                 let noticed = t0.elapsed();
                 assert!(noticed <= MS(ttl / 3 + 800), "noticed after {noticed:?}");
                 assert!(signal.has_changed().unwrap_or(false) && *signal.borrow());
-                assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost)));
+                assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost(_))));
                 assert_eq!(lease.remaining(), Duration::ZERO);
                 // The server ended the grant when its connection closed.
                 let (w, at) = waiter.await.expect("join");
@@ -387,7 +402,7 @@ async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
         })
         .await;
     // Leaving the block of a lost lease is Error::Lost (rule 3), not the dead connection's error.
-    assert!(matches!(out, Err(Error::Lost)), "{out:?}");
+    assert!(matches!(out, Err(Error::Lost(_))), "{out:?}");
     assert_eq!(
         info_i64(&mut raw, "flock", "flock_bound_closed").await,
         closed + 1
@@ -429,8 +444,8 @@ async fn a_bound_lease_renews_on_its_own_connection_and_is_lost_when_it_fails() 
     let r = lease.check().await;
     assert!(r.is_err(), "{r:?}");
     assert!(lease.is_lost());
-    assert!(matches!(lease.renew(None).await, Err(Error::Lost)));
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.renew(None).await, Err(Error::Lost(_))));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     assert_eq!(info_i64(&mut raw, "flock", "flock_bound_grants").await, 0);
 }
 
@@ -592,7 +607,7 @@ async fn a_bound_wait_survives_a_killed_connection_and_its_grant_is_bound_to_the
     // At its next renewal (a third of the ttl), with slack for a loaded machine; the local
     // deadline is further off (the grant was renewed just before the kill).
     assert!(lease.wait_lost(MS(5000 / 3 + 1000)).await);
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,7 +651,7 @@ async fn a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(
     assert_eq!(killed, 1);
     let (r, at) = releasing.await.expect("join");
     // The grant ended with its connection (as on expiry): Lost, at once.
-    assert!(matches!(r, Err(Error::Lost)), "{r:?}");
+    assert!(matches!(r, Err(Error::Lost(_))), "{r:?}");
     assert!(at - t0 < MS(ttl / 3), "release took {:?}", at - t0);
     wait_until(
         "the bound grant ends with its connection",

@@ -13,6 +13,18 @@ use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// Clients blocked in a wait, not counting FLOCK.WATCHes (rule 9: each Flock with leases keeps
+/// one waiting, which counts in blocked_clients and flock_blocked_clients too).
+async fn waiting(c: &mut redis::aio::MultiplexedConnection, field: &str) -> i64 {
+    let section = if field == "blocked_clients" {
+        "clients"
+    } else {
+        "flock"
+    };
+    flock_testkit::aio::info_i64(c, section, field).await
+        - flock_testkit::aio::info_i64(c, "flock", "flock_watchers").await
+}
+
 async fn exists(c: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     q::<i64>(c, &["EXISTS", key]).await == 1
 }
@@ -59,12 +71,19 @@ async fn scoped_lock_and_release() {
         flock.lock("job:1", MS(1000)).await,
         Err(Error::Busy)
     ));
-    let t0 = Instant::now();
-    let busy = flock
-        .lock("job:1", LockOptions::new(MS(1000)).wait(Wait::For(MS(300))))
-        .await;
+    // Another task waits (this one would wait on its own lease: rule 11, at once Busy).
+    let f2 = flock.clone();
+    let (busy, waited) = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let busy = f2
+            .lock("job:1", LockOptions::new(MS(1000)).wait(Wait::For(MS(300))))
+            .await;
+        (busy, t0.elapsed())
+    })
+    .await
+    .expect("task");
     assert!(matches!(busy, Err(Error::Busy)), "{busy:?}");
-    assert!(t0.elapsed() >= MS(290), "waited {:?}", t0.elapsed());
+    assert!(waited >= MS(290), "waited {waited:?}");
 
     let token = lease.token();
     lease.release().await.expect("release");
@@ -111,7 +130,7 @@ async fn scoped_lock_and_release() {
         .release("job:4", "w4", Some(lease.token()))
         .await
         .expect("release"));
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     let _lease = flock.lock("job:5", MS(5000)).await.expect("lock");
     assert_eq!(flock.revoke("job:5", None).await.expect("revoke"), 1);
 }
@@ -183,9 +202,9 @@ async fn revoke_is_noticed_within_a_third_of_the_ttl() {
     );
     assert!(lease.is_lost());
     assert_eq!(lease.remaining(), Duration::ZERO);
-    assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost)));
+    assert!(matches!(lease.ensure(Duration::ZERO), Err(Error::Lost(_))));
     assert!(lease.wait_lost(MS(1)).await);
-    assert!(matches!(lease.release().await, Err(Error::Lost)));
+    assert!(matches!(lease.release().await, Err(Error::Lost(_))));
     println!("REVOKE noticed after {took:?} (ttl {ttl:?})");
 }
 
@@ -219,7 +238,7 @@ async fn with_lock_returns_lost_or_the_blocks_own_error() {
             Ok(7)
         })
         .await;
-    assert!(matches!(out, Err(Error::Lost)), "{out:?}");
+    assert!(matches!(out, Err(Error::Lost(_))), "{out:?}");
 
     // The block fails: its own error passes through unchanged; the lease shows the loss.
     let seen = Arc::new(Mutex::new(None));
@@ -278,7 +297,7 @@ async fn holder_child(port: String) {
                 let took = t.elapsed();
                 let what = match r {
                     Ok(()) => "ok".to_string(),
-                    Err(Error::Lost) => "Lost".to_string(),
+                    Err(Error::Lost(_)) => "Lost".to_string(),
                     Err(e) => format!("{e:?}"),
                 };
                 println!(
@@ -438,7 +457,7 @@ async fn remaining_is_never_above_the_servers_check() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_i64(&mut c, "clients", "blocked_clients").await == 1 }
+        async move { waiting(&mut c, "blocked_clients").await == 1 }
     })
     .await;
     lease.release().await.expect("release");
@@ -515,7 +534,7 @@ async fn a_block_wait_longer_than_the_ttl_is_renewed_at_once() {
     });
     wait_until("the waiter blocks", MS(5000), || {
         let mut c = raw.clone();
-        async move { info_i64(&mut c, "flock", "flock_blocked_clients").await == 1 }
+        async move { waiting(&mut c, "flock_blocked_clients").await == 1 }
     })
     .await;
     tokio::time::sleep(MS(2000)).await;
@@ -567,8 +586,8 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         wait_until("the waiter blocks", MS(5000), || {
             let mut c = raw.clone();
             async move {
-                info_i64(&mut c, "clients", "blocked_clients").await == i
-                    && info_i64(&mut c, "flock", "flock_blocked_clients").await == i
+                waiting(&mut c, "blocked_clients").await == i
+                    && waiting(&mut c, "flock_blocked_clients").await == i
             }
         })
         .await;
@@ -579,7 +598,7 @@ async fn block_waiters_are_blocked_clients_served_in_fifo_order() {
         t.await.expect("waiter");
     }
     assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4]);
-    assert_eq!(info_i64(&mut raw, "clients", "blocked_clients").await, 0);
+    assert_eq!(waiting(&mut raw, "blocked_clients").await, 0);
     assert!(!exists(&mut raw, "q").await);
 }
 
@@ -591,10 +610,13 @@ async fn release_is_exact_to_its_token() {
     let opts = LockOptions::new(MS(5000)).owner("same-owner");
     let old = flock.lock("ex", opts.clone()).await.expect("lock");
     let _: i64 = q(&mut raw, &["FLOCK.REVOKE", "ex"]).await;
+    // Rule 11: while the old lease is live this Flock refuses a second one of the same owner;
+    // the revoke is heard (rule 9) and the old lease lost first.
+    assert!(old.wait_lost(MS(3000)).await);
     let new = flock.lock("ex", opts).await.expect("lock again");
     assert!(new.token() > old.token());
     // The stale lease's release names its own token: the newer grant of the same owner stays.
-    assert!(matches!(old.release().await, Err(Error::Lost)));
+    assert!(matches!(old.release().await, Err(Error::Lost(_))));
     assert!(server_check(&mut raw, "ex", new.token()).await > 0);
     assert!(!new.is_lost());
     // A stale fenced write: Error::Fenced, and the lease is marked lost.
@@ -604,6 +626,6 @@ async fn release_is_exact_to_its_token() {
         .await;
     assert!(matches!(r, Err(Error::Fenced(_))), "{r:?}");
     assert!(new.is_lost());
-    assert!(matches!(new.renew(None).await, Err(Error::Lost)));
+    assert!(matches!(new.renew(None).await, Err(Error::Lost(_))));
     drop(new);
 }
