@@ -145,7 +145,7 @@ async fn etcd_22082_a_retried_release_never_ends_a_newer_grant_of_the_same_owner
     let mon = Monitor::start(&srv);
     // The retry: the old lease's release.
     let r = old.release().await;
-    assert!(matches!(r, Err(Error::Lost)), "{r:?}");
+    assert!(matches!(r, Err(Error::Lost(_))), "{r:?}");
     let left: u64 = q(&mut raw, &["FLOCK.CHECK", "pb:22082", &newer.to_string()]).await;
     assert!(left > 0, "the newer grant was ended");
     let cmds = mon.close();
@@ -233,7 +233,7 @@ async fn redis_semaphore_175_a_renewal_after_expiry_takes_nothing() {
         .await
         .expect("lock");
     tokio::time::sleep(MS(500)).await;
-    assert!(matches!(lease.renew(None).await, Err(Error::Lost)));
+    assert!(matches!(lease.renew(None).await, Err(Error::Lost(_))));
     assert!(lease.is_lost());
     assert_eq!(q::<i64>(&mut raw, &["EXISTS", "pb:175"]).await, 0);
     // Ended on the server while the local deadline is far: the RENEW answers nil and takes
@@ -243,7 +243,7 @@ async fn redis_semaphore_175_a_renewal_after_expiry_takes_nothing() {
         .await
         .expect("lock");
     let _: i64 = q(&mut raw, &["FLOCK.REVOKE", "pb:175b"]).await;
-    assert!(matches!(lease2.renew(None).await, Err(Error::Lost)));
+    assert!(matches!(lease2.renew(None).await, Err(Error::Lost(_))));
     assert_eq!(q::<i64>(&mut raw, &["EXISTS", "pb:175b"]).await, 0);
     // The key is free for the next owner at once.
     let other = flock.lock("pb:175", MS(1000)).await.expect("free");
