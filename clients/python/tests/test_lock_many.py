@@ -8,6 +8,8 @@ import time
 
 import pytest
 import redis.asyncio
+from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from redis_flock import Flock, InvalidArgumentError, LockBusyError, LockLostError
 from redis_flock import aio
@@ -186,3 +188,23 @@ def test_m1_asyncio(server):
             await flock.acquire_many([f"{{t}}:{i}" for i in range(65)], 1000)
         await r.aclose()
     asyncio.run(main())
+
+
+def test_m1_cluster_one_slot(cluster):
+    """M.1 in a 3-master cluster: keys of one slot (a hash tag) are granted on the slot's node,
+    whichever master serves it; keys of several slots are the server's CROSSSLOT, nothing
+    taken."""
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True,
+                      socket_timeout=SOON_S)
+    flock = Flock(rc)
+    for i in range(6):  # tags on every master
+        keys = [f"{{m{i}}}:a", f"{{m{i}}}:b"]
+        with flock.lock_many(keys, 10_000) as leases:
+            for lease in leases:
+                assert lease.check() > 0
+                assert lease.fenced("SET", lease.key + ":data", "v") == "OK"
+        assert rc.exists(*keys) == 0
+    with pytest.raises(ResponseError, match="same slot"):  # CROSSSLOT
+        flock.acquire_many(["{m0}:a", "{m1}:a"], 10_000)
+    assert rc.exists("{m0}:a") == 0 and rc.exists("{m1}:a") == 0
+    rc.close()
