@@ -145,6 +145,8 @@ def test_m1_argument_errors(server):
     assert after == before
     leases = flock.acquire_many([f"{{t}}:{i}" for i in range(64)], 1000)
     assert leases is not None and len(leases) == 64
+    calls = int(r.info("commandstats")["cmdstat_flock.macquire"]["calls"])
+    assert calls == before + 1  # (the count above is this command's, and none was sent)
     for lease in leases:
         assert lease.release()
 
