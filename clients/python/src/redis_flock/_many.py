@@ -150,3 +150,16 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
         if redirects > 4:  # a cluster in flux: do not spin
             yield Sleep(reroute_pause_s(redirects - 4))
 
+
+def raise_after_release_all(leases: Sequence[Any], failed: Optional[BaseException],
+                            exc_type: Any) -> None:
+    """Leaving ``lock_many``'s block, once every lease's release was tried (failed: the first
+    release that raised): the block's own error goes on unchanged (nothing raised here); else
+    that release's error, else LockLostError of the first lease lost while held."""
+    if exc_type is not None:
+        return
+    if failed is not None:
+        raise failed
+    for lease in leases:
+        if lease._lost:
+            raise lease._lost_while_held()

@@ -90,7 +90,12 @@ from ._inspect import (
     stats_command,
     waiters_command,
 )
-from ._many import acquire_many_command, acquire_many_plan, many_busy_error
+from ._many import (
+    acquire_many_command,
+    acquire_many_plan,
+    many_busy_error,
+    raise_after_release_all,
+)
 from ._watch import (
     WATCH_AFTER_S,
     AwaitWork,
@@ -609,13 +614,7 @@ class _ManyContext:
                                 exc_info=True)
                 elif first is None:
                     first = e
-        if exc_type is not None:
-            return  # the block's own exception goes on unchanged
-        if first is not None:
-            raise first
-        for lease in leases:
-            if lease._lost:
-                raise lease._lost_while_held()
+        raise_after_release_all(leases, first, exc_type)
 
 
 class Observer:
