@@ -90,6 +90,12 @@ from ._inspect import (
     stats_command,
     waiters_command,
 )
+from ._many import (
+    acquire_many_command,
+    acquire_many_plan,
+    many_busy_error,
+    raise_after_release_all,
+)
 from ._watch import (
     WATCH_AFTER_S,
     AwaitWork,
@@ -578,6 +584,39 @@ class _LockContext:
         await lease.__aexit__(exc_type, exc, tb)
 
 
+class _ManyContext:
+    """``flock.lock_many()``: the leases of every key, released together on leaving."""
+    __slots__ = ("_flock", "_args", "_kw", "_leases")
+
+    def __init__(self, flock: "Flock", args: Tuple[Any, ...], kw: Dict[str, Any]) -> None:
+        self._flock = flock
+        self._args = args
+        self._kw = kw
+        self._leases: Optional[List[Lease]] = None
+
+    async def __aenter__(self) -> List[Lease]:
+        leases = await self._flock.acquire_many(*self._args, **self._kw)
+        if leases is None:
+            raise many_busy_error(self._args[0], self._kw.get("wait_ms"))
+        self._leases = leases
+        return list(leases)
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        leases, self._leases = self._leases, None
+        assert leases is not None
+        first: Optional[BaseException] = None
+        for lease in leases:  # every one is released, whatever happens to the others
+            try:
+                await lease.release()
+            except Exception as e:
+                if exc_type is not None:
+                    log.warning("flock: release of %r after an error failed", lease.key,
+                                exc_info=True)
+                elif first is None:
+                    first = e
+        raise_after_release_all(leases, first, exc_type)
+
+
 class Observer:
     """``election.observe()`` (asyncio): an async iterator of leader changes (see the sync
     ``Observer``); ``close()`` or leaving its ``async with`` block ends it."""
@@ -725,8 +764,13 @@ class Flock:
             if own_wait and wait_ms:
                 raise busy_on_self(key)
             return None
+        return self._new_lease(grant, renew, durable, command[4:], ctx)
+
+    def _new_lease(self, grant: Grant, renew: bool, durable: Optional[Durability],
+                   kind: Tuple[Any, ...], ctx: Any) -> Lease:
+        """A Lease of a grant, tracked (rule 11) and watched (rule 9)."""
         lease = Lease(self, grant, renew, durable)
-        lease._kind, lease._ctx, lease._tracker = command[4:], ctx, self._track
+        lease._kind, lease._ctx, lease._tracker = kind, ctx, self._track
         lane = self._track.add(lease)
         if lane is not None:
             self._start_lane(lane)
@@ -734,6 +778,40 @@ class Flock:
         if self._refresh_due is None or due < self._refresh_due:
             self._schedule_refresh(due)
         return lease
+
+    def lock_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
+                  renew: bool = True, owner: Optional[str] = None,
+                  **unknown: NoReturn) -> "_ManyContext":
+        """``async with flock.lock_many(keys, ttl_ms) as leases:`` (see the sync
+        ``Flock.lock_many``)."""
+        refuse_unknown(unknown)
+        acquire_many_command(keys, ttl_ms, wait_ms, owner)  # rule 12: checked at once
+        return _ManyContext(self, (keys, ttl_ms), dict(wait_ms=wait_ms, renew=renew,
+                                                       owner=owner))
+
+    async def acquire_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
+                           renew: bool = True, owner: Optional[str] = None,
+                           **unknown: NoReturn) -> Optional[List[Lease]]:
+        """See the sync ``Flock.acquire_many`` (rule 11 per task instead of per thread)."""
+        if unknown:
+            refuse_unknown(unknown)
+        if renew is not True and renew is not False:
+            check_flag("renew", renew)
+        command, wait_s = acquire_many_command(keys, ttl_ms, wait_ms, owner)
+        ctx = asyncio.current_task()
+        own_key = None
+        for key in command[2:-2]:
+            if self._track.reenter(as_bytes(key), owner, ctx, False, ())[1]:
+                own_key = key
+        if own_key is not None and wait_s is not None:
+            wait_s = None  # one try: a wait would wait on this task's own lease
+        grants = await self._t.run(acquire_many_plan(command, wait_s, monotonic(),
+                                                     owner is None))
+        if grants is None:
+            if own_key is not None and wait_ms:
+                raise busy_on_self(own_key)
+            return None
+        return [self._new_lease(g, renew, None, (), ctx) for g in grants]
 
     def _task_owner(self, task: Any) -> str:
         if task is None:
