@@ -61,7 +61,7 @@ impl Context for ServerCx {
         ffi::monotonic_us()
     }
 
-    #[inline]
+    #[inline(always)]
     fn env(&mut self) -> Env<'_> {
         let tokens = self.tokens.get_or_insert_with(server::tokens);
         Env {
@@ -164,8 +164,10 @@ impl Waiters for KeyWaiters<'_> {
 }
 
 /// Run `op` on `stored`, with the server as its context and the key's waiters (`class` and
-/// `watched`: what waiting changes beside the state).
-#[inline]
+/// `watched`: what waiting changes beside the state). Inlined into each caller: the engine
+/// operation it runs (with its fast path) then lands in the executor's own code, one call
+/// and one copy of the outcome fewer.
+#[inline(always)]
 fn run_op(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
@@ -268,7 +270,7 @@ fn run_here(
 
 /// [`run`] on a key that does not exist: stored afterwards only if the engine keeps it (a
 /// refused or waiting request leaves no key behind).
-#[inline]
+#[inline(always)]
 fn run_free(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,

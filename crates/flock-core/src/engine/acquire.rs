@@ -115,7 +115,7 @@ pub(super) fn acquire_state(
 /// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]`. `can_block`: the
 /// caller's context allows blocking (not MULTI, not a script). `bind_to`: with BOUND, the
 /// caller's connection.
-#[inline]
+#[inline(always)]
 pub fn acquire(
     stored: Stored<'_>,
     cx: &mut impl Context,

@@ -77,15 +77,23 @@ pub(super) fn acquire_free(
     let mut grant = Grant::new(args.owner, token, args.ttl_ms, now);
     grant.bind(bind_to);
     // As `acquire` publishes a grant: the new state, its timer, then the event (and the
-    // binding).
-    fx.push(Effect::Replicate);
-    fx.push(Effect::Arm(Some(grant.deadline)));
-    fx.push(Effect::Notify(Event::Acquired {
+    // binding). Written in one go (`fx` is the operation's, still empty).
+    let acquired = Effect::Notify(Event::Acquired {
         ttl_ms: args.ttl_ms,
-    }));
-    if let Some(client) = bind_to {
-        fx.push(Effect::Bind { client, token });
-    }
+    });
+    let (bind, len) = match bind_to {
+        Some(client) => (Effect::Bind { client, token }, 4),
+        None => (Effect::DeleteKey, 3), // (not read: past `len`)
+    };
+    *fx = Effects::inline(
+        [
+            Effect::Replicate,
+            Effect::Arm(Some(grant.deadline)),
+            acquired,
+            bind,
+        ],
+        len,
+    );
     Some((Reply::Int(token as i64), grant, mode))
 }
 
@@ -116,13 +124,21 @@ pub(super) fn release_lone(
     if lone.owner != owner || token.is_some_and(|t| t != lone.token) {
         return Some(Reply::Int(0));
     }
-    fx.push(Effect::Notify(Event::Released {
+    let released = Effect::Notify(Event::Released {
         held_ms: mono_us.saturating_sub(lone.since_mono_us) / 1000,
         token: lone.token,
-    }));
-    // Nothing is left of the key: its deletion travels, and the key goes.
-    fx.push(Effect::ReplicateDelete);
-    fx.push(Effect::DeleteKey);
+    });
+    // Nothing is left of the key: its deletion travels, and the key goes. (Written in one
+    // go: `fx` is the operation's, still empty.)
+    *fx = Effects::inline(
+        [
+            released,
+            Effect::ReplicateDelete,
+            Effect::DeleteKey,
+            Effect::DeleteKey,
+        ],
+        3,
+    );
     Some(Reply::Int(1))
 }
 

@@ -47,6 +47,17 @@ impl Effects {
         self.list.push(effect);
     }
 
+    /// The first `len` of `list` (at most four), made in place: what the fast paths name, in
+    /// one write instead of pushes (`SmallVec::push`, which the compiler keeps out of line,
+    /// costs a call and a capacity check each). The slots past `len` are never read.
+    #[inline(always)]
+    pub(super) fn inline(list: [Effect; 4], len: usize) -> Effects {
+        Effects {
+            list: SmallVec::from_buf_and_len(list, len.min(4)),
+            so_far: Vec::new(),
+        }
+    }
+
     /// Push [`Effect::ReplicateSoFar`] of `state` as it is now (a state past the 256th of
     /// one operation, which no operation reaches, is sent as the final one).
     pub fn push_state_so_far(&mut self, state: &LockState) {

@@ -33,7 +33,7 @@ pub(super) fn release_state(
 }
 
 /// `FLOCK.RELEASE key owner [token]` on an existing lock key.
-#[inline]
+#[inline(always)]
 pub fn release(
     stored: Stored<'_>,
     cx: &mut impl Context,
