@@ -88,10 +88,35 @@ pub struct KeyWaiters<'r> {
 impl KeyWaiters<'_> {
     /// Mark the record as waited for when clients wait for its key (a new value under a
     /// name that was deleted or moved while they waited).
+    #[inline(always)]
     pub fn watch_if_waited(&mut self) {
         if self.watched.is_none() && waiters::count(self.ctx, self.key_name) > 0 {
-            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+            self.mark_waited();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_waited(&mut self) {
+        *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+    }
+}
+
+/// An engine operation the executor runs on a key: any closure of the right shape, or a
+/// command's own type (FLOCK.ACQUIRE's and FLOCK.RELEASE's, in `handlers.rs`) whose `run` is
+/// inlined where the executor calls it, so that with the key's form known there (free, one
+/// grant, full) the engine's fast path is all that is left of it.
+pub trait Op {
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome;
+}
+
+impl<F> Op for F
+where
+    F: FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+{
+    #[inline(always)]
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
+        self(stored, cx, w)
     }
 }
 
@@ -174,7 +199,7 @@ fn run_op(
     stored: Stored<'_>,
     class: &mut ClassRef,
     watched: &mut Option<Box<KeyId>>,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Outcome {
     let mut cx = ServerCx::new();
     let mut w = KeyWaiters {
@@ -187,7 +212,7 @@ fn run_op(
         // Clients waiting for the name: the engine must see them (no free-key fast path).
         w.watch_if_waited();
     }
-    op(stored, &mut cx, &mut w)
+    op.run(stored, &mut cx, &mut w)
 }
 
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
@@ -201,6 +226,18 @@ pub fn run(
     key: &mut Key,
     create: bool,
     op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    run_with(ctx, key_name, key, create, op)
+}
+
+/// [`run`] for any [`Op`] (a closure is one).
+#[inline]
+pub fn run_with(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     if watchers::any() {
         return run_watched(ctx, key_name, key, create, op);
@@ -217,15 +254,22 @@ fn run_watched(
     key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
-    let reply = run_here(ctx, key_name, key, create, |stored, cx, w| {
-        let out = op(stored, cx, w);
-        watchers::note(&out);
-        out
-    });
+    let reply = run_here(ctx, key_name, key, create, Noted(op));
     watchers::key_changed(ctx, key_name, key);
     reply
+}
+
+/// `O`, whose outcome's ending events are kept for the watchers ([`run_watched`]).
+struct Noted<O>(O);
+
+impl<O: Op> Op for Noted<O> {
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
+        let out = self.0.run(stored, cx, w);
+        watchers::note(&out);
+        out
+    }
 }
 
 /// [`run`] but for the watchers.
@@ -235,7 +279,7 @@ fn run_here(
     key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     match block::open(key) {
         Opened::OtherType => Err(NoLock::WrongType),
@@ -275,7 +319,7 @@ fn run_free(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     key: &mut Key,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     let mut class = ClassRef::default();
     let mut watched = None;
@@ -313,7 +357,7 @@ fn run_full(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     key: &mut Key,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     let Found::Lock(mut lock) = block::lock_mut(key) else {
         return Err(NoLock::Missing);

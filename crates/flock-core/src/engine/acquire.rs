@@ -2,8 +2,8 @@
 
 use super::settle::{publish, settle_state};
 use super::{
-    lone, with_state, BlockRefused, Context, Count, Effect, Effects, Env, Event, KeyFate, Outcome,
-    Reply, ReplyError, Stored, Waiters,
+    lone, with_state, BlockRefused, Context, Count, Effect, Effects, Env, Event, Outcome, Reply,
+    ReplyError, Stored, Waiters,
 };
 use crate::args::AcquireArgs;
 use crate::state::{Acquired, Grant, LockState};
@@ -124,19 +124,18 @@ pub fn acquire(
     can_block: bool,
     bind_to: Option<u64>,
 ) -> Outcome {
-    let mut fx = Effects::default();
+    // One outcome, returned on every path and so made where the caller wants it: the fast
+    // path writes its effects straight into it (moving a filled `Effects` costs a copy).
+    let mut out = Outcome::keep(Reply::Null);
     let mut env = cx.env();
     if matches!(stored, Stored::Free) {
-        if let Some((reply, grant, mode)) = lone::acquire_free(args, &mut env, w, &mut fx, bind_to)
-        {
-            return Outcome {
-                reply,
-                effects: fx,
-                fate: KeyFate::StoreLone { grant, mode },
-            };
+        if lone::acquire_free(args, &mut env, w, &mut out, bind_to) {
+            return out;
         }
     }
-    acquire_general(stored, &mut env, w, fx, args, can_block, bind_to)
+    let fx = std::mem::take(&mut out.effects);
+    out = acquire_general(stored, &mut env, w, fx, args, can_block, bind_to);
+    out
 }
 
 /// [`acquire`] past its fast path. Out of line and cold: kept away from the hot ACQUIRE of a

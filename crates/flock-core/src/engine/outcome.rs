@@ -102,6 +102,18 @@ pub struct Outcome {
     pub fate: KeyFate,
 }
 
+impl Outcome {
+    /// `reply`, no effect, the key kept as it is.
+    #[inline(always)]
+    pub fn keep(reply: Reply<'static>) -> Outcome {
+        Outcome {
+            reply,
+            effects: Effects::default(),
+            fate: KeyFate::Keep,
+        }
+    }
+}
+
 impl KeyFate {
     /// The key's state when the fate is a new one (`None`: [`KeyFate::Keep`]).
     pub fn into_state(self) -> Option<LockState> {

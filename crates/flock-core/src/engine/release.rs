@@ -2,8 +2,7 @@
 
 use super::settle::{held_ms, settle, settle_first, unbind};
 use super::{
-    lone, with_state, Context, Effect, Effects, Env, Event, KeyFate, Outcome, Reply, Stored,
-    Waiters,
+    lone, with_state, Context, Effect, Effects, Env, Event, Outcome, Reply, Stored, Waiters,
 };
 use crate::state::LockState;
 
@@ -41,18 +40,17 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Outcome {
-    let mut fx = Effects::default();
+    // One outcome on every path, the fast path's effects written into it (as in `acquire`).
+    let mut out = Outcome::keep(Reply::Int(0));
     if let Stored::Lone(lone) = &stored {
         let (mono_us, master) = (cx.mono_us(), cx.master());
-        if let Some(reply) = lone::release_lone(lone, mono_us, master, w, &mut fx, owner, token) {
-            return Outcome {
-                reply,
-                effects: fx,
-                fate: KeyFate::Keep,
-            };
+        if lone::release_lone(lone, mono_us, master, w, &mut out, owner, token) {
+            return out;
         }
     }
-    release_general(stored, cx, w, fx, owner, token)
+    let fx = std::mem::take(&mut out.effects);
+    out = release_general(stored, cx, w, fx, owner, token);
+    out
 }
 
 /// [`release`] past its fast path: out of line and cold, as `acquire_general` (in `acquire.rs`) is.
