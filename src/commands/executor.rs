@@ -106,8 +106,10 @@ impl KeyWaiters<'_> {
 /// command's own type (FLOCK.ACQUIRE's and FLOCK.RELEASE's, in `handlers.rs`) whose `run` is
 /// inlined where the executor calls it, so that with the key's form known there (free, one
 /// grant, full) the engine's fast path is all that is left of it.
+/// It writes its outcome into `out`, the executor's (fresh: [`Outcome::keep`]), where the
+/// executor carries it out from: no copy of the (large) outcome on the hot paths.
 pub trait Op {
-    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome;
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome);
 }
 
 impl<F> Op for F
@@ -115,8 +117,8 @@ where
     F: FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
 {
     #[inline(always)]
-    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
-        self(stored, cx, w)
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        *out = self(stored, cx, w);
     }
 }
 
@@ -200,7 +202,8 @@ fn run_op(
     class: &mut ClassRef,
     watched: &mut Option<Box<KeyId>>,
     op: impl Op,
-) -> Outcome {
+    out: &mut Outcome,
+) {
     let mut cx = ServerCx::new();
     let mut w = KeyWaiters {
         ctx,
@@ -212,7 +215,7 @@ fn run_op(
         // Clients waiting for the name: the engine must see them (no free-key fast path).
         w.watch_if_waited();
     }
-    op.run(stored, &mut cx, &mut w)
+    op.run(stored, &mut cx, &mut w, out);
 }
 
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
@@ -265,10 +268,9 @@ fn run_watched(
 struct Noted<O>(O);
 
 impl<O: Op> Op for Noted<O> {
-    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
-        let out = self.0.run(stored, cx, w);
-        watchers::note(&out);
-        out
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        self.0.run(stored, cx, w, out);
+        watchers::note(out);
     }
 }
 
@@ -289,13 +291,15 @@ fn run_here(
         Opened::Lone(b, lone) => {
             let mut class = b.class();
             let mut watched = None;
-            let out = run_op(
+            let mut out = Outcome::keep(Reply::Null);
+            run_op(
                 ctx,
                 key_name,
                 Stored::Lone(lone),
                 &mut class,
                 &mut watched,
                 op,
+                &mut out,
             );
             let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
             if delete {
@@ -323,7 +327,16 @@ fn run_free(
 ) -> Result<Reply<'static>, NoLock> {
     let mut class = ClassRef::default();
     let mut watched = None;
-    let out = run_op(ctx, key_name, Stored::Free, &mut class, &mut watched, op);
+    let mut out = Outcome::keep(Reply::Null);
+    run_op(
+        ctx,
+        key_name,
+        Stored::Free,
+        &mut class,
+        &mut watched,
+        op,
+        &mut out,
+    );
     let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
     if delete {
         return Ok(out.reply);
@@ -364,10 +377,12 @@ fn run_full(
     };
     let b = lock.block();
     let mut class = b.class();
-    let out = {
+    let mut out = Outcome::keep(Reply::Null);
+    {
         let (state, watched) = lock.parts();
-        run_op(ctx, key_name, Stored::Full(state), &mut class, watched, op)
-    };
+        let stored = Stored::Full(state);
+        run_op(ctx, key_name, stored, &mut class, watched, op, &mut out);
+    }
     let (next, delete) = carry_out(ctx, key_name, &out, Some(lock.state()), &mut class);
     if delete {
         lock.discard();

@@ -141,8 +141,9 @@ struct AcquireOp<'a> {
 
 impl Op for AcquireOp<'_> {
     #[inline(always)]
-    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
-        engine::acquire(stored, cx, w, self.args, self.can_block, self.bind_to)
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        let (args, can_block, bind_to) = (self.args, self.can_block, self.bind_to);
+        engine::acquire_into(stored, cx, w, args, can_block, bind_to, out);
     }
 }
 
@@ -154,8 +155,8 @@ struct ReleaseOp<'a> {
 
 impl Op for ReleaseOp<'_> {
     #[inline(always)]
-    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>) -> Outcome {
-        engine::release(stored, cx, w, self.owner, self.token)
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        engine::release_into(stored, cx, w, self.owner, self.token, out);
     }
 }
 

@@ -124,18 +124,30 @@ pub fn acquire(
     can_block: bool,
     bind_to: Option<u64>,
 ) -> Outcome {
-    // One outcome, returned on every path and so made where the caller wants it: the fast
-    // path writes its effects straight into it (moving a filled `Effects` costs a copy).
     let mut out = Outcome::keep(Reply::Null);
+    acquire_into(stored, cx, w, args, can_block, bind_to, &mut out);
+    out
+}
+
+/// [`acquire`], its outcome written into `out`, a fresh one ([`Outcome::keep`]): the
+/// executor's own, so that the fast path writes its reply, effects and grant where they are
+/// carried out from (an outcome is large, and a returned one was copied on the way).
+#[inline(always)]
+pub fn acquire_into(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    args: &AcquireArgs<'_>,
+    can_block: bool,
+    bind_to: Option<u64>,
+    out: &mut Outcome,
+) {
     let mut env = cx.env();
-    if matches!(stored, Stored::Free) {
-        if lone::acquire_free(args, &mut env, w, &mut out, bind_to) {
-            return out;
-        }
+    if matches!(stored, Stored::Free) && lone::acquire_free(args, &mut env, w, out, bind_to) {
+        return;
     }
     let fx = std::mem::take(&mut out.effects);
-    out = acquire_general(stored, &mut env, w, fx, args, can_block, bind_to);
-    out
+    *out = acquire_general(stored, &mut env, w, fx, args, can_block, bind_to);
 }
 
 /// [`acquire`] past its fast path. Out of line and cold: kept away from the hot ACQUIRE of a

@@ -9,7 +9,7 @@
 //! (same reply, same effects in the same order, the same state after), which the tests check
 //! against them, and leaves every other case to them (`None`).
 
-use super::{Effect, Effects, Env, Event, KeyFate, Outcome, Reply, Waiters};
+use super::{Effect, Env, Event, KeyFate, Outcome, Reply, Waiters};
 use crate::args::AcquireArgs;
 use crate::clock::Deadline;
 use crate::state::{Grant, LockState, Mode};
@@ -88,7 +88,7 @@ pub(super) fn acquire_free(
         Some(client) => (Effect::Bind { client, token }, 4),
         None => (Effect::DeleteKey, 3), // (not read: past `len`)
     };
-    out.effects = Effects::inline(
+    out.effects.set_inline(
         [
             Effect::Replicate,
             Effect::Arm(Some(grant.deadline)),
@@ -137,7 +137,7 @@ pub(super) fn release_lone(
     });
     // Nothing is left of the key: its deletion travels, and the key goes. (Written in one
     // go: `out` is the operation's, still empty.)
-    out.effects = Effects::inline(
+    out.effects.set_inline(
         [
             released,
             Effect::ReplicateDelete,

@@ -47,15 +47,14 @@ impl Effects {
         self.list.push(effect);
     }
 
-    /// The first `len` of `list` (at most four), made in place: what the fast paths name, in
-    /// one write instead of pushes (`SmallVec::push`, which the compiler keeps out of line,
-    /// costs a call and a capacity check each). The slots past `len` are never read.
+    /// The effects are the first `len` of `list` (at most four), written in place: what the
+    /// fast paths name, in one write instead of pushes (`SmallVec::push`, which the compiler
+    /// keeps out of line, costs a call and a capacity check each). The slots past `len` are
+    /// never read. Only the list is replaced (its drop is a check; the whole `Effects`' drop
+    /// was a call): for an `Effects` with no state so far, as the fast paths' are.
     #[inline(always)]
-    pub(super) fn inline(list: [Effect; 4], len: usize) -> Effects {
-        Effects {
-            list: SmallVec::from_buf_and_len(list, len.min(4)),
-            so_far: Vec::new(),
-        }
+    pub(super) fn set_inline(&mut self, list: [Effect; 4], len: usize) {
+        self.list = SmallVec::from_buf_and_len(list, len.min(4));
     }
 
     /// Push [`Effect::ReplicateSoFar`] of `state` as it is now (a state past the 256th of

@@ -40,17 +40,29 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Outcome {
-    // One outcome on every path, the fast path's effects written into it (as in `acquire`).
     let mut out = Outcome::keep(Reply::Int(0));
+    release_into(stored, cx, w, owner, token, &mut out);
+    out
+}
+
+/// [`release`], its outcome written into `out`, a fresh one (as [`super::acquire_into`]).
+#[inline(always)]
+pub fn release_into(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    owner: &[u8],
+    token: Option<u64>,
+    out: &mut Outcome,
+) {
     if let Stored::Lone(lone) = &stored {
         let (mono_us, master) = (cx.mono_us(), cx.master());
-        if lone::release_lone(lone, mono_us, master, w, &mut out, owner, token) {
-            return out;
+        if lone::release_lone(lone, mono_us, master, w, out, owner, token) {
+            return;
         }
     }
     let fx = std::mem::take(&mut out.effects);
-    out = release_general(stored, cx, w, fx, owner, token);
-    out
+    *out = release_general(stored, cx, w, fx, owner, token);
 }
 
 /// [`release`] past its fast path: out of line and cold, as `acquire_general` (in `acquire.rs`) is.
