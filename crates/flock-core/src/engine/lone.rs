@@ -77,8 +77,16 @@ pub(super) fn acquire_free(
     let Some(token) = env.tokens.issue(now) else {
         return false;
     };
-    let mut grant = Grant::new(args.owner, token, args.ttl_ms, now);
+    // The grant is made in its place in the outcome (a grant made aside was copied there).
+    out.fate = KeyFate::StoreLone {
+        grant: Grant::new(args.owner, token, args.ttl_ms, now),
+        mode,
+    };
+    let KeyFate::StoreLone { grant, .. } = &mut out.fate else {
+        return false; // (not reached: just written)
+    };
     grant.bind(bind_to);
+    let deadline = grant.deadline;
     // As `acquire` publishes a grant: the new state, its timer, then the event (and the
     // binding). Written in one go (`out` is the operation's, still empty).
     let acquired = Effect::Notify(Event::Acquired {
@@ -91,14 +99,13 @@ pub(super) fn acquire_free(
     out.effects.set_inline(
         [
             Effect::Replicate,
-            Effect::Arm(Some(grant.deadline)),
+            Effect::Arm(Some(deadline)),
             acquired,
             bind,
         ],
         len,
     );
     out.reply = Reply::Int(token as i64);
-    out.fate = KeyFate::StoreLone { grant, mode };
     true
 }
 
