@@ -61,7 +61,7 @@ impl Context for ServerCx {
         ffi::monotonic_us()
     }
 
-    #[inline]
+    #[inline(always)]
     fn env(&mut self) -> Env<'_> {
         let tokens = self.tokens.get_or_insert_with(server::tokens);
         Env {
@@ -88,10 +88,37 @@ pub struct KeyWaiters<'r> {
 impl KeyWaiters<'_> {
     /// Mark the record as waited for when clients wait for its key (a new value under a
     /// name that was deleted or moved while they waited).
+    #[inline(always)]
     pub fn watch_if_waited(&mut self) {
         if self.watched.is_none() && waiters::count(self.ctx, self.key_name) > 0 {
-            *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+            self.mark_waited();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_waited(&mut self) {
+        *self.watched = Some(Box::new(waiters::key_id(self.ctx, self.key_name)));
+    }
+}
+
+/// An engine operation the executor runs on a key: any closure of the right shape, or a
+/// command's own type (FLOCK.ACQUIRE's and FLOCK.RELEASE's, in `handlers.rs`) whose `run` is
+/// inlined where the executor calls it, so that with the key's form known there (free, one
+/// grant, full) the engine's fast path is all that is left of it.
+/// It writes its outcome into `out`, the executor's (fresh: [`Outcome::keep`]), where the
+/// executor carries it out from: no copy of the (large) outcome on the hot paths.
+pub trait Op {
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome);
+}
+
+impl<F> Op for F
+where
+    F: FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+{
+    #[inline(always)]
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        *out = self(stored, cx, w);
     }
 }
 
@@ -164,16 +191,19 @@ impl Waiters for KeyWaiters<'_> {
 }
 
 /// Run `op` on `stored`, with the server as its context and the key's waiters (`class` and
-/// `watched`: what waiting changes beside the state).
-#[inline]
+/// `watched`: what waiting changes beside the state). Inlined into each caller: the engine
+/// operation it runs (with its fast path) then lands in the executor's own code, one call
+/// and one copy of the outcome fewer.
+#[inline(always)]
 fn run_op(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     stored: Stored<'_>,
     class: &mut ClassRef,
     watched: &mut Option<Box<KeyId>>,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
-) -> Outcome {
+    op: impl Op,
+    out: &mut Outcome,
+) {
     let mut cx = ServerCx::new();
     let mut w = KeyWaiters {
         ctx,
@@ -185,7 +215,7 @@ fn run_op(
         // Clients waiting for the name: the engine must see them (no free-key fast path).
         w.watch_if_waited();
     }
-    op(stored, &mut cx, &mut w)
+    op.run(stored, &mut cx, &mut w, out);
 }
 
 /// Run `op` on the lock stored under `key_name` (opened for writing as `key`): on `Free` when
@@ -199,6 +229,18 @@ pub fn run(
     key: &mut Key,
     create: bool,
     op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+) -> Result<Reply<'static>, NoLock> {
+    run_with(ctx, key_name, key, create, op)
+}
+
+/// [`run`] for any [`Op`] (a closure is one).
+#[inline]
+pub fn run_with(
+    ctx: Ctx<'_>,
+    key_name: RStr<'_>,
+    key: &mut Key,
+    create: bool,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     if watchers::any() {
         return run_watched(ctx, key_name, key, create, op);
@@ -215,15 +257,21 @@ fn run_watched(
     key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
-    let reply = run_here(ctx, key_name, key, create, |stored, cx, w| {
-        let out = op(stored, cx, w);
-        watchers::note(&out);
-        out
-    });
+    let reply = run_here(ctx, key_name, key, create, Noted(op));
     watchers::key_changed(ctx, key_name, key);
     reply
+}
+
+/// `O`, whose outcome's ending events are kept for the watchers ([`run_watched`]).
+struct Noted<O>(O);
+
+impl<O: Op> Op for Noted<O> {
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        self.0.run(stored, cx, w, out);
+        watchers::note(out);
+    }
 }
 
 /// [`run`] but for the watchers.
@@ -233,7 +281,7 @@ fn run_here(
     key_name: RStr<'_>,
     key: &mut Key,
     create: bool,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     match block::open(key) {
         Opened::OtherType => Err(NoLock::WrongType),
@@ -243,13 +291,15 @@ fn run_here(
         Opened::Lone(b, lone) => {
             let mut class = b.class();
             let mut watched = None;
-            let out = run_op(
+            let mut out = Outcome::keep(Reply::Null);
+            run_op(
                 ctx,
                 key_name,
                 Stored::Lone(lone),
                 &mut class,
                 &mut watched,
                 op,
+                &mut out,
             );
             let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
             if delete {
@@ -268,16 +318,25 @@ fn run_here(
 
 /// [`run`] on a key that does not exist: stored afterwards only if the engine keeps it (a
 /// refused or waiting request leaves no key behind).
-#[inline]
+#[inline(always)]
 fn run_free(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     key: &mut Key,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     let mut class = ClassRef::default();
     let mut watched = None;
-    let out = run_op(ctx, key_name, Stored::Free, &mut class, &mut watched, op);
+    let mut out = Outcome::keep(Reply::Null);
+    run_op(
+        ctx,
+        key_name,
+        Stored::Free,
+        &mut class,
+        &mut watched,
+        op,
+        &mut out,
+    );
     let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
     if delete {
         return Ok(out.reply);
@@ -311,17 +370,19 @@ fn run_full(
     ctx: Ctx<'_>,
     key_name: RStr<'_>,
     key: &mut Key,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Result<Reply<'static>, NoLock> {
     let Found::Lock(mut lock) = block::lock_mut(key) else {
         return Err(NoLock::Missing);
     };
     let b = lock.block();
     let mut class = b.class();
-    let out = {
+    let mut out = Outcome::keep(Reply::Null);
+    {
         let (state, watched) = lock.parts();
-        run_op(ctx, key_name, Stored::Full(state), &mut class, watched, op)
-    };
+        let stored = Stored::Full(state);
+        run_op(ctx, key_name, stored, &mut class, watched, op, &mut out);
+    }
     let (next, delete) = carry_out(ctx, key_name, &out, Some(lock.state()), &mut class);
     if delete {
         lock.discard();

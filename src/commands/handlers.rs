@@ -2,7 +2,7 @@
 //! operation through the executor, reply. (FLOCK.FENCED is in `fenced.rs`;
 //! registration in `registration/module.rs`.)
 
-use super::executor::{self, KeyWaiters, ServerCx};
+use super::executor::{self, KeyWaiters, Op, ServerCx};
 use super::reply;
 use crate::ffi::block::{self, Found};
 use crate::ffi::{self, Ctx, Key, RStr, Status};
@@ -10,7 +10,7 @@ use crate::peers::replication;
 use crate::server::{self, config};
 use crate::store::bindings;
 use crate::waiting::waiters;
-use flock_core::args::{self, ArgError};
+use flock_core::args::{self, AcquireArgs, ArgError};
 use flock_core::engine::{self, Outcome, Reply, Stored};
 use flock_core::errors::Fixed;
 
@@ -65,9 +65,9 @@ fn write_op_on(
     key: &mut Key,
     create: bool,
     missing: Reply<'static>,
-    op: impl FnOnce(Stored<'_>, &mut ServerCx, &mut KeyWaiters<'_>) -> Outcome,
+    op: impl Op,
 ) -> Status {
-    match executor::run(ctx, key_name, key, create, op) {
+    match executor::run_with(ctx, key_name, key, create, op) {
         Ok(r) => reply::send(ctx, key_name, r),
         Err(why) => reply::send_no_lock(ctx, key_name, why, missing),
     }
@@ -100,7 +100,11 @@ pub fn acquire(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             &mut key,
             true,
             Reply::Null,
-            |stored, cx, w| engine::acquire(stored, cx, w, &a, can_block, bind_to),
+            AcquireOp {
+                args: &a,
+                can_block,
+                bind_to,
+            },
         )
     })
 }
@@ -122,9 +126,38 @@ pub fn release(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
             &mut key,
             false,
             Reply::Int(0),
-            |stored, cx, w| engine::release(stored, cx, w, owner, token),
+            ReleaseOp { owner, token },
         )
     })
+}
+
+/// FLOCK.ACQUIRE's operation as an [`Op`] of its own (not a closure), run inlined where the
+/// executor knows the key's form: on a free key only the engine's fast path is left of it.
+struct AcquireOp<'a> {
+    args: &'a AcquireArgs<'a>,
+    can_block: bool,
+    bind_to: Option<u64>,
+}
+
+impl Op for AcquireOp<'_> {
+    #[inline(always)]
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        let (args, can_block, bind_to) = (self.args, self.can_block, self.bind_to);
+        engine::acquire_into(stored, cx, w, args, can_block, bind_to, out);
+    }
+}
+
+/// FLOCK.RELEASE's operation, as [`AcquireOp`] (on a lone grant: the engine's fast path).
+struct ReleaseOp<'a> {
+    owner: &'a [u8],
+    token: Option<u64>,
+}
+
+impl Op for ReleaseOp<'_> {
+    #[inline(always)]
+    fn run(self, stored: Stored<'_>, cx: &mut ServerCx, w: &mut KeyWaiters<'_>, out: &mut Outcome) {
+        engine::release_into(stored, cx, w, self.owner, self.token, out);
+    }
 }
 
 /// `FLOCK.REVOKE key [owner]`

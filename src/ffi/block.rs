@@ -367,6 +367,7 @@ impl RecordPtr {
     /// A new named block holding `grant` alone (exclusive or shared), in the compact form
     /// (the full form when it does not fit one: a permit, an owner over 255 bytes, a deadline
     /// too far out).
+    #[inline(always)]
     fn new_lone(
         grant: &Grant,
         mode: Mode,
@@ -405,6 +406,9 @@ impl RecordPtr {
     }
 
     /// [`RecordPtr::new_lone`]'s block in the full form.
+    // Not reached by a grant of a new key in practice: out of the hot ACQUIRE's code.
+    #[cold]
+    #[inline(never)]
     fn new_full(
         grant: &Grant,
         mode: Mode,
@@ -451,6 +455,7 @@ impl RecordPtr {
     /// tie word when `area.tie`), wide when `area.wide` or when the name or the database does
     /// not fit a narrow head, its name written (named when its database fits), no index
     /// entry.
+    #[inline(always)]
     fn alloc(area: Area, name: Option<(c_int, &[u8])>, class: ClassRef) -> Option<Self> {
         let name_bytes = name.map_or(&[][..], |(_, n)| n);
         let name_len = u32::try_from(name_bytes.len()).ok()?;

@@ -258,16 +258,22 @@ fn for_watchers(event: ServerEvent) {
 /// schedules their revisit: TRYAGAIN likewise).
 pub fn key_left(block: RecordPtr, bound: impl FnOnce() -> Vec<(u64, u64)>) {
     expiry::disarm(block);
+    // The usual case (no bound grant anywhere, nobody watching): two loads, and the block's
+    // name is not even read.
+    let (bound_any, watched_any) = (bindings::any(), watchers::any());
+    if !bound_any && !watched_any {
+        return;
+    }
     // A block that never carried its name (loaded, never armed) has no binding either.
     let Some((db, name)) = block.name() else {
         return;
     };
-    if bindings::any() {
+    if bound_any {
         for (client, token) in bound() {
             bindings::unbind(client, token, db, name);
         }
     }
-    if watchers::any() {
+    if watched_any {
         watchers::look_soon(db, name);
     }
 }

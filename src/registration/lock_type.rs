@@ -74,6 +74,7 @@ impl ffi::LockTypeMethods for FlockLock {
         main_thread
     }
 
+    #[inline]
     fn freed(watched: Option<Box<KeyId>>, main_thread: bool) {
         if let Some(key) = watched {
             jobs::schedule_revisit(*key, main_thread);

@@ -9,7 +9,7 @@ use crate::ffi::{self, Ctx};
 use flock_core::bindings::BindingIndex;
 use std::cell::RefCell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 thread_local! {
     // Bound grants are made, ended and looked up only on Redis's main thread (commands,
@@ -17,8 +17,18 @@ thread_local! {
     static INDEX: RefCell<BindingIndex> = RefCell::new(BindingIndex::default());
 }
 
+/// Whether the index holds any binding, kept beside it by every change ([`with_index`]):
+/// every lock key's departure asks ([`any`]), and a load is cheaper than reaching the
+/// thread-local index (its lazy initialisation check and the `RefCell` borrow).
+static NOT_EMPTY: AtomicBool = AtomicBool::new(false);
+
 fn with_index<R>(f: impl FnOnce(&mut BindingIndex) -> R) -> R {
-    INDEX.with(|ix| f(&mut ix.borrow_mut()))
+    INDEX.with(|ix| {
+        let mut idx = ix.borrow_mut();
+        let r = f(&mut idx);
+        NOT_EMPTY.store(!idx.is_empty(), Ordering::Relaxed);
+        r
+    })
 }
 
 /// The grant `token` of `key` in database `db` is bound to connection `client`.
@@ -49,8 +59,9 @@ pub fn take(client: u64) -> Vec<KeyId> {
 }
 
 /// Whether any connection holds a bound grant (lets a key's departure skip decoding it).
+#[inline]
 pub fn any() -> bool {
-    with_index(|idx| !idx.is_empty())
+    NOT_EMPTY.load(Ordering::Relaxed)
 }
 
 /// Bound grants this index knows of (INFO `bound_grants`).

@@ -133,13 +133,13 @@ mod settle;
 mod tests;
 mod upkeep;
 
-pub use acquire::acquire;
+pub use acquire::{acquire, acquire_into};
 pub use apply::{apply, load};
 pub use effect::{Count, Effect, Event};
 pub use lone::LoneGrant;
 pub use outcome::{Effects, KeyFate, Outcome, Stored};
 pub use read::{check, holders, info};
-pub use release::release;
+pub use release::{release, release_into};
 pub use renew::renew;
 pub use reply::{Info, Reply, ReplyError};
 pub use revisit::{plan_revisit, revisit, Found, RevisitPlan};

@@ -78,6 +78,7 @@ impl Drop for LockMut<'_> {
     }
 }
 
+#[inline(always)]
 fn block_of(key: &Key) -> Found<RecordPtr> {
     match key.kind() {
         KeyKind::Empty => Found::Nothing,
@@ -146,7 +147,7 @@ pub enum Opened<'k> {
 }
 
 /// What `key` holds (one kind check and one value read).
-#[inline]
+#[inline(always)]
 pub fn open(key: &Key) -> Opened<'_> {
     match block_of(key) {
         Found::Nothing => Opened::Nothing,
@@ -185,6 +186,7 @@ pub fn create(
 
 /// [`create`] for a new key held by `grant` alone (exclusive or shared, made by this
 /// command): its block is written in the compact form straight from the grant.
+#[inline(always)]
 pub fn create_lone(
     key: &mut Key,
     grant: &Grant,

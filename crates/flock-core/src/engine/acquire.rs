@@ -2,8 +2,8 @@
 
 use super::settle::{publish, settle_state};
 use super::{
-    lone, with_state, BlockRefused, Context, Count, Effect, Effects, Env, Event, KeyFate, Outcome,
-    Reply, ReplyError, Stored, Waiters,
+    lone, with_state, BlockRefused, Context, Count, Effect, Effects, Env, Event, Outcome, Reply,
+    ReplyError, Stored, Waiters,
 };
 use crate::args::AcquireArgs;
 use crate::state::{Acquired, Grant, LockState};
@@ -115,7 +115,7 @@ pub(super) fn acquire_state(
 /// `FLOCK.ACQUIRE key owner ttl [SHARED | LIMIT n] [BOUND] [BLOCK timeout]`. `can_block`: the
 /// caller's context allows blocking (not MULTI, not a script). `bind_to`: with BOUND, the
 /// caller's connection.
-#[inline]
+#[inline(always)]
 pub fn acquire(
     stored: Stored<'_>,
     cx: &mut impl Context,
@@ -124,19 +124,30 @@ pub fn acquire(
     can_block: bool,
     bind_to: Option<u64>,
 ) -> Outcome {
-    let mut fx = Effects::default();
+    let mut out = Outcome::keep(Reply::Null);
+    acquire_into(stored, cx, w, args, can_block, bind_to, &mut out);
+    out
+}
+
+/// [`acquire`], its outcome written into `out`, a fresh one ([`Outcome::keep`]): the
+/// executor's own, so that the fast path writes its reply, effects and grant where they are
+/// carried out from (an outcome is large, and a returned one was copied on the way).
+#[inline(always)]
+pub fn acquire_into(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    args: &AcquireArgs<'_>,
+    can_block: bool,
+    bind_to: Option<u64>,
+    out: &mut Outcome,
+) {
     let mut env = cx.env();
-    if matches!(stored, Stored::Free) {
-        if let Some((reply, grant, mode)) = lone::acquire_free(args, &mut env, w, &mut fx, bind_to)
-        {
-            return Outcome {
-                reply,
-                effects: fx,
-                fate: KeyFate::StoreLone { grant, mode },
-            };
-        }
+    if matches!(stored, Stored::Free) && lone::acquire_free(args, &mut env, w, out, bind_to) {
+        return;
     }
-    acquire_general(stored, &mut env, w, fx, args, can_block, bind_to)
+    let fx = std::mem::take(&mut out.effects);
+    *out = acquire_general(stored, &mut env, w, fx, args, can_block, bind_to);
 }
 
 /// [`acquire`] past its fast path. Out of line and cold: kept away from the hot ACQUIRE of a

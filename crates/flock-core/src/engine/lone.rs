@@ -9,7 +9,7 @@
 //! (same reply, same effects in the same order, the same state after), which the tests check
 //! against them, and leaves every other case to them (`None`).
 
-use super::{Effect, Effects, Env, Event, Reply, Waiters};
+use super::{Effect, Env, Event, KeyFate, Outcome, Reply, Waiters};
 use crate::args::AcquireArgs;
 use crate::clock::Deadline;
 use crate::state::{Grant, LockState, Mode};
@@ -56,74 +56,105 @@ impl<'a> LoneGrant<'a> {
 
 /// `FLOCK.ACQUIRE` on a key that does not exist: [`super::acquire()`] on an empty state, for an
 /// exclusive or shared request (BOUND or not) on a master, when nobody waits for the key's
-/// name and a token is left. Returns the reply, the key's one grant and its mode, which the
-/// store keeps as the new key ([`super::KeyFate::StoreLone`]; its replication is that
-/// grant). `None`: another case (a permit key), for the general way, and nothing was done.
-#[inline]
+/// name and a token is left. Writes the reply, the effects, and the key's one grant and its
+/// mode, which the store keeps as the new key ([`KeyFate::StoreLone`]; its replication is
+/// that grant), into `out` (a fresh one: written in place, as the outcome is large).
+/// False: another case (a permit key), for the general way, and nothing was done.
+#[inline(always)]
 pub(super) fn acquire_free(
     args: &AcquireArgs<'_>,
     env: &mut Env<'_>,
     w: &mut impl Waiters,
-    fx: &mut Effects,
+    out: &mut Outcome,
     bind_to: Option<u64>,
-) -> Option<(Reply<'static>, Grant, Mode)> {
+) -> bool {
     let now = env.now;
     let mode = args.mode;
     if !env.master || matches!(mode, Mode::Permits(_)) || w.waiting() > 0 {
-        return None;
+        return false;
     }
     // No token left: nothing was issued, and `acquire` gives the error.
-    let token = env.tokens.issue(now)?;
-    let mut grant = Grant::new(args.owner, token, args.ttl_ms, now);
+    let Some(token) = env.tokens.issue(now) else {
+        return false;
+    };
+    // The grant is made in its place in the outcome (a grant made aside was copied there).
+    out.fate = KeyFate::StoreLone {
+        grant: Grant::new(args.owner, token, args.ttl_ms, now),
+        mode,
+    };
+    let KeyFate::StoreLone { grant, .. } = &mut out.fate else {
+        return false; // (not reached: just written)
+    };
     grant.bind(bind_to);
+    let deadline = grant.deadline;
     // As `acquire` publishes a grant: the new state, its timer, then the event (and the
-    // binding).
-    fx.push(Effect::Replicate);
-    fx.push(Effect::Arm(Some(grant.deadline)));
-    fx.push(Effect::Notify(Event::Acquired {
+    // binding). Written in one go (`out` is the operation's, still empty).
+    let acquired = Effect::Notify(Event::Acquired {
         ttl_ms: args.ttl_ms,
-    }));
-    if let Some(client) = bind_to {
-        fx.push(Effect::Bind { client, token });
-    }
-    Some((Reply::Int(token as i64), grant, mode))
+    });
+    let (bind, len) = match bind_to {
+        Some(client) => (Effect::Bind { client, token }, 4),
+        None => (Effect::DeleteKey, 3), // (not read: past `len`)
+    };
+    out.effects.set_inline(
+        [
+            Effect::Replicate,
+            Effect::Arm(Some(deadline)),
+            acquired,
+            bind,
+        ],
+        len,
+    );
+    out.reply = Reply::Int(token as i64);
+    true
 }
 
 /// `FLOCK.RELEASE key owner [token]` on a key held by `lone` alone: [`super::release()`] on its
 /// state,
 /// on a master, for a live grant made without BOUND, when nobody waits for the key. The
 /// holder's release ends the grant and the key (the key is deleted, as the effects say); anyone
-/// else's changes nothing and gets 0. `None`: another case (a lease that ran out must expire
-/// first, a bound grant must be unbound), for [`super::release()`].
+/// else's changes nothing and gets 0. False: another case (a lease that ran out must expire
+/// first, a bound grant must be unbound), for [`super::release()`], and nothing was done.
 ///
 /// Only the monotonic clock is asked for (`mono_us`, as in `Now::mono_us`): whether the lease
 /// runs and how long it was held are measured on it (G9), and nothing here needs the wall
 /// clock, which saves the server a clock read on the hottest path there is.
-#[inline]
+/// The reply and the effects are written into `out` (a fresh one, its fate `Keep`).
+#[inline(always)]
 pub(super) fn release_lone(
     lone: &LoneGrant<'_>,
     mono_us: u64,
     master: bool,
     w: &mut impl Waiters,
-    fx: &mut Effects,
+    out: &mut Outcome,
     owner: &[u8],
     token: Option<u64>,
-) -> Option<Reply<'static>> {
+) -> bool {
     let ran_out = mono_us >= lone.deadline.mono_us; // as `Deadline::passed`
     if !master || lone.tie_word != 0 || ran_out || w.waiting() > 0 {
-        return None;
+        return false;
     }
     if lone.owner != owner || token.is_some_and(|t| t != lone.token) {
-        return Some(Reply::Int(0));
+        out.reply = Reply::Int(0);
+        return true;
     }
-    fx.push(Effect::Notify(Event::Released {
+    let released = Effect::Notify(Event::Released {
         held_ms: mono_us.saturating_sub(lone.since_mono_us) / 1000,
         token: lone.token,
-    }));
-    // Nothing is left of the key: its deletion travels, and the key goes.
-    fx.push(Effect::ReplicateDelete);
-    fx.push(Effect::DeleteKey);
-    Some(Reply::Int(1))
+    });
+    // Nothing is left of the key: its deletion travels, and the key goes. (Written in one
+    // go: `out` is the operation's, still empty.)
+    out.effects.set_inline(
+        [
+            released,
+            Effect::ReplicateDelete,
+            Effect::DeleteKey,
+            Effect::DeleteKey,
+        ],
+        3,
+    );
+    out.reply = Reply::Int(1);
+    true
 }
 
 #[cfg(test)]

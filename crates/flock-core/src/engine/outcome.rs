@@ -47,6 +47,16 @@ impl Effects {
         self.list.push(effect);
     }
 
+    /// The effects are the first `len` of `list` (at most four), written in place: what the
+    /// fast paths name, in one write instead of pushes (`SmallVec::push`, which the compiler
+    /// keeps out of line, costs a call and a capacity check each). The slots past `len` are
+    /// never read. Only the list is replaced (its drop is a check; the whole `Effects`' drop
+    /// was a call): for an `Effects` with no state so far, as the fast paths' are.
+    #[inline(always)]
+    pub(super) fn set_inline(&mut self, list: [Effect; 4], len: usize) {
+        self.list = SmallVec::from_buf_and_len(list, len.min(4));
+    }
+
     /// Push [`Effect::ReplicateSoFar`] of `state` as it is now (a state past the 256th of
     /// one operation, which no operation reaches, is sent as the final one).
     pub fn push_state_so_far(&mut self, state: &LockState) {
@@ -89,6 +99,18 @@ pub struct Outcome {
     pub reply: Reply<'static>,
     pub effects: Effects,
     pub fate: KeyFate,
+}
+
+impl Outcome {
+    /// `reply`, no effect, the key kept as it is.
+    #[inline(always)]
+    pub fn keep(reply: Reply<'static>) -> Outcome {
+        Outcome {
+            reply,
+            effects: Effects::default(),
+            fate: KeyFate::Keep,
+        }
+    }
 }
 
 impl KeyFate {

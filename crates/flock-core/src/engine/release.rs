@@ -2,8 +2,7 @@
 
 use super::settle::{held_ms, settle, settle_first, unbind};
 use super::{
-    lone, with_state, Context, Effect, Effects, Env, Event, KeyFate, Outcome, Reply, Stored,
-    Waiters,
+    lone, with_state, Context, Effect, Effects, Env, Event, Outcome, Reply, Stored, Waiters,
 };
 use crate::state::LockState;
 
@@ -33,7 +32,7 @@ pub(super) fn release_state(
 }
 
 /// `FLOCK.RELEASE key owner [token]` on an existing lock key.
-#[inline]
+#[inline(always)]
 pub fn release(
     stored: Stored<'_>,
     cx: &mut impl Context,
@@ -41,18 +40,29 @@ pub fn release(
     owner: &[u8],
     token: Option<u64>,
 ) -> Outcome {
-    let mut fx = Effects::default();
+    let mut out = Outcome::keep(Reply::Int(0));
+    release_into(stored, cx, w, owner, token, &mut out);
+    out
+}
+
+/// [`release`], its outcome written into `out`, a fresh one (as [`super::acquire_into`]).
+#[inline(always)]
+pub fn release_into(
+    stored: Stored<'_>,
+    cx: &mut impl Context,
+    w: &mut impl Waiters,
+    owner: &[u8],
+    token: Option<u64>,
+    out: &mut Outcome,
+) {
     if let Stored::Lone(lone) = &stored {
         let (mono_us, master) = (cx.mono_us(), cx.master());
-        if let Some(reply) = lone::release_lone(lone, mono_us, master, w, &mut fx, owner, token) {
-            return Outcome {
-                reply,
-                effects: fx,
-                fate: KeyFate::Keep,
-            };
+        if lone::release_lone(lone, mono_us, master, w, out, owner, token) {
+            return;
         }
     }
-    release_general(stored, cx, w, fx, owner, token)
+    let fx = std::mem::take(&mut out.effects);
+    *out = release_general(stored, cx, w, fx, owner, token);
 }
 
 /// [`release`] past its fast path: out of line and cold, as `acquire_general` (in `acquire.rs`) is.

@@ -117,16 +117,19 @@ fn release_lone_is_release_on_the_one_grant_state() {
         let waiting = if rng.below(8) == 0 { 1 } else { 0 };
 
         let mut fast = Log::with_waiting(waiting);
-        let mut fast_fx = Effects::default();
+        let mut fast_out = Outcome::keep(Reply::Null);
         let got = release_lone(
             &lone,
             now.mono_us,
             master,
             &mut fast,
-            &mut fast_fx,
+            &mut fast_out,
             owner,
             token,
-        );
+        )
+        .then_some(fast_out.reply);
+        assert_eq!(fast_out.fate, KeyFate::Keep);
+        let fast_fx = fast_out.effects;
 
         let mut state = lone.state();
         let before = state.clone();
@@ -209,8 +212,19 @@ fn acquire_free_is_acquire_on_an_empty_state() {
         fast_tokens.observe(mark);
         let mut fast_env = env_at(now, master, &mut fast_tokens);
         let mut fast = Log::with_waiting(waiting);
-        let mut fast_fx = Effects::default();
-        let got = acquire_free(&args, &mut fast_env, &mut fast, &mut fast_fx, bind_to);
+        let mut fast_out = Outcome::keep(Reply::Null);
+        let got = match acquire_free(&args, &mut fast_env, &mut fast, &mut fast_out, bind_to) {
+            true => match fast_out.fate {
+                KeyFate::StoreLone { grant, mode } => Some((fast_out.reply, grant, mode)),
+                other => panic!("{args:?}: a free key's grant is a lone grant, not {other:?}"),
+            },
+            false => {
+                assert_eq!(fast_out.fate, KeyFate::Keep);
+                assert_eq!(fast_out.reply, Reply::Null);
+                None
+            }
+        };
+        let fast_fx = fast_out.effects;
 
         let mut state = LockState::default();
         let mut tokens = TokenIssuer::new();
