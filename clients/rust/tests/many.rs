@@ -343,3 +343,42 @@ async fn m1_in_a_cluster_one_slot_routed_to_its_master() {
     assert_eq!(got.len(), 2);
     got.release_all().await.expect("release_all");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m1_rule_11_own_leases_are_busy_at_once() {
+    let srv = Server::start();
+    let mut raw = srv.async_conn().await;
+    let flock = Flock::new(srv.client());
+    // A named owner that already holds one of the keys through this Flock: Busy, nothing sent
+    // for the others.
+    let held = flock
+        .lock("m:a", LockOptions::new(MS(5000)).owner("w1"))
+        .await
+        .expect("lock");
+    let r = flock
+        .lock_many(&["m:b", "m:a"], LockOptions::new(MS(5000)).owner("w1"))
+        .await;
+    assert!(matches!(r, Err(Error::Busy)), "{r:?}");
+    assert_eq!(holders(&mut raw, "m:b").await, 0, "nothing taken");
+    // A wait of this task on a key its own lease holds would wait on itself: one try, Busy at
+    // once, and no waiter left in any queue.
+    let t0 = Instant::now();
+    let r = flock
+        .lock_many(
+            &["m:a", "m:b"],
+            LockOptions::new(MS(5000)).wait(Wait::For(MS(3000))),
+        )
+        .await;
+    assert!(matches!(r, Err(Error::Busy)), "{r:?}");
+    assert!(t0.elapsed() < MS(1000), "not waited: {:?}", t0.elapsed());
+    assert_eq!(waiters(&mut raw, "m:a").await, 0);
+    assert_eq!(holders(&mut raw, "m:b").await, 0);
+    held.release().await.expect("release");
+    // Once released, the same call is granted.
+    let leases = flock
+        .lock_many(&["m:a", "m:b"], LockOptions::new(MS(5000)).owner("w1"))
+        .await
+        .expect("lock_many");
+    assert!(leases.iter().all(|l| l.owner() == "w1"));
+    leases.release_all().await.expect("release_all");
+}
