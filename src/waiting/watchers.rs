@@ -188,7 +188,10 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
     };
     let mut guard = registry();
     let reg = guard.get();
-    let ids: SmallVec<[u64; 2]> = reg.of_key(db, name).map(SmallVec::from_slice).unwrap_or_default();
+    let ids: SmallVec<[u64; 2]> = reg
+        .of_key(db, name)
+        .map(SmallVec::from_slice)
+        .unwrap_or_default();
     for id in ids {
         let Some(w) = reg.watchers.get_mut(&id) else {
             continue;
@@ -394,7 +397,10 @@ pub fn fail_where(which: impl Fn(&[u8]) -> bool, msg: Fixed) {
 fn fail_key(db: c_int, name: &[u8], msg: Fixed) {
     let mut guard = registry();
     let reg = guard.get();
-    let ids: SmallVec<[u64; 2]> = reg.of_key(db, name).map(SmallVec::from_slice).unwrap_or_default();
+    let ids: SmallVec<[u64; 2]> = reg
+        .of_key(db, name)
+        .map(SmallVec::from_slice)
+        .unwrap_or_default();
     for id in ids {
         if let Some(w) = reg.watchers.get_mut(&id) {
             if w.answer.is_none() {

@@ -25,11 +25,11 @@ use crate::watch::Watcher;
 /// bound lease). Cheap to clone.
 #[derive(Clone)]
 pub struct Flock {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// Rule 11: the leases this factory (and its clones) handed out.
-    held: Arc<Held>,
+    pub(crate) held: Arc<Held>,
     /// Rule 9: the FLOCK.WATCH lanes that hear those leases' grants end.
-    watcher: Arc<Watcher>,
+    pub(crate) watcher: Arc<Watcher>,
 }
 
 impl fmt::Debug for Flock {

@@ -3,8 +3,8 @@
 
 // The modules are private: the public API is what is re-exported below, at the crate root.
 // Imports point one way: in the order error, options, inspect, sync, retry, connection,
-// durable, state, watchdog, lease, held, watch, queue, flock, election, each module uses only
-// modules before it (`Flock::election` is defined in election).
+// durable, state, watchdog, lease, held, watch, queue, flock, many, election, each module uses
+// only modules before it (`Flock::lock_many` is defined in many, `Flock::election` in election).
 mod connection;
 mod durable;
 mod election;
@@ -13,6 +13,7 @@ mod flock;
 mod held;
 mod inspect;
 mod lease;
+mod many;
 mod options;
 mod queue;
 mod retry;
@@ -31,4 +32,5 @@ pub use error::{Error, LossReason, Result};
 pub use flock::{Flock, Guard};
 pub use inspect::{Holder, Info, Stats, Waiter};
 pub use lease::{Lease, LeaseHandle};
+pub use many::{Leases, MAX_KEYS};
 pub use options::{LockOptions, Mode, Wait};
