@@ -169,7 +169,11 @@ pub async fn run(target: Target, spec: RunSpec) -> i32 {
                 kill_at = Some(stop_group(pgid, &spec));
             }
             _ = lost_rx.wait_for(|v| *v), if lost.is_none() => {
-                lost = Some("(the client marked the lease lost)".to_string());
+                // The client's own watch (rule 9) may hear the loss first: it names the reason.
+                lost = Some(match lease.lost_reason() {
+                    Some(why) => format!("({why} on the server)"),
+                    None => "(the client marked the lease lost)".to_string(),
+                });
                 kill_at = Some(stop_group(pgid, &spec));
             }
             Some(sig) = sigs.recv() => {
@@ -184,7 +188,10 @@ pub async fn run(target: Target, spec: RunSpec) -> i32 {
     };
     // Decided at COMMAND's exit: held throughout unless a loss was heard by now.
     if lost.is_none() && lease.is_lost() {
-        lost = Some("(found at COMMAND's exit)".to_string());
+        lost = Some(match lease.lost_reason() {
+            Some(why) => format!("({why}, found at COMMAND's exit)"),
+            None => "(found at COMMAND's exit)".to_string(),
+        });
     }
     watcher.abort();
 
