@@ -1,16 +1,16 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
-import { adapt, isClosedClientError, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
+import { adapt, isClosedClientError, keySlot, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
 import { callAcked, DurablePool, type Acked, type Durability } from "./durable.js";
 import { FlockError, InvalidArgumentError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
 import { Election } from "./election.js";
 import { Inspection } from "./inspect.js";
 import { Lease, type LeaseKind } from "./lease.js";
-import { checkKey, checkOptions, checkOwner, type AcquireOptions } from "./options.js";
+import { checkKey, checkMany, checkOptions, checkOwner, type AcquireOptions, type ManyOptions } from "./options.js";
 import { Watcher } from "./watcher.js";
 
-export type { AcquireOptions };
+export type { AcquireOptions, ManyOptions };
 
 const now = () => performance.now();
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)).unref());
@@ -137,6 +137,190 @@ export class Flock extends Inspection {
     }
     if (lease) task?.leases.set(key, lease._weakRef());
     return lease;
+  }
+
+  /**
+   * Takes several exclusive locks at once, all or nothing (FLOCK.MACQUIRE): one Lease per key, in
+   * the order given, or null when not every key was granted (at once, or within `waitMs`, waiting
+   * in every key's queue at once with BLOCK). Nothing is taken when null. In a cluster every key
+   * must hash to one slot (use a {hash tag}). Each lease is an ordinary one (watchdog, fencing,
+   * loss watching); release them all (or use withLocks).
+   */
+  async acquireMany(keys: string[], opts: ManyOptions): Promise<Lease[] | null> {
+    const o = checkMany(keys, opts);
+    if (this.#adapter.library.endsWith("-cluster")) {
+      const slot = keySlot(o.keys[0]);
+      const other = o.keys.find((k) => keySlot(k) !== slot);
+      if (other !== undefined) {
+        throw new InvalidArgumentError(
+          `in a cluster every key must hash to one slot: ${JSON.stringify(o.keys[0])} and ${JSON.stringify(other)} do not (use a {hash tag})`,
+        );
+      }
+    }
+    const task = this.#tasks.getStore();
+    let wait = o.wait;
+    const named = o.owner !== null;
+    const owner = o.owner ?? randomOwner();
+    if (named) {
+      // Rule 11: a key this Flock holds (or is acquiring) with this owner would be granted again
+      // under its lease's token (G4): a second lease object for one grant. Refused, as acquire()
+      // without `reentrant` refuses it.
+      for (const key of o.keys) {
+        const id = heldId(key, owner);
+        if (this.#pending.has(id) || this.#held.get(id)?.deref()?._live) {
+          throw new LockBusyError(key, `lock ${JSON.stringify(key)} is already held (or being acquired) by this Flock with owner ${JSON.stringify(owner)}`);
+        }
+      }
+    }
+    // Rule 11: a wait on a key this task holds would wait on itself: one try, then LockBusyError.
+    const selfWait = wait > 0 && o.keys.some((k) => task?.leases.get(k)?.deref()?._live === true);
+    if (selfWait) wait = 0;
+    const pending = (async () => {
+      const got = await this.#acquireMany(o.keys, owner, o.ttl, wait, o.bound, o.renew);
+      if (got && named) for (const l of got) this.#held.set(heldId(l.key, owner), l._weakRef());
+      return got;
+    })();
+    if (named) {
+      const one = pending.then((ls) => ls?.[0] ?? null);
+      for (const key of o.keys) {
+        const id = heldId(key, owner);
+        this.#pending.set(id, one);
+        void one.catch(() => {}).finally(() => {
+          if (this.#pending.get(id) === one) this.#pending.delete(id);
+        });
+      }
+    }
+    const leases = await pending;
+    if (leases === null && selfWait) {
+      throw new LockBusyError(o.keys.join(", "), "one of these keys is held by this task's own lease: waiting would wait on itself");
+    }
+    if (leases) for (const l of leases) task?.leases.set(l.key, l._weakRef());
+    return leases;
+  }
+
+  async #acquireMany(keys: string[], owner: string, ttl: number, wait: number, bound: boolean, renew: boolean): Promise<Lease[] | null> {
+    const base: Arg[] = ["FLOCK.MACQUIRE", keys.length, ...keys, owner, ttl];
+    if (bound) base.push("BOUND");
+    const route = keys[0]; // numkeys comes first: route on the first key (all share its slot)
+    const waitEnd = now() + wait;
+    // Bound grants share one connection of their own, closed when the last of their leases ends.
+    let conn: Conn = bound ? await this.#adapter.dedicated({ bound: true }) : this.#adapter.main;
+    let handedOver = false;
+    const make = (tokens: unknown, sentAt: number): Lease[] => {
+      if (!Array.isArray(tokens) || tokens.length !== keys.length) {
+        throw new TypeError(`unexpected FLOCK.MACQUIRE reply ${String(tokens)}`);
+      }
+      handedOver = true;
+      const shared = bound ? sharedConn(conn, keys.length) : conn;
+      return keys.map((key, i) => new Lease({
+        key, owner, token: toToken(tokens[i]), ttlMs: ttl, sentAt, conn: shared, ownConn: bound, bound, renew,
+        kind: "exclusive", durable: null, watcher: this.#watcher, onEnd: (k, ow, t) => this.#forget(k, ow, t),
+      }));
+    };
+    const releaseAll = (c: Conn, tokens?: unknown[]) => {
+      for (const [i, key] of keys.entries()) {
+        const args: Arg[] = ["FLOCK.RELEASE", key, owner];
+        if (tokens) args.push(toToken(tokens[i]));
+        void c.call(args).catch(() => {});
+      }
+    };
+    try {
+      const sent = now();
+      const got = await callRetrying(conn, base, () => {
+        if (!bound) releaseAll(conn); // a lost reply may have granted them: the owner is ours
+      }, route);
+      if (got !== null && got !== undefined) return make(got, sent);
+      if (wait <= 0) return null;
+
+      let waitConn = bound ? conn : await this.#adapter.dedicated({ bound: false });
+      try {
+        let backoff = 10;
+        for (;;) {
+          const left = waitEnd - now();
+          if (left <= 0) return null;
+          const blockMs = Number.isFinite(left) ? Math.max(1, Math.ceil(left)) : 0;
+          let granted: unknown;
+          try {
+            granted = await waitConn.call([...base, "BLOCK", blockMs], route);
+          } catch (err) {
+            // As acquire(): TRYAGAIN (the slot moved) or a dropped connection: wait again.
+            if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
+            if (isClosedClientError(err)) throw err;
+            if (bound && !isReplyError(err)) {
+              void conn.close();
+              conn = waitConn = await this.#adapter.dedicated({ bound: true });
+            }
+            await sleep(Math.min(backoff, Math.max(0, waitEnd - now())));
+            backoff = Math.min(backoff * 2, 200);
+            continue;
+          }
+          backoff = 10;
+          if (granted === null || granted === undefined) {
+            if (waitEnd - now() > 1) continue; // the server timed out early by our clock
+            return null;
+          }
+          if (!Array.isArray(granted)) throw new TypeError(`unexpected FLOCK.MACQUIRE reply ${String(granted)}`);
+          // Rule 1: the wait may have outlasted the ttl: renew every grant with its token, and
+          // count the leases from those RENEWs (pipelined: one round trip, one slot).
+          const tokens = granted;
+          const renewSent = now();
+          const renewed = await conn.pipeline(keys.map((key, i) => ["FLOCK.RENEW", key, owner, ttl, toToken(tokens[i])]));
+          if (renewed.every((r) => r.status === "fulfilled" && r.value !== null && r.value !== undefined)) {
+            return make(tokens, renewSent);
+          }
+          // Not all confirmed (one revoked or expired meanwhile, or a failure): all or nothing,
+          // so give every grant back and keep waiting.
+          releaseAll(conn, tokens);
+        }
+      } finally {
+        if (!bound) void waitConn.close();
+      }
+    } finally {
+      if (bound && !handedOver) void conn.close();
+    }
+  }
+
+  /**
+   * Several locks held for the length of `fn(leases, signal)` (acquireMany, then LockBusyError
+   * when not granted); `signal` aborts when any of them is lost. All are released together when
+   * fn settles. As withLock: fn's error goes on unchanged; else a loss meanwhile rejects with
+   * LockLostError (of the first lease lost).
+   */
+  async withLocks<T>(
+    keys: string[],
+    opts: ManyOptions,
+    fn: (leases: Lease[], signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    const task = this.#tasks.getStore() ?? { owner: null, leases: new Map() };
+    return this.#tasks.run(task, async () => {
+      const leases = await this.acquireMany(keys, opts);
+      if (leases === null) throw new LockBusyError(keys.join(", "));
+      const ctl = new AbortController();
+      const onLoss = (l: Lease) => () => ctl.abort(l.signal.reason);
+      const unlisten = leases.map((l) => {
+        const h = onLoss(l);
+        if (l.signal.aborted) h();
+        else l.signal.addEventListener("abort", h, { once: true });
+        return () => l.signal.removeEventListener("abort", h);
+      });
+      const releaseAll = () => Promise.all(leases.map((l) => l.release().catch(() => false)));
+      let result: T;
+      try {
+        result = await fn(leases, ctl.signal);
+      } catch (err) {
+        await releaseAll();
+        throw err;
+      } finally {
+        for (const u of unlisten) u();
+      }
+      const lost = leases.find((l) => l.lost);
+      const released = await releaseAll();
+      const gone = lost ?? leases[released.indexOf(false)];
+      if (gone) {
+        throw gone.signal.reason instanceof LockLostError ? gone.signal.reason : new LockLostError(gone.key, gone.token, "gone");
+      }
+      return result;
+    });
   }
 
   /**
@@ -434,11 +618,11 @@ function toToken(reply: unknown): number {
  * Sends an idempotent command (ACQUIRE by its owner, token-qualified RENEW), retrying a few
  * connection errors. `onGiveUp` runs before the last error is thrown.
  */
-async function callRetrying(conn: Conn, args: Arg[], onGiveUp?: () => void): Promise<unknown> {
+async function callRetrying(conn: Conn, args: Arg[], onGiveUp?: () => void, routeKey?: string): Promise<unknown> {
   let delay = 20;
   for (let attempt = 1; ; attempt++) {
     try {
-      return await conn.call(args);
+      return await conn.call(args, routeKey);
     } catch (err) {
       const transient = !isReplyError(err) || ["TRYAGAIN", "LOADING", "CLUSTERDOWN"].includes(replyCode(err));
       if (!transient || attempt >= 4) {
@@ -449,4 +633,21 @@ async function callRetrying(conn: Conn, args: Arg[], onGiveUp?: () => void): Pro
       delay *= 3;
     }
   }
+}
+
+/**
+ * One bound connection shared by the `n` leases of one MACQUIRE BOUND: each lease closes it as
+ * its own (ownConn), and only the last close closes it, so that releasing one lease does not end
+ * the others' bound grants.
+ */
+function sharedConn(conn: Conn, n: number): Conn {
+  let refs = n;
+  return {
+    call: (args, routeKey) => conn.call(args, routeKey),
+    pipeline: (cmds) => conn.pipeline(cmds),
+    onDown: (cb) => conn.onDown(cb),
+    close: async () => {
+      if (--refs === 0) await conn.close();
+    },
+  };
 }

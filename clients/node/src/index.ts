@@ -1,6 +1,6 @@
 import "./polyfill.js";
 
-export { Flock, randomOwner, type AcquireOptions } from "./flock.js";
+export { Flock, randomOwner, type AcquireOptions, type ManyOptions } from "./flock.js";
 export { Lease, type LeaseKind } from "./lease.js";
 export type { LockInfo, Holder, Waiter, FlockStats } from "./inspect.js";
 export {

@@ -114,6 +114,47 @@ export function checkOptions(opts: unknown): Checked {
   };
 }
 
+/** The options of acquireMany()/withLocks(): MACQUIRE grants exclusive, non-durable leases only. */
+export interface ManyOptions {
+  /** Lease length in ms of every key's lease. Required. */
+  ttlMs: number;
+  /** How long to wait for all the keys at once (BLOCK): undefined/null/0 = one try, Infinity = no limit. */
+  waitMs?: number | null;
+  /** Every grant bound to one connection of their own (SPEC "BOUND"), lost when it closes. */
+  bound?: boolean;
+  /** Run each lease's watchdog. Default true. */
+  renew?: boolean;
+  /** The owner of every grant; default a random 128-bit hex string per call (rule 7). */
+  owner?: string;
+}
+
+/** FLOCK.MACQUIRE's numkeys limit (SPEC "MACQUIRE"). */
+export const MAX_KEYS = 64;
+const MANY_KNOWN = new Set(["ttlMs", "waitMs", "bound", "renew", "owner"]);
+
+/** Checks acquireMany()'s keys and options (rule 12): a list of 1 to 64 distinct keys. */
+export function checkMany(keys: unknown, opts: unknown): Checked & { keys: string[] } {
+  if (!Array.isArray(keys)) throw new InvalidArgumentError(`keys must be an array of keys, got ${describe(keys)}`);
+  if (keys.length === 0 || keys.length > MAX_KEYS) {
+    throw new InvalidArgumentError(`keys must hold 1 to ${MAX_KEYS} keys, got ${keys.length}`);
+  }
+  const seen = new Set<string>();
+  for (const k of keys) {
+    checkKey(k);
+    if (seen.has(k)) throw new InvalidArgumentError(`key ${describe(k)} is given twice`);
+    seen.add(k);
+  }
+  if (!opts || typeof opts !== "object" || Array.isArray(opts)) {
+    throw new InvalidArgumentError("acquireMany(keys, { ttlMs, ... }): options must be an object");
+  }
+  for (const name of Object.keys(opts)) {
+    if (!MANY_KNOWN.has(name)) {
+      throw new InvalidArgumentError(`unknown option ${JSON.stringify(name)} for several keys (known: ${[...MANY_KNOWN].join(", ")})`);
+    }
+  }
+  return { ...checkOptions(opts), keys: keys as string[] };
+}
+
 /** The durability asked for, checked; null for a plain lease. */
 function checkDurability(o: Record<string, unknown>, ttl: number, bound: boolean): Durability | null {
   const replicas = o.replicas ?? 0;
