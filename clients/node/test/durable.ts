@@ -8,17 +8,8 @@ import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
 import { Flock, FlockError, InvalidArgumentError, keySlot, LockLostError, LockNotDurableError } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Cluster, Server, sleep, valkeyServer } from "./servers.js";
+import { Cluster, Server, sleep, valkeyServer, until } from "./servers.js";
 import { libKey } from "./suite.js";
-
-/** Polls an observer's condition (never the client under test) until it holds. */
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
 
 const asMap = (reply: unknown): Record<string, unknown> => {
   const a = reply as unknown[];

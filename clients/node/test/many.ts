@@ -5,20 +5,11 @@ import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
 import { Flock, InvalidArgumentError, keySlot, LockBusyError, LockLostError, type Lease } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Cluster, Server, sleep } from "./servers.js";
+import { Cluster, Server, sleep, until } from "./servers.js";
 import { libKey } from "./suite.js";
 
 const commandCalls = async (s: Server, cmd: string): Promise<number> =>
   Number(new RegExp(`^cmdstat_${cmd.replace(".", "\\.")}:calls=(\\d+)`, "m").exec(await s.admin.info("commandstats"))?.[1] ?? 0);
-
-/** Polls the server (never the client under test) until `cond` holds. */
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
 
 /** Whether a promise has settled yet (without waiting for it). */
 async function settled(p: Promise<unknown>): Promise<boolean> {

@@ -8,15 +8,7 @@ import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
 import { Flock, LockLostError } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Server, sleep } from "./servers.js";
-
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
+import { Server, sleep, until } from "./servers.js";
 
 /**
  * Every command the server runs, in order, as its arguments: MONITOR on a plain socket. (ioredis's monitor() can

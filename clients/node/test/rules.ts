@@ -9,16 +9,8 @@ import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
 import { Flock, FlockError, InvalidArgumentError, LockBusyError, LockLostError, type Lease } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Server, sleep } from "./servers.js";
+import { Server, sleep, until } from "./servers.js";
 import { libKey } from "./suite.js";
-
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
 
 async function clientList(s: Server): Promise<Array<Record<string, string>>> {
   const text = String(await s.admin.call("CLIENT", "LIST"));

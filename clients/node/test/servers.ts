@@ -2,6 +2,7 @@
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { performance } from "node:perf_hooks";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import Redis from "ioredis";
@@ -41,6 +42,15 @@ export function valkeyServer(): string {
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls an observer's condition (never the client under test) until it holds. */
+export async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
+  const t0 = performance.now();
+  while (!(await cond())) {
+    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(5);
+  }
+}
 
 const live = new Set<ChildProcess>();
 process.on("exit", () => {

@@ -18,16 +18,7 @@ import {
   type Lease,
 } from "redis-flock";
 import type { Lib } from "./libs.js";
-import { Cluster, Server, sleep } from "./servers.js";
-
-/** Polls an observer's condition (never the client under test) until it holds. */
-async function until(what: string, cond: () => Promise<boolean> | boolean, ms = 10000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(5);
-  }
-}
+import { Cluster, Server, sleep, until } from "./servers.js";
 
 /** Whether connection `id` is held by CLIENT PAUSE (flag b) in command `cmd`. */
 async function heldIn(s: Server, id: number, cmd: string): Promise<boolean> {
