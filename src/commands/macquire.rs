@@ -99,13 +99,10 @@ fn grant_all(
     now: Now,
 ) -> Option<SmallVec<[u64; INLINE]>> {
     let mut tokens = SmallVec::new();
-    // Per key: whether the owner held it before this call (its grant then stays, whatever).
-    let mut held: SmallVec<[bool; INLINE]> = SmallVec::new();
+    // Every token this call issues is above the mark as it stands now; a key the owner held
+    // before keeps its token, at or below it (that grant stays, whatever happens here).
+    let issued_before = server::tokens().high_water();
     for (i, (name, key)) in names.iter().zip(keys.iter_mut()).enumerate() {
-        held.push(match block::lock_of(key) {
-            Found::Lock(s) => s.owner_grant(args.owner, now).is_some(),
-            _ => false,
-        });
         let reply = executor::run(ctx, *name, key, true, |stored, cx, w| {
             multi::grant_key(stored, cx, w, args, bind_to, now)
         });
@@ -114,8 +111,8 @@ fn grant_all(
             _ => {
                 // Not reached unless Redis refuses to store a lock: all or nothing still, so
                 // the grants this call made are released again (those held before stay).
-                let made = names.iter().zip(keys.iter_mut()).zip(&tokens).zip(&held);
-                for (((name, key), token), _) in made.take(i).filter(|(_, held)| !**held) {
+                let made = names.iter().zip(keys.iter_mut()).zip(&tokens).take(i);
+                for ((name, key), token) in made.filter(|(_, t)| **t > issued_before) {
                     let _ = executor::run(ctx, *name, key, false, |stored, cx, w| {
                         engine::release(stored, cx, w, args.owner, Some(*token))
                     });
