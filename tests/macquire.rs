@@ -580,6 +580,38 @@ fn a_replica_gets_each_grant_with_the_same_token_and_deadline() {
     }
 }
 
+/// Found by tests/net_fuzz.rs (a G7 digest mismatch on Valkey 8.1): SWAPDB while a MACQUIRE
+/// waits moved the empty value kept for the free key it heads into the other database, where
+/// nobody waits for it; the master kept that key for good and the replica never had it.
+#[test]
+fn swapdb_under_a_waiting_macquire_leaves_no_key_only_the_master_has() {
+    let master = Server::builder().arg("databases", "4").start();
+    let replica = Server::builder()
+        .arg("databases", "4")
+        .replica_of(&master)
+        .start();
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    grant(&mut m, "x", "h", 60_000);
+    let w = spawn_macq(&master, &["2", "x", "y", "w", "60000", "BLOCK", "0"]);
+    wait_blocked(&mut m, 1);
+    // y is kept, empty, on the master only while w heads its queue.
+    assert_eq!(exists(&mut m, "y"), 1);
+    assert_ok(&call(&mut m, &["SWAPDB", "0", "1"]), "SWAPDB");
+    // Database 0 is empty now: w, waiting there, is granted both keys.
+    assert_eq!(tokens(&join(w)).len(), 2);
+    let mut m1 = master.conn();
+    assert_ok(&call(&mut m1, &["SELECT", "1"]), "SELECT");
+    // Database 1 holds what database 0 held: x, still h's; y, kept for w, is gone.
+    wait_until("the moved empty y deleted", || exists(&mut m1, "y") == 0);
+    assert_eq!(holders(&mut m1, "x").len(), 1);
+    wait_replica(&mut m);
+    let same = poll_until(Duration::from_secs(10), || {
+        call(&mut m, &["DEBUG", "DIGEST"]) == call(&mut r, &["DEBUG", "DIGEST"])
+    });
+    assert!(same, "master and replica differ after SWAPDB (G7)");
+}
+
 #[test]
 fn grants_survive_a_restart_from_rdb_and_from_aof() {
     for aof in [false, true] {

@@ -216,6 +216,7 @@ fn on_server_event(ctx: Ctx<'_>, event: ServerEvent) {
             Step::ForgetTimers(db) => expiry::forget_db(db),
             Step::FailAllWaiters(why) => waiters::fail_everyone(why.as_str()),
             Step::RevisitWaited => revisit_all(),
+            Step::RevisitSwapped(a, b) => revisit_swapped(a, b),
             Step::SwapBindings(a, b) => bindings::swap_dbs(a, b),
             // Its waits ended already (the blocked client's disconnect callback); its bound
             // grants end from the event loop, right after this disconnection.
@@ -346,6 +347,21 @@ static CRON_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 fn revisit_all() {
     for key in waiters::waited_keys(None) {
         jobs::schedule(Job::Revisit(key));
+    }
+}
+
+/// [`Step::RevisitSwapped`]: every waited key, and its name in the other swapped database.
+fn revisit_swapped(a: i32, b: i32) {
+    for (db, name) in waiters::waited_keys(None) {
+        let other = match db {
+            _ if db == a => Some(b),
+            _ if db == b => Some(a),
+            _ => None,
+        };
+        if let Some(other) = other.filter(|o| *o != db) {
+            jobs::schedule(Job::Revisit((other, name.clone())));
+        }
+        jobs::schedule(Job::Revisit((db, name)));
     }
 }
 

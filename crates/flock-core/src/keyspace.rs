@@ -140,6 +140,13 @@ pub enum Step {
     FailAllWaiters(Fixed),
     /// Look again at every key clients wait for.
     RevisitWaited,
+    /// After SWAPDB of these two databases: look again at every key clients wait for, and at
+    /// the same names in the other database of the pair. Waiters stay with their database's
+    /// number while the values change places, so a value kept empty for a waiter (a free key
+    /// heading a waiting FLOCK.MACQUIRE's queue, which only the master has) now lies where
+    /// nobody waits for it: that look deletes it, else the master would keep a key its
+    /// replicas never had (G7, G10).
+    RevisitSwapped(i32, i32),
     /// The bindings index follows SWAPDB.
     SwapBindings(i32, i32),
     /// End the bound grants of this connection, from the event loop right after the
@@ -186,7 +193,7 @@ pub fn consequences(change: ServerChange) -> Vec<Step> {
         ServerChange::DbsSwapped { first, second } => vec![
             Step::SwapBindings(first, second),
             Step::ArmAll,
-            Step::RevisitWaited,
+            Step::RevisitSwapped(first, second),
         ],
         ServerChange::ClientClosed { client } => vec![Step::CloseBoundGrants(client)],
     }
@@ -301,7 +308,7 @@ mod tests {
             => [Step::ForgetTimers(None)];
         a_flush_revisits_waited_keys: ServerChange::FlushEnded => [Step::RevisitWaited];
         swapdb_swaps_bindings_then_arms: ServerChange::DbsSwapped { first: 0, second: 1 }
-            => [Step::SwapBindings(0, 1), Step::ArmAll, Step::RevisitWaited];
+            => [Step::SwapBindings(0, 1), Step::ArmAll, Step::RevisitSwapped(0, 1)];
         a_closed_connection_ends_its_bound_grants: ServerChange::ClientClosed { client: 9 }
             => [Step::CloseBoundGrants(9)];
     }
