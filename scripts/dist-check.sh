@@ -192,9 +192,9 @@ run_tool() {
   # COMMAND sees its own grant: FLOCK_TOKEN, the holders and info lines, FLOCK.CHECK.
   status=0
   "$tool" run dk --owner dist-check --ttl 30000 -- sh -c '
-      echo "$FLOCK_KEY $FLOCK_OWNER $FLOCK_TOKEN" >"$2/env"
-      "$0" holders "$FLOCK_KEY" >"$2/holders" && "$0" info "$FLOCK_KEY" >"$2/info" &&
-      redis-cli -p "$3" FLOCK.CHECK "$FLOCK_KEY" "$FLOCK_TOKEN" >"$2/check"' "$tool" "$dir" "$port" || status=$?
+      echo "$FLOCK_KEY $FLOCK_OWNER $FLOCK_TOKEN" >"$1/env"
+      "$0" holders "$FLOCK_KEY" >"$1/holders" && "$0" info "$FLOCK_KEY" >"$1/info" &&
+      redis-cli -p "$2" FLOCK.CHECK "$FLOCK_KEY" "$FLOCK_TOKEN" >"$1/check"' "$tool" "$dir" "$port" || status=$?
   [ "$status" = 0 ] || fail "$tag: redis-flock run dk --owner dist-check -- (holders, info, FLOCK.CHECK) exited $status"
   read -r _ _ tok <"$dir/env"
   [ "$(cat "$dir/env")" = "dk dist-check $tok" ] && [[ "$tok" =~ ^[0-9]+$ ]] \
