@@ -3,15 +3,20 @@
 #   flock-<version>/libredis_flock.so     the module, linked against glibc 2.17 symbols, so it
 #                                         loads on any x86_64 Linux with glibc 2.17 or newer
 #                                         (RHEL/CentOS 7+, Ubuntu 18.04+, Debian 9+, Amazon Linux 2)
+#   flock-<version>/redis-flock           the command-line tool (clients/rust's binary: `run` a
+#                                         command under a lock, `info`, `holders`, ...), built
+#                                         the same way for the same glibc
 #   flock-<version>/redis.conf.example    the repository's example configuration
 #   flock-<version>/LICENSE, CHANGELOG.md
 #   flock-<version>/INSTALL               how to check, install and load it
 #   flock-<version>/SHA256SUMS            sha256sum of every other file in the folder
 # and dist/flock-<version>-x86_64-linux-gnu.tar.gz.sha256 beside the archive.
-# The build is `cargo zigbuild --target x86_64-unknown-linux-gnu.2.17` (zig as C compiler and
-# linker, against zig's glibc 2.17 stubs); output in target/x86_64-unknown-linux-gnu/release/,
-# apart from the everyday target/release/. scripts/deps.sh and scripts/dist-deps.sh install
-# what it needs (make dist runs both). Fails if any symbol needs a glibc newer than 2.17.
+# The build is one `cargo zigbuild --target x86_64-unknown-linux-gnu.2.17` for both (zig as C
+# compiler and linker, against zig's glibc 2.17 stubs); output in
+# target/x86_64-unknown-linux-gnu/release/, apart from the everyday target/release/. Building
+# them together unifies only build-time features (of a proc-macro's syn), not the module's
+# dependencies. scripts/deps.sh and scripts/dist-deps.sh install what it needs (make dist runs
+# both). Fails if any symbol of either file needs a glibc newer than 2.17.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
@@ -49,39 +54,57 @@ while read -r dir; do
   bindgen_args+=" -isystem $abs"
 done <<<"$isystem"
 
-echo "dist: cargo zigbuild --release --target $TRIPLE.$GLIBC_FLOOR ($name)"
+echo "dist: cargo zigbuild --release --target $TRIPLE.$GLIBC_FLOOR ($name: the module and redis-flock)"
 start=$(date +%s)
 env "BINDGEN_EXTRA_CLANG_ARGS_$TRIPLE=$bindgen_args" \
-  cargo zigbuild --release --locked --target "$TRIPLE.$GLIBC_FLOOR" -p redis-flock --lib
+  cargo zigbuild --release --locked --target "$TRIPLE.$GLIBC_FLOOR" \
+  -p redis-flock --lib -p flock-client --bin redis-flock
 echo "dist: built in $(( $(date +%s) - start ))s"
 so="target/$TRIPLE/release/libredis_flock.so"
+tool="target/$TRIPLE/release/redis-flock"
 [ -f "$so" ] || die "$so was not built"
+[ -x "$tool" ] || die "$tool was not built"
 
-# The glibc floor: the newest GLIBC_x.y version any dynamic symbol needs.
-highest="$(objdump -T "$so" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1)"
-[ -n "$highest" ] || die "objdump -T $so names no GLIBC_ version"
-if [ "$(printf '%s\n%s\n' "$highest" "$GLIBC_FLOOR" | sort -V | tail -n 1)" != "$GLIBC_FLOOR" ]; then
-  objdump -T "$so" | awk -v f="$GLIBC_FLOOR" '/GLIBC_/' | sort -k5 -V | tail -n 20 >&2
-  die "$so needs GLIBC_$highest, newer than $GLIBC_FLOOR"
-fi
+# glibc_floor FILE: prints the newest GLIBC_x.y version any dynamic symbol of FILE needs, and
+# fails when that is newer than $GLIBC_FLOOR.
+glibc_floor() {
+  local file="$1" highest
+  highest="$(objdump -T "$file" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1)"
+  [ -n "$highest" ] || die "objdump -T $file names no GLIBC_ version"
+  if [ "$(printf '%s\n%s\n' "$highest" "$GLIBC_FLOOR" | sort -V | tail -n 1)" != "$GLIBC_FLOOR" ]; then
+    objdump -T "$file" | awk '/GLIBC_/' | sort -k5 -V | tail -n 20 >&2
+    die "$file needs GLIBC_$highest, newer than $GLIBC_FLOOR"
+  fi
+  echo "$highest"
+}
+highest="$(glibc_floor "$so")"
+tool_highest="$(glibc_floor "$tool")"
 # (grep reads all of objdump's output: with pipefail, `grep -q` stopping early would make
 # objdump's SIGPIPE fail the check.)
 objdump -T "$so" | grep 'RedisModule_OnLoad' >/dev/null || die "$so exports no RedisModule_OnLoad"
 echo "dist: $so needs at most GLIBC_$highest"
+echo "dist: $tool needs at most GLIBC_$tool_highest"
 
 rm -rf "dist/$name" "$archive" "$archive.sha256"
 mkdir -p "dist/$name"
 stage="dist/$name"
 cp "$so" "$stage/libredis_flock.so"
 strip --strip-debug "$stage/libredis_flock.so"
+install -m 0755 "$tool" "$stage/redis-flock"
+strip --strip-debug "$stage/redis-flock"
+"$stage/redis-flock" --version >/dev/null || die "$stage/redis-flock --version failed"
 sed 's#^loadmodule /path/to/libredis_flock\.so#loadmodule /usr/local/lib/flock/libredis_flock.so#' \
   redis.conf.example >"$stage/redis.conf.example"
 cp LICENSE CHANGELOG.md "$stage/"
 cat >"$stage/INSTALL" <<EOF
 flock $version: fenced locks for Redis (a loadable module), x86_64 Linux
 
+  libredis_flock.so   the module, for the server
+  redis-flock         the command-line tool: runs a command under a lock, looks at locks (step 5)
+
 Needs: x86_64 Linux with glibc $GLIBC_FLOOR or newer (RHEL/CentOS 7 and later, Amazon Linux 2,
-Ubuntu 18.04+, Debian 9+), and Redis 7.0 or newer or Valkey 8.1 or 9.1. Not for musl (Alpine).
+Ubuntu 18.04+, Debian 9+), for both files, and Redis 7.0 or newer or Valkey 8.1 or 9.1. Not for
+musl (Alpine).
 
 1. Check the files. Compare the archive's checksum with the one published next to it
    (flock-$version-x86_64-linux-gnu.tar.gz.sha256), then, after unpacking, every file:
@@ -126,8 +149,28 @@ Ubuntu 18.04+, Debian 9+), and Redis 7.0 or newer or Valkey 8.1 or 9.1. Not for 
 
 If the server does not start, its log names the reason: a bad setting names the argument; a
 server older than Redis 7.0 names the missing module API function.
+
+5. The command-line tool, redis-flock, on any machine that should take locks from a shell, a
+   script or cron (it needs no Redis installation, only the server's address):
+
+     ./redis-flock --help
+     sudo install -m 0755 redis-flock /usr/local/bin/redis-flock
+
+   redis-flock run KEY -- COMMAND ARGS... runs COMMAND only once it holds the lock KEY, with
+   FLOCK_KEY, FLOCK_OWNER and FLOCK_TOKEN in its environment, renews the lease while COMMAND
+   runs, stops COMMAND (SIGTERM, then SIGKILL after --grace) if the lock is lost, and releases
+   the lock when COMMAND exits. --url redis://host:port (or REDIS_URL) names the server,
+   default redis://127.0.0.1:6379:
+
+     REDIS_URL=redis://127.0.0.1:6379 redis-flock run report:nightly --ttl 60000 -- ./nightly-report
+
+   Its exit status is COMMAND's own when COMMAND ran with the lock held throughout; 75 when the
+   lock was not granted (COMMAND never started; --wait MS waits in line for it); 3 when the
+   lock was lost while COMMAND ran; 64 for bad arguments; 69 when the server cannot be reached
+   or has no flock module. redis-flock info KEY, holders KEY, waiters KEY, watch KEY and stats
+   look at locks, one tab-separated record a line. redis-flock run --help lists every option.
 EOF
-(cd "$stage" && sha256sum libredis_flock.so redis.conf.example LICENSE CHANGELOG.md INSTALL >SHA256SUMS)
+(cd "$stage" && sha256sum libredis_flock.so redis-flock redis.conf.example LICENSE CHANGELOG.md INSTALL >SHA256SUMS)
 
 # A reproducible archive: fixed order, owner and times (the commit's), gzip without a timestamp.
 epoch="$(git log -1 --format=%ct 2>/dev/null || date +%s)"
@@ -135,4 +178,4 @@ tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
   -C dist -cf - "$name" | gzip -9n >"$archive"
 rm -rf "$stage"
 (cd dist && sha256sum "$(basename "$archive")" >"$(basename "$archive").sha256")
-echo "dist: $archive ($(stat -c %s "$archive") bytes), module needs GLIBC_$highest at most"
+echo "dist: $archive ($(stat -c %s "$archive") bytes), module needs GLIBC_$highest at most, redis-flock GLIBC_$tool_highest"
