@@ -4,6 +4,7 @@ master with a replica for the durable grants)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -129,6 +130,26 @@ def test_m3_many_durable_too_few_replicas_releases_every_key(replicated):
     with pytest.raises(LockNotDurableError):
         with flock.lock_many(KEYS, 6000, replicas=2, durable_timeout_ms=200):
             pytest.fail("handed over")
+    for key in KEYS:
+        assert r.execute_command("FLOCK.INFO", key) is None
+    # After a BLOCK wait the WAIT follows the RENEWs that confirm the grants: too few acks
+    # release every key all the same.
+    holder = Flock(replicated.master.client()).acquire(KEYS[2], 10_000)
+    got: dict = {}
+
+    def wait_durably():
+        try:
+            flock.acquire_many(KEYS, 6000, replicas=2, durable_timeout_ms=200,
+                               wait_ms=SOON_S * 1000)
+        except LockNotDurableError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=wait_durably, daemon=True)
+    t.start()
+    wait_until(lambda: r.execute_command("FLOCK.WAITERS", KEYS[0]), "the wait")
+    assert holder.release()
+    t.join(SOON_S)
+    assert (got["error"].acknowledged, got["error"].requested) == (1, 2)
     for key in KEYS:
         assert r.execute_command("FLOCK.INFO", key) is None
 
