@@ -21,10 +21,11 @@ export interface Conn {
   /**
    * Sends `cmds` back to back on one connection, before any reply (pipelined), so that each runs
    * right after the one before on the same server connection: on a cluster, the connection to
-   * the master of the first command's key (its second argument), following a slot move before
-   * any reply counts. Resolves with each command's outcome, in order.
+   * the master of the first command's key (its second argument, or `routeKey`: a FLOCK.MACQUIRE
+   * names numkeys first), following a slot move before any reply counts. Resolves with each
+   * command's outcome, in order.
    */
-  pipeline(cmds: Arg[][]): Promise<PromiseSettledResult<unknown>[]>;
+  pipeline(cmds: Arg[][], routeKey?: string): Promise<PromiseSettledResult<unknown>[]>;
 }
 
 export interface Adapter {
@@ -187,8 +188,8 @@ function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
     call,
     // On the node connection itself: the cluster client would follow a MOVED for the first
     // command and leave the second on the old node.
-    pipeline: (cmds) =>
-      clusterPipeline(cmds, call, async (key) => {
+    pipeline: (cmds, routeKey) =>
+      clusterPipeline(cmds, routeKey, call, async (key) => {
         const nodeKey = c.slots?.[keySlot(key)]?.[0];
         return nodeKey ? (c.connectionPool?.getInstanceByKey?.(nodeKey) ?? null) : null;
       }, (node, args) => node.call(...(args as [string, ...Arg[]]))),
@@ -206,11 +207,12 @@ function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
  */
 async function clusterPipeline(
   cmds: Arg[][],
+  routeKey: string | undefined,
   routed: (args: Arg[]) => Promise<unknown>,
   nodeOf: (key: string) => Promise<any>,
   send: (node: any, args: Arg[]) => Promise<unknown>,
 ): Promise<PromiseSettledResult<unknown>[]> {
-  const key = String(cmds[0][1]);
+  const key = routeKey ?? String(cmds[0][1]);
   let delay = 10;
   for (let attempt = 1; ; attempt++) {
     let node = await nodeOf(key);
@@ -280,8 +282,8 @@ function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
     c.sendCommand(routeKey ?? String(args[1]), false, str(args));
   return {
     call,
-    pipeline: (cmds) =>
-      clusterPipeline(cmds, call, async (key) => {
+    pipeline: (cmds, routeKey) =>
+      clusterPipeline(cmds, routeKey, call, async (key) => {
         const master = c.getSlotMaster(keySlot(key));
         return master ? ((await c.nodeClient(master)) ?? null) : null;
       }, (node, args) => node.sendCommand(str(args))),

@@ -52,14 +52,27 @@ function parseAck(d: Durability, reply: unknown): { acknowledged: number; fsynce
 }
 
 /**
- * Sends `cmd` then its WAIT, pipelined on `conn`. Throws what the write threw; a failed WAIT
- * comes back as `waitError` (the write may have been applied: the caller decides).
+ * Sends `cmd` then its WAIT, pipelined on `conn` (on a cluster, to the master of `routeKey`'s
+ * slot when given). Throws what the write threw; a failed WAIT comes back as `waitError` (the
+ * write may have been applied: the caller decides).
  */
-export async function callAcked(conn: Conn, cmd: Arg[], d: Durability, timeoutMs: number): Promise<Acked> {
-  const [w, a] = await conn.pipeline([cmd, waitCommand(d, timeoutMs)]);
-  if (w.status === "rejected") throw w.reason;
-  if (a.status === "rejected") return { reply: w.value, waitError: a.reason, acknowledged: 0, fsynced: false, ok: false };
-  return { reply: w.value, ...parseAck(d, a.value) };
+export async function callAcked(conn: Conn, cmd: Arg[], d: Durability, timeoutMs: number, routeKey?: string): Promise<Acked> {
+  const { replies, ...ack } = await callAckedAll(conn, [cmd], d, timeoutMs, routeKey);
+  if (replies[0].status === "rejected") throw replies[0].reason;
+  return { reply: replies[0].value, ...ack };
+}
+
+/**
+ * Several writes (the RENEWs of a FLOCK.MACQUIRE's keys) then one WAIT, pipelined on `conn`:
+ * each write's outcome, and what the WAIT answered (`reply` unused).
+ */
+export async function callAckedAll(
+  conn: Conn, cmds: Arg[][], d: Durability, timeoutMs: number, routeKey?: string,
+): Promise<Omit<Acked, "reply"> & { replies: PromiseSettledResult<unknown>[] }> {
+  const out = await conn.pipeline([...cmds, waitCommand(d, timeoutMs)], routeKey);
+  const a = out.pop()!;
+  if (a.status === "rejected") return { replies: out, waitError: a.reason, acknowledged: 0, fsynced: false, ok: false };
+  return { replies: out, ...parseAck(d, a.value) };
 }
 
 const IDLE_MAX = 4;
@@ -80,12 +93,12 @@ export class DurablePool {
     this.#adapter = adapter;
   }
 
-  /** Runs `cmd` + WAIT on a connection of the pool. */
-  async run(cmd: Arg[], d: Durability, timeoutMs: number): Promise<Acked> {
+  /** Runs `cmd` + WAIT on a connection of the pool (routed as `callAcked`). */
+  async run(cmd: Arg[], d: Durability, timeoutMs: number, routeKey?: string): Promise<Acked> {
     const conn = this.#idle.pop() ?? (await this.#open());
     let healthy = false;
     try {
-      const out = await callAcked(conn, cmd, d, timeoutMs);
+      const out = await callAcked(conn, cmd, d, timeoutMs, routeKey);
       healthy = out.waitError === undefined || isReplyError(out.waitError);
       return out;
     } catch (err) {

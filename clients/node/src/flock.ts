@@ -2,7 +2,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { adapt, isClosedClientError, keySlot, isReplyError, replyCode, type Adapter, type Arg, type Conn } from "./adapter.js";
-import { callAcked, DurablePool, type Acked, type Durability } from "./durable.js";
+import { callAcked, callAckedAll, DurablePool, type Acked, type Durability } from "./durable.js";
 import { FlockError, InvalidArgumentError, LockBusyError, LockLostError, LockNotDurableError } from "./errors.js";
 import { Election } from "./election.js";
 import { Inspection } from "./inspect.js";
@@ -176,7 +176,8 @@ export class Flock extends Inspection {
     const selfWait = wait > 0 && o.keys.some((k) => task?.leases.get(k)?.deref()?._live === true);
     if (selfWait) wait = 0;
     const pending = (async () => {
-      const got = await this.#acquireMany(o.keys, owner, o.ttl, wait, o.bound, o.renew);
+      if (o.durability?.fsync) await this.#requireWaitaof();
+      const got = await this.#acquireMany(o.keys, owner, o.ttl, wait, o.bound, o.renew, o.durability);
       if (got && named) for (const l of got) this.#held.set(heldId(l.key, owner), l._weakRef());
       return got;
     })();
@@ -198,23 +199,23 @@ export class Flock extends Inspection {
     return leases;
   }
 
-  async #acquireMany(keys: string[], owner: string, ttl: number, wait: number, bound: boolean, renew: boolean): Promise<Lease[] | null> {
+  async #acquireMany(
+    keys: string[], owner: string, ttl: number, wait: number, bound: boolean, renew: boolean, durability: Durability | null,
+  ): Promise<Lease[] | null> {
     const base: Arg[] = ["FLOCK.MACQUIRE", keys.length, ...keys, owner, ttl];
     if (bound) base.push("BOUND");
     const route = keys[0]; // numkeys comes first: route on the first key (all share its slot)
     const waitEnd = now() + wait;
     // Bound grants share one connection of their own, closed when the last of their leases ends.
-    let conn: Conn = bound ? await this.#adapter.dedicated({ bound: true }) : this.#adapter.main;
+    const hold = bound ? { conn: await this.#adapter.dedicated({ bound: true }) } : null;
     let handedOver = false;
-    const make = (tokens: unknown, sentAt: number): Lease[] => {
-      if (!Array.isArray(tokens) || tokens.length !== keys.length) {
-        throw new TypeError(`unexpected FLOCK.MACQUIRE reply ${String(tokens)}`);
-      }
+    const make = (tokens: unknown[], sentAt: number): Lease[] => {
       handedOver = true;
-      const shared = bound ? sharedConn(conn, keys.length) : conn;
+      const conn = hold ? sharedConn(hold.conn, keys.length) : this.#adapter.main;
       return keys.map((key, i) => new Lease({
-        key, owner, token: toToken(tokens[i]), ttlMs: ttl, sentAt, conn: shared, ownConn: bound, bound, renew,
-        kind: "exclusive", durable: null, watcher: this.#watcher, onEnd: (k, ow, t) => this.#forget(k, ow, t),
+        key, owner, token: toToken(tokens[i]), ttlMs: ttl, sentAt, conn, ownConn: bound, bound, renew, kind: "exclusive",
+        durable: durability ? { ...durability, run: (cmd, t) => this.#pool.run(cmd, durability, t) } : null,
+        watcher: this.#watcher, onEnd: (k, ow, t) => this.#forget(k, ow, t),
       }));
     };
     const releaseAll = (c: Conn, tokens?: unknown[]) => {
@@ -225,58 +226,134 @@ export class Flock extends Inspection {
       }
     };
     try {
+      // One try first, without BLOCK (with its WAIT when durable, on a connection of the pool).
       const sent = now();
-      const got = await callRetrying(conn, base, () => {
-        if (!bound) releaseAll(conn); // a lost reply may have granted them: the owner is ours
-      }, route);
-      if (got !== null && got !== undefined) return make(got, sent);
+      const got = durability
+        ? await this.#manyDurably(keys, owner, base, durability)
+        : await callRetrying(hold?.conn ?? this.#adapter.main, base, () => {
+          if (!bound) releaseAll(this.#adapter.main); // a lost reply may have granted them: the owner is ours
+        }, route);
+      if (got !== null && got !== undefined) return make(tokensOf(got, keys.length), sent);
       if (wait <= 0) return null;
-
-      let waitConn = bound ? conn : await this.#adapter.dedicated({ bound: false });
-      try {
-        let backoff = 10;
-        for (;;) {
-          const left = waitEnd - now();
-          if (left <= 0) return null;
-          const blockMs = Number.isFinite(left) ? Math.max(1, Math.ceil(left)) : 0;
-          let granted: unknown;
-          try {
-            granted = await waitConn.call([...base, "BLOCK", blockMs], route);
-          } catch (err) {
-            // As acquire(): TRYAGAIN (the slot moved) or a dropped connection: wait again.
-            if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
-            if (isClosedClientError(err)) throw err;
-            if (bound && !isReplyError(err)) {
-              void conn.close();
-              conn = waitConn = await this.#adapter.dedicated({ bound: true });
-            }
-            await sleep(Math.min(backoff, Math.max(0, waitEnd - now())));
-            backoff = Math.min(backoff * 2, 200);
-            continue;
-          }
-          backoff = 10;
-          if (granted === null || granted === undefined) {
-            if (waitEnd - now() > 1) continue; // the server timed out early by our clock
-            return null;
-          }
-          if (!Array.isArray(granted)) throw new TypeError(`unexpected FLOCK.MACQUIRE reply ${String(granted)}`);
-          // Rule 1: the wait may have outlasted the ttl: renew every grant with its token, and
-          // count the leases from those RENEWs (pipelined: one round trip, one slot).
-          const tokens = granted;
-          const renewSent = now();
-          const renewed = await conn.pipeline(keys.map((key, i) => ["FLOCK.RENEW", key, owner, ttl, toToken(tokens[i])]));
-          if (renewed.every((r) => r.status === "fulfilled" && r.value !== null && r.value !== undefined)) {
-            return make(tokens, renewSent);
-          }
-          // Not all confirmed (one revoked or expired meanwhile, or a failure): all or nothing,
-          // so give every grant back and keep waiting.
-          releaseAll(conn, tokens);
+      return await this.#waitBlocked(base, route, waitEnd, hold, async (granted, waitConn) => {
+        const tokens = tokensOf(granted, keys.length);
+        // Rule 1: the wait may have outlasted the ttl: renew every grant with its token, and
+        // count the leases from those RENEWs (pipelined: one round trip, one slot); a durable
+        // request's WAIT follows them on that connection (rule 10).
+        const renews: Arg[][] = keys.map((key, i) => ["FLOCK.RENEW", key, owner, ttl, toToken(tokens[i])]);
+        const renewSent = now();
+        let acked: Awaited<ReturnType<typeof callAckedAll>> | null = null;
+        let renewed: PromiseSettledResult<unknown>[];
+        try {
+          if (durability) acked = await callAckedAll(waitConn, renews, durability, durability.timeoutMs, route);
+          renewed = acked ? acked.replies : await (hold?.conn ?? this.#adapter.main).pipeline(renews, route);
+        } catch (err) {
+          releaseAll(this.#adapter.main, tokens); // granted, but never handed over
+          throw err;
         }
-      } finally {
-        if (!bound) void waitConn.close();
+        if (renewed.every((r) => r.status === "fulfilled" && r.value !== null && r.value !== undefined)) {
+          if (acked && durability) await this.#settleMany(keys, owner, tokens, acked, durability);
+          return make(tokens, renewSent);
+        }
+        // Not all confirmed (one revoked or expired meanwhile, or a failure): all or nothing,
+        // so give every grant back and keep waiting.
+        releaseAll(hold?.conn ?? this.#adapter.main, tokens);
+        return undefined;
+      });
+    } finally {
+      if (hold && !handedOver) void hold.conn.close();
+    }
+  }
+
+  /**
+   * A durable MACQUIRE's first try: MACQUIRE + WAIT pipelined on a connection of the pool (a
+   * retry of the same owner gets the same tokens back, G4). The tokens, or null when not
+   * granted; too few acknowledgements: every key released, then LockNotDurableError.
+   */
+  async #manyDurably(keys: string[], owner: string, base: Arg[], d: Durability): Promise<unknown[] | null> {
+    let delay = 20;
+    for (let attempt = 1; ; attempt++) {
+      let out: Acked;
+      try {
+        out = await this.#pool.run(base, d, d.timeoutMs, keys[0]);
+      } catch (err) {
+        const transient = !isReplyError(err) || ["TRYAGAIN", "LOADING", "CLUSTERDOWN"].includes(replyCode(err));
+        if (!transient || attempt >= 4) {
+          // A lost reply may have granted them: the owner is this call's own.
+          if (!isReplyError(err)) for (const key of keys) void this.#adapter.main.call(["FLOCK.RELEASE", key, owner]).catch(() => {});
+          throw err;
+        }
+        await sleep(delay);
+        delay *= 3;
+        continue;
+      }
+      if (out.reply === null || out.reply === undefined) return null;
+      const tokens = tokensOf(out.reply, keys.length);
+      await this.#settleMany(keys, owner, tokens, out, d);
+      return tokens;
+    }
+  }
+
+  /** Grants whose WAIT fell short (or failed) are all released (token-qualified), then the error is thrown. */
+  async #settleMany(keys: string[], owner: string, tokens: unknown[], out: Omit<Acked, "reply">, d: Durability): Promise<void> {
+    if (out.ok) return;
+    await Promise.all(keys.map((key, i) => this.#adapter.main.call(["FLOCK.RELEASE", key, owner, toToken(tokens[i])]).catch(() => {})));
+    if (out.waitError !== undefined) {
+      const msg = out.waitError instanceof Error ? out.waitError.message : String(out.waitError);
+      throw new FlockError(`the grants of ${JSON.stringify(keys)} were released: ${d.fsync ? "WAITAOF" : "WAIT"} failed: ${msg}`, {
+        cause: out.waitError,
+      });
+    }
+    throw new LockNotDurableError({
+      key: keys.join(", "), token: toToken(tokens[0]), operation: "acquire", acknowledged: out.acknowledged, asked: d.replicas,
+      fsync: d.fsync, fsynced: out.fsynced, timeoutMs: d.timeoutMs,
+    });
+  }
+
+  /**
+   * The BLOCK wait of acquire() and acquireMany() (rules 5, 8): `base` + BLOCK on a connection
+   * of its own, or on `hold.conn` for a bound request (replaced by a new one when it fails: the
+   * grant binds to the connection that waited), until the server grants it; then `granted(reply,
+   * conn)` decides: a result, or undefined to wait again (granted and gone before it could be
+   * confirmed). Null when not granted by `waitEnd`. TRYAGAIN (the slot moved while we waited)
+   * and a dropped connection (the server drops a waiter that went away) are waited through.
+   */
+  async #waitBlocked<T>(
+    base: Arg[], routeKey: string | undefined, waitEnd: number, hold: { conn: Conn } | null,
+    granted: (reply: unknown, conn: Conn) => Promise<T | undefined>,
+  ): Promise<T | null> {
+    let waitConn = hold ? hold.conn : await this.#adapter.dedicated({ bound: false });
+    try {
+      let backoff = 10;
+      for (;;) {
+        const left = waitEnd - now();
+        if (left <= 0) return null;
+        const blockMs = Number.isFinite(left) ? Math.max(1, Math.ceil(left)) : 0;
+        let reply: unknown;
+        try {
+          reply = await waitConn.call([...base, "BLOCK", blockMs], routeKey);
+        } catch (err) {
+          if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
+          if (isClosedClientError(err)) throw err;
+          if (hold && !isReplyError(err)) {
+            // A bound wait's connection does not reconnect: wait again on a new one.
+            void hold.conn.close();
+            hold.conn = waitConn = await this.#adapter.dedicated({ bound: true });
+          }
+          await sleep(Math.min(backoff, Math.max(0, waitEnd - now())));
+          backoff = Math.min(backoff * 2, 200);
+          continue;
+        }
+        backoff = 10;
+        if (reply === null || reply === undefined) {
+          if (waitEnd - now() > 1) continue; // the server timed out early by our clock
+          return null;
+        }
+        const out = await granted(reply, waitConn);
+        if (out !== undefined) return out;
       }
     } finally {
-      if (bound && !handedOver) void conn.close();
+      if (!hold) void waitConn.close();
     }
   }
 
@@ -356,12 +433,13 @@ export class Flock extends Inspection {
     const start = now();
     const waitEnd = start + wait;
     // A bound lease lives on a connection of its own, from its ACQUIRE to its RELEASE.
-    let conn: Conn = bound ? await this.#adapter.dedicated({ bound: true }) : this.#adapter.main;
+    const hold = bound ? { conn: await this.#adapter.dedicated({ bound: true }) } : null;
+    const conn = () => hold?.conn ?? this.#adapter.main;
     let handedOver = false;
     const make = (token: number, sentAt: number): Lease => {
       handedOver = true;
       return new Lease({
-        key, owner, token, ttlMs: ttl, sentAt, conn, ownConn: bound, bound, renew, kind,
+        key, owner, token, ttlMs: ttl, sentAt, conn: conn(), ownConn: bound, bound, renew, kind,
         durable: durability ? { ...durability, run: (cmd, t) => this.#pool.run(cmd, durability, t) } : null,
         watcher: this.#watcher,
         onEnd: (k, o, t) => this.#forget(k, o, t),
@@ -375,67 +453,35 @@ export class Flock extends Inspection {
         if (got) return make(got.token, got.sentAt);
       } else {
         const sent = now();
-        const tok = await callRetrying(conn, base, () => {
+        const tok = await callRetrying(conn(), base, () => {
           // Unsure whether a lost reply granted it: the owner is ours, so give it back.
-          if (!bound) void conn.call(["FLOCK.RELEASE", key, owner]).catch(() => {});
+          if (!bound) void conn().call(["FLOCK.RELEASE", key, owner]).catch(() => {});
         });
         if (tok !== null) return make(toToken(tok), sent);
       }
       if (wait <= 0) return null;
 
       // Wait with BLOCK on a connection of its own, so the wait holds up no renewal (rule 8).
-      let waitConn = bound ? conn : await this.#adapter.dedicated({ bound: false });
-      try {
-        let backoff = 10;
-        for (;;) {
-          const left = waitEnd - now();
-          if (left <= 0) return null;
-          const blockMs = Number.isFinite(left) ? Math.max(1, Math.ceil(left)) : 0;
-          let granted: unknown;
-          try {
-            granted = await waitConn.call([...base, "BLOCK", blockMs]);
-          } catch (err) {
-            // TRYAGAIN: the slot moved while we waited; wait again on its new owner (rule 5).
-            // A connection error: the server drops a waiter that went away; wait again.
-            if (isReplyError(err) && replyCode(err) !== "TRYAGAIN") throw err;
-            if (isClosedClientError(err)) throw err;
-            if (bound && !isReplyError(err)) {
-              // A bound wait's connection does not reconnect: wait again on a new one.
-              void conn.close();
-              conn = waitConn = await this.#adapter.dedicated({ bound: true });
-            }
-            await sleep(Math.min(backoff, Math.max(0, waitEnd - now())));
-            backoff = Math.min(backoff * 2, 200);
-            continue;
-          }
-          backoff = 10;
-          if (granted === null || granted === undefined) {
-            if (waitEnd - now() > 1) continue; // the server timed out early by our clock
-            return null;
-          }
-          const token = toToken(granted);
-          if (durability) {
-            // The RENEW and its WAIT go on the connection that was granted, right after the
-            // grant: the WAIT covers both (replication is one stream).
-            const got = await this.#renewDurably(key, owner, ttl, token, durability, waitConn);
-            if (got) return make(token, got.sentAt);
-            continue; // granted and gone again before the renewal: keep waiting
-          }
-          // The wait may have been longer than the ttl: renew at once with the token and count
-          // the lease from that RENEW (rule 1).
-          const renewSent = now();
-          const r = await callRetrying(conn, ["FLOCK.RENEW", key, owner, ttl, token], () => {
-            // Granted, but never counted as held: give it back to the next waiter.
-            void conn.call(["FLOCK.RELEASE", key, owner, token]).catch(() => {});
-          });
-          if (r !== null) return make(token, renewSent);
-          // Granted and gone again before we could renew it (revoked, or expired): keep waiting.
+      return await this.#waitBlocked(base, undefined, waitEnd, hold, async (granted, waitConn) => {
+        const token = toToken(granted);
+        if (durability) {
+          // The RENEW and its WAIT go on the connection that was granted, right after the
+          // grant: the WAIT covers both (replication is one stream).
+          const got = await this.#renewDurably(key, owner, ttl, token, durability, waitConn);
+          return got ? make(token, got.sentAt) : undefined; // granted and gone again: keep waiting
         }
-      } finally {
-        if (!bound) void waitConn.close();
-      }
+        // The wait may have been longer than the ttl: renew at once with the token and count
+        // the lease from that RENEW (rule 1).
+        const renewSent = now();
+        const r = await callRetrying(conn(), ["FLOCK.RENEW", key, owner, ttl, token], () => {
+          // Granted, but never counted as held: give it back to the next waiter.
+          void conn().call(["FLOCK.RELEASE", key, owner, token]).catch(() => {});
+        });
+        // Granted and gone again before we could renew it (revoked, or expired): keep waiting.
+        return r !== null ? make(token, renewSent) : undefined;
+      });
     } finally {
-      if (bound && !handedOver) void conn.close();
+      if (hold && !handedOver) void hold.conn.close();
     }
   }
 
@@ -608,6 +654,12 @@ async function hasWaitaof(main: Conn): Promise<boolean> {
   return m !== null && (Number(m[1]) > 7 || (Number(m[1]) === 7 && Number(m[2]) >= 2));
 }
 
+/** FLOCK.MACQUIRE's reply: one token per key. */
+function tokensOf(reply: unknown, n: number): unknown[] {
+  if (!Array.isArray(reply) || reply.length !== n) throw new TypeError(`unexpected FLOCK.MACQUIRE reply ${String(reply)}`);
+  return reply;
+}
+
 function toToken(reply: unknown): number {
   const t = typeof reply === "number" ? reply : Number(reply);
   if (!Number.isSafeInteger(t) || t <= 0) throw new TypeError(`unexpected token reply ${String(reply)}`);
@@ -644,7 +696,7 @@ function sharedConn(conn: Conn, n: number): Conn {
   let refs = n;
   return {
     call: (args, routeKey) => conn.call(args, routeKey),
-    pipeline: (cmds) => conn.pipeline(cmds),
+    pipeline: (cmds, routeKey) => conn.pipeline(cmds, routeKey),
     onDown: (cb) => conn.onDown(cb),
     close: async () => {
       if (--refs === 0) await conn.close();

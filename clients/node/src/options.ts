@@ -114,7 +114,10 @@ export function checkOptions(opts: unknown): Checked {
   };
 }
 
-/** The options of acquireMany()/withLocks(): MACQUIRE grants exclusive, non-durable leases only. */
+/**
+ * The options of acquireMany()/withLocks(): MACQUIRE grants exclusive leases only, and there is
+ * no `reentrant` (a key this Flock holds with the same owner is LockBusyError, rule 11).
+ */
 export interface ManyOptions {
   /** Lease length in ms of every key's lease. Required. */
   ttlMs: number;
@@ -126,11 +129,20 @@ export interface ManyOptions {
   renew?: boolean;
   /** The owner of every grant; default a random 128-bit hex string per call (rule 7). */
   owner?: string;
+  /**
+   * Durable grants (rule 10): hand the leases over only once this many replicas acknowledged the
+   * MACQUIRE (WAIT); too few, and every key is released (LockNotDurableError). Not with `bound`.
+   */
+  replicas?: number;
+  /** Durable grants: only once the master's AOF has them on disk (WAITAOF). Not with `bound`. */
+  fsync?: boolean;
+  /** How long to wait for the acknowledgements of `replicas`/`fsync`, ms. Default a third of the ttl. */
+  durableTimeoutMs?: number;
 }
 
 /** FLOCK.MACQUIRE's numkeys limit (SPEC "MACQUIRE"). */
 export const MAX_KEYS = 64;
-const MANY_KNOWN = new Set(["ttlMs", "waitMs", "bound", "renew", "owner"]);
+const MANY_KNOWN = new Set(["ttlMs", "waitMs", "bound", "renew", "owner", "replicas", "fsync", "durableTimeoutMs"]);
 
 /** Checks acquireMany()'s keys and options (rule 12): a list of 1 to 64 distinct keys. */
 export function checkMany(keys: unknown, opts: unknown): Checked & { keys: string[] } {

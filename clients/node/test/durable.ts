@@ -383,6 +383,16 @@ export function durableSuite(lib: Lib): void {
         assert.deepEqual(await waits(), cluster.nodes.map((x) => (x === src ? 2 : x === dst ? 1 : 0)));
         assert.equal((await calls(dst))["flock.acquire"], 1);
         assert.equal(await dst.admin.exists(k), 0);
+        // M.3 in a cluster: acquireMany's MACQUIRE names numkeys first; it and its WAIT are
+        // routed by the keys' slot, to its master; not durable there: every key released.
+        // As many keys as make numkeys, read as a key, name a slot of another master.
+        let count = 2;
+        while ((await cluster.ownerOf(keySlot(String(count)))) === dst) count++;
+        const ks = Array.from({ length: count }, (_, i) => `{durable-${libKey(lib)}}:${i}`);
+        await assert.rejects(cf.acquireMany(ks, { ttlMs: 3000, replicas: 1, durableTimeoutMs: 200 }), notDurable({ acknowledged: 0, asked: 1 }));
+        assert.deepEqual(await waits(), cluster.nodes.map((x) => (x === src ? 2 : x === dst ? 2 : 0)));
+        assert.equal((await calls(dst))["flock.macquire"], 1);
+        assert.equal(await dst.admin.exists(...ks), 0);
       } finally {
         await lib.close(cc);
         cluster.kill();

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { performance } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
-import { Flock, InvalidArgumentError, keySlot, LockBusyError, LockLostError, type Lease } from "redis-flock";
+import { Flock, InvalidArgumentError, keySlot, LockBusyError, LockLostError, LockNotDurableError, type Lease } from "redis-flock";
 import type { Lib } from "./libs.js";
 import { Cluster, Server, sleep, until } from "./servers.js";
 import { libKey } from "./suite.js";
@@ -154,7 +154,7 @@ export function manySuite(lib: Lib): void {
       for (const k of ks) assert.deepEqual(await held(k), []);
     });
 
-    test("M.1 bound: every grant on one connection of their own; releasing one keeps the others; a kill loses the rest", async () => {
+    test("M.2 bound: every grant on one connection of their own; releasing one keeps the others; a kill loses the rest (closed)", async () => {
       const ks = keys(3);
       const leases = await flock.acquireMany(ks, { ttlMs: 5000, bound: true });
       assert.ok(leases);
@@ -176,6 +176,25 @@ export function manySuite(lib: Lib): void {
       for (const l of leases.slice(1)) assert.equal(await l.release(), false);
     });
 
+    test("M.4 rule 11: a key of the set this Flock holds with the same owner: LockBusyError at once, nothing taken, the held lease intact", async () => {
+      const ks = keys(3);
+      const mine = await flock.acquire(ks[1], { ttlMs: 5000, owner: "me" });
+      assert.ok(mine);
+      const calls = await commandCalls(server, "flock.macquire");
+      const t0 = performance.now();
+      await assert.rejects(flock.acquireMany(ks, { ttlMs: 5000, owner: "me", waitMs: 5000 }), LockBusyError);
+      await assert.rejects(flock.withLocks(ks, { ttlMs: 5000, owner: "me" }, () => 1), LockBusyError);
+      assert.ok(performance.now() - t0 < 1000, "at once");
+      assert.equal(await commandCalls(server, "flock.macquire"), calls, "nothing sent");
+      assert.deepEqual(await held(ks[0]), []);
+      assert.deepEqual((await held(ks[1])).map(([o, t]) => [o, t]), [["me", mine.token]]);
+      assert.equal(mine.lost, false);
+      assert.equal(await mine.release(), true);
+      const leases = await flock.acquireMany(ks, { ttlMs: 5000, owner: "me" });
+      assert.ok(leases && leases.every((l) => l.owner === "me"));
+      for (const l of leases) assert.equal(await l.release(), true);
+    });
+
     test("M.1 argument errors (rule 12): InvalidArgumentError, nothing sent", async () => {
       const calls = await commandCalls(server, "flock.macquire");
       const many = Array.from({ length: 65 }, (_, i) => `{t}:${i}`);
@@ -188,7 +207,11 @@ export function manySuite(lib: Lib): void {
         [["{t}:a"], { ttlMs: 1000, shared: true }],
         [["{t}:a"], { ttlMs: 1000, limit: 2 }],
         [["{t}:a"], { ttlMs: 1000, reentrant: true }],
-        [["{t}:a"], { ttlMs: 1000, replicas: 1 }],
+        [["{t}:a"], { ttlMs: 1000, bound: true, replicas: 1 }],
+        [["{t}:a"], { ttlMs: 1000, bound: true, fsync: true }],
+        [["{t}:a"], { ttlMs: 1000, replicas: -1 }],
+        [["{t}:a"], { ttlMs: 1000, fsync: "yes" }],
+        [["{t}:a"], { ttlMs: 1000, replicas: 1, durableTimeoutMs: 0 }],
         [["{t}:a"], { ttlMs: 1000, ttl: 5 }],
         [["{t}:a"], { ttlMs: 0 }],
         [["{t}:a"], { ttlMs: 1000, waitMs: -1 }],
@@ -234,6 +257,64 @@ export function manySuite(lib: Lib): void {
         await lib.close(cc);
         cluster.kill();
       }
+    });
+  });
+
+  describe(`redis-flock several keys, durable (M.3) on ${lib.name}`, () => {
+    let master: Server;
+    let replica: Server;
+    let client: any;
+    let flock: Flock;
+    let n = 0;
+    const keys = () => {
+      const tag = `{dmany:${libKey(lib)}:${++n}}`;
+      return [`${tag}:a`, `${tag}:b`, `${tag}:c`];
+    };
+    const info = (s: Server, k: string) => s.admin.call("FLOCK.INFO", k);
+
+    before(async () => {
+      master = await Server.start(["--repl-diskless-sync-delay", "0"]);
+      replica = await Server.startReplica(master);
+      // The replica streams once the master had its first REPLCONF ACK: a write and a WAIT.
+      await master.admin.set("warm-up", "1");
+      assert.equal(await master.admin.call("WAIT", "1", "5000"), 1);
+      client = await lib.client(master.port);
+      flock = new Flock(client);
+    });
+    after(async () => {
+      await lib.close(client);
+      replica.kill();
+      master.kill();
+    });
+
+    test("M.3 durable: replicas 1 with one replica: every grant is on the replica when acquireMany resolves", async () => {
+      const ks = keys();
+      const leases = await flock.acquireMany(ks, { ttlMs: 6000, replicas: 1 });
+      assert.ok(leases);
+      for (const l of leases) {
+        assert.ok(Number(await replica.admin.call("FLOCK.CHECK", l.key, l.token)) > 0, `${l.key} on the replica`);
+        assert.deepEqual(l.durability, { replicas: 1, fsync: false, timeoutMs: 2000 });
+      }
+      for (const l of leases) assert.equal(await l.release(), true);
+    });
+
+    test("M.3 durable: replicas 2 with one replica: LockNotDurableError (1 of 2), every key released, at once and after a wait", async () => {
+      const ks = keys();
+      const notDurable = (e: unknown) =>
+        e instanceof LockNotDurableError && e.acknowledged === 1 && e.asked === 2 && /1 of 2 replicas acknowledged/.test(e.message);
+      await assert.rejects(flock.acquireMany(ks, { ttlMs: 6000, replicas: 2, durableTimeoutMs: 300 }), notDurable);
+      for (const k of ks) assert.equal(await info(master, k), null, `${k} released`);
+      await until("the releases on the replica", async () => {
+        for (const k of ks) if ((await info(replica, k)) !== null) return false;
+        return true;
+      });
+      // After a BLOCK wait: the WAIT follows the RENEWs that confirm the grants.
+      await master.admin.call("FLOCK.ACQUIRE", ks[2], "other", 10000);
+      const p = flock.acquireMany(ks, { ttlMs: 6000, replicas: 2, durableTimeoutMs: 300, waitMs: 10000 });
+      await master.waitBlocked(1);
+      await master.admin.call("FLOCK.RELEASE", ks[2], "other");
+      await assert.rejects(p, notDurable);
+      for (const k of ks) assert.equal(await info(master, k), null, `${k} released after the wait`);
     });
   });
 }

@@ -72,11 +72,22 @@ impl Conn {
         }
     }
 
-    /// A pipeline sent as one write; on a cluster it goes to the node of its first key.
-    pub(crate) async fn pipe(&mut self, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
-        match self {
-            Conn::Single(c) => pipe.query_async(c).await,
-            Conn::Cluster(c) => pipe.query_async(c).await,
+    /// A pipeline sent as one write; on a cluster it goes to the master of `slot` when given
+    /// (a FLOCK.MACQUIRE, whose first argument is no key), else to the node of its first key.
+    /// Error replies come back in their places.
+    pub(crate) async fn pipe(
+        &mut self,
+        pipe: &Pipeline,
+        slot: Option<u16>,
+    ) -> redis::RedisResult<Vec<Value>> {
+        match (self, slot) {
+            (Conn::Single(c), _) => pipe.query_async(c).await,
+            (Conn::Cluster(c), None) => pipe.query_async(c).await,
+            (Conn::Cluster(c), Some(slot)) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), route).await
+            }
         }
     }
 }

@@ -116,12 +116,48 @@ pub(crate) async fn round_trip<T: FromRedisValue>(
     retry: bool,
     until: Option<Instant>,
 ) -> RedisResult<Durably<T>> {
+    let r = round_trip_all(
+        shared,
+        std::slice::from_ref(cmd),
+        d,
+        wait,
+        retry,
+        until,
+        None,
+    )
+    .await?;
+    let Some(first) = r.reply.into_iter().next() else {
+        return Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "a durable round trip got no reply",
+        )));
+    };
+    Ok(Durably {
+        reply: redis::from_redis_value(first.extract_error()?)?,
+        ack: r.ack,
+        sent: r.sent,
+    })
+}
+
+/// [`round_trip`] of several commands (a MACQUIRE, or the RENEWs of its keys) followed by one
+/// wait, on the master of `slot` in a cluster: their replies, an error reply in its place.
+pub(crate) async fn round_trip_all(
+    shared: &Shared,
+    cmds: &[Cmd],
+    d: &Durable,
+    wait: Duration,
+    retry: bool,
+    until: Option<Instant>,
+    slot: Option<u16>,
+) -> RedisResult<Durably<Vec<Value>>> {
     let mut pipe = redis::pipe();
-    // Errors come back per command: the command's error is the caller's, and a failed wait
-    // after a grant is judged apart from it (the grant is then given back).
-    pipe.ignore_errors()
-        .add_command(cmd.clone())
-        .add_command(wait_cmd(d, wait));
+    // Errors come back per command: the commands' errors are the caller's, and a failed wait
+    // after a grant is judged apart from them (the grant is then given back).
+    pipe.ignore_errors();
+    for cmd in cmds {
+        pipe.add_command(cmd.clone());
+    }
+    pipe.add_command(wait_cmd(d, wait));
     let mut attempt = 0u32;
     loop {
         if until.is_some_and(|u| Instant::now() >= u) {
@@ -134,7 +170,7 @@ pub(crate) async fn round_trip<T: FromRedisValue>(
         }
         let fut = async {
             let mut conn = shared.borrow().await?;
-            let values = conn.pipe(&pipe).await?;
+            let values = conn.pipe(&pipe, slot).await?;
             shared.give_back(conn);
             Ok::<_, RedisError>(values)
         };
@@ -147,18 +183,23 @@ pub(crate) async fn round_trip<T: FromRedisValue>(
             ))),
         };
         match r {
-            Ok(values) => {
-                let mut it = values.into_iter();
-                let (Some(first), Some(second)) = (it.next(), it.next()) else {
+            Ok(mut values) => {
+                if values.len() != cmds.len() + 1 {
                     return Err(RedisError::from((
                         redis::ErrorKind::UnexpectedReturnType,
-                        "a durable round trip got fewer than two replies",
+                        "a durable round trip got another number of replies than it sent",
                     )));
+                }
+                let ack = match values.pop() {
+                    Some(v) => ack_of(d, v),
+                    None => Err(RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "a durable round trip got no reply to its wait",
+                    ))),
                 };
-                let reply: T = redis::from_redis_value(first.extract_error()?)?;
                 return Ok(Durably {
-                    reply,
-                    ack: ack_of(d, second),
+                    reply: values,
+                    ack,
                     sent,
                 });
             }

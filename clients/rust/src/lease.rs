@@ -3,7 +3,7 @@
 //! RENEW and fenced commands, and the release.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue};
@@ -286,6 +286,7 @@ impl Lease {
             keeper: Mutex::new(None),
             task: Caller::current(),
             reentrant: opts.reentrant,
+            bound_set: OnceLock::new(),
         });
         let keeper = tokio::spawn(keeper(state.clone(), opts.renew));
         *lock(&state.keeper) = Some(keeper);

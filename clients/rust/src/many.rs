@@ -4,18 +4,20 @@
 //! registration), handed back together as [`Leases`] and released together.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use crate::connection::{Conn, Target};
+use crate::durable::{require_waitaof, round_trip_all, Ack};
 use crate::error::{invalid, Error, Result};
 use crate::flock::Flock;
 use crate::held::Reentry;
 use crate::lease::Lease;
-use crate::options::{check_key, check_owner, ttl_ms, LockOptions, Mode, Wait};
-use crate::retry::{backoff, is_transient, is_tryagain, RETRIES};
+use crate::options::{check_key, check_owner, ttl_ms, Durable, LockOptions, Mode, Wait};
+use crate::retry::{backoff, is_connection_error, is_transient, is_tryagain, RETRIES};
 use crate::state::LeaseConn;
 use crate::watch::slot_of;
 
@@ -66,6 +68,10 @@ impl Leases {
     }
 }
 
+/// What the first try or the wait of a `lock_many` got: the tokens, and for each key the send
+/// instant its lease counts from.
+type Granted = Option<(Vec<u64>, Vec<Instant>)>;
+
 impl Flock {
     /// Take every key of `keys` at once (exclusive leases, `FLOCK.MACQUIRE`), or fail with
     /// [`Error::Busy`] when they are not all granted within the wait; nothing is taken then.
@@ -82,11 +88,18 @@ impl Flock {
     /// (`BLOCK`), so it never overtakes an earlier waiter and two such requests cannot
     /// deadlock whatever order their keys are named in.
     ///
+    /// `bound(true)`: every grant is bound to one connection of their own (`MACQUIRE ...
+    /// BOUND`), which the leases share and which closes with the last of them; its failure
+    /// loses them all. `replicas(n)` / `fsync(true)` (rule 10): the WAIT/WAITAOF is pipelined
+    /// after the MACQUIRE (after a wait: after the RENEWs that confirm the grants); too few
+    /// acknowledgments, and every key is released and the result is `Error::NotDurable`.
+    ///
     /// Rule 12, before anything is sent: 1 to 64 keys, none empty or given twice, in a
-    /// cluster all in one slot (a `{hash tag}`); the grants are exclusive and not durable
-    /// (`Mode::Exclusive`, no `replicas`/`fsync`), not `bound` and not `reentrant`. Rule 11:
-    /// a key this `Flock` holds with the same owner is `Error::Busy`; a wait on a key that a
-    /// lease of the calling task holds would wait on itself, so it is one try, then `Busy`.
+    /// cluster all in one slot (a `{hash tag}`); the grants are exclusive
+    /// (`Mode::Exclusive`), `bound` not with `replicas`/`fsync`, and not `reentrant`. Rule 11:
+    /// a key this `Flock` holds with the same owner is `Error::Busy` at once; a wait on a key
+    /// that a lease of the calling task holds would wait on itself, so it is one try, then
+    /// `Busy`.
     pub async fn acquire_many<K: AsRef<str>>(
         &self,
         keys: &[K],
@@ -100,6 +113,8 @@ impl Flock {
             matches!(self.shared.target, Target::Cluster(_)),
         )?;
         let ttl = ttl_ms(opts.ttl)?;
+        let ttl_d = Duration::from_millis(ttl);
+        let durable = opts.durability(ttl_d)?;
         let mut owner = opts.owner.clone();
         let mut own_wait = false;
         for key in &keys {
@@ -121,6 +136,9 @@ impl Flock {
             _ if own_wait => Wait::None,
             w => w,
         };
+        if durable.is_some_and(|d| d.fsync) {
+            require_waitaof(&self.shared).await?;
+        }
         let slot = Some(slot_of(&keys[0]));
         let mut cmd = redis::cmd("FLOCK.MACQUIRE");
         cmd.arg(keys.len());
@@ -128,25 +146,28 @@ impl Flock {
             cmd.arg(k);
         }
         cmd.arg(&owner).arg(ttl);
-
-        // First a plain try on the shared connection (a retry of the same owner gets the
-        // same tokens, G4); counted from the send of the attempt that was answered.
-        let mut attempt = 0;
-        let tried = loop {
-            let sent = Instant::now();
-            match self.shared.query_at::<Option<Vec<u64>>>(&cmd, slot).await {
-                Ok(r) => break r.map(|t| (t, vec![sent; keys.len()])),
-                Err(e) if is_transient(&e) && attempt < RETRIES => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if opts.bound {
+            cmd.arg("BOUND");
+        }
+        let many = Many {
+            keys: &keys,
+            owner: &owner,
+            ttl,
+            slot,
+            durable: durable.as_ref(),
         };
-        let granted = match tried {
+        // A bound set lives on a connection of its own, from the first try on.
+        let mut bound_conn = match opts.bound {
+            true => Some(self.shared.dedicated().await?),
+            false => None,
+        };
+        let granted = match self.try_many(&many, &cmd, bound_conn.as_mut()).await? {
             Some(g) => Some(g),
             None if wait == Wait::None => None,
-            None => self.wait_many(&keys, &owner, ttl, &cmd, slot, wait).await?,
+            None => {
+                self.wait_many(&many, &cmd, wait, bound_conn.as_mut())
+                    .await?
+            }
         };
         let Some((tokens, sents)) = granted else {
             // Not granted by the one try, and waiting would wait on the caller's own lease.
@@ -155,52 +176,144 @@ impl Flock {
             }
             return Ok(None);
         };
-        if tokens.len() != keys.len() {
-            return Err(invalid(format!(
-                "FLOCK.MACQUIRE answered {} tokens for {} keys",
-                tokens.len(),
-                keys.len()
-            )));
-        }
-        let ttl_d = Duration::from_millis(ttl);
         let mut leases = Vec::with_capacity(keys.len());
-        for ((key, token), sent) in keys.into_iter().zip(tokens).zip(sents) {
+        for ((key, token), sent) in keys.iter().zip(tokens).zip(sents) {
+            let conn = match &bound_conn {
+                Some(c) => LeaseConn::Dedicated(c.clone()),
+                None => LeaseConn::Shared,
+            };
             let lease = Lease::start(
                 self.shared.clone(),
-                key,
+                key.clone(),
                 owner.clone(),
                 token,
                 ttl_d,
                 sent,
                 opts.clone(),
-                None,
-                LeaseConn::Shared,
+                durable,
+                conn,
             );
-            self.held.add(&lease);
-            self.watcher.add(lease.state());
             leases.push(lease);
+        }
+        if opts.bound {
+            // One connection for the set: its loss is every lease's (`State::mark_lost`).
+            let set: Vec<_> = leases.iter().map(|l| Arc::downgrade(l.state())).collect();
+            for l in &leases {
+                let _ = l.state().bound_set.set(set.clone());
+            }
+        }
+        for l in &leases {
+            self.held.add(l);
+            self.watcher.add(l.state());
         }
         Ok(Some(Leases { leases }))
     }
 
-    /// Wait with `BLOCK` on a connection of its own (rule 8), across TRYAGAIN (rule 5); a grant
-    /// is renewed at once, key by key, with token-qualified RENEWs, and each lease counted
-    /// from its RENEW (rule 1). A grant one of whose keys ran out before its RENEW is released
-    /// and waited for again while time is left.
+    /// The first try, without BLOCK: on the bound connection, or pipelined with its WAIT on a
+    /// connection of the durable pool, or on the shared connection (a retry of the same owner
+    /// gets the same tokens, G4); counted from the send of the attempt that was answered.
+    async fn try_many(
+        &self,
+        many: &Many<'_>,
+        cmd: &Cmd,
+        bound_conn: Option<&mut Conn>,
+    ) -> Result<Granted> {
+        let n = many.keys.len();
+        if let Some(c) = bound_conn {
+            let sent = Instant::now();
+            let tokens = c.query_at::<Option<Vec<u64>>>(cmd, many.slot).await?;
+            return tokens.map(|t| many.check(t, vec![sent; n])).transpose();
+        }
+        if let Some(d) = many.durable {
+            let ttl = Duration::from_millis(many.ttl);
+            let r = round_trip_all(
+                &self.shared,
+                std::slice::from_ref(cmd),
+                d,
+                d.timeout_for(ttl),
+                true,
+                None,
+                many.slot,
+            )
+            .await?;
+            let reply = r.reply.into_iter().next().unwrap_or(Value::Nil);
+            let tokens: Option<Vec<u64>> =
+                redis::from_redis_value(reply.extract_error()?).map_err(redis::RedisError::from)?;
+            let Some(tokens) = tokens else {
+                return Ok(None);
+            };
+            let granted = many.check(tokens, vec![r.sent; n])?;
+            self.settle_many(many, d, r.ack, &granted.0).await?;
+            return Ok(Some(granted));
+        }
+        let mut attempt = 0;
+        loop {
+            let sent = Instant::now();
+            match self
+                .shared
+                .query_at::<Option<Vec<u64>>>(cmd, many.slot)
+                .await
+            {
+                Ok(r) => return r.map(|t| many.check(t, vec![sent; n])).transpose(),
+                Err(e) if is_transient(&e) && attempt < RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Rule 10: the grants are handed over only when the wait after them answered enough;
+    /// otherwise every key is released again and the error is the caller's.
+    async fn settle_many(
+        &self,
+        many: &Many<'_>,
+        d: &Durable,
+        ack: redis::RedisResult<Ack>,
+        tokens: &[u64],
+    ) -> Result<()> {
+        let verdict = match ack {
+            Ok(a) => a.judge(d),
+            Err(e) => Err(Error::Redis(e)),
+        };
+        if verdict.is_err() {
+            self.release_all(many, tokens, None).await;
+        }
+        verdict
+    }
+
+    /// Token-qualified RELEASEs of every key (on the bound connection when given); failures
+    /// are left to the ttl.
+    async fn release_all(&self, many: &Many<'_>, tokens: &[u64], conn: Option<&mut Conn>) {
+        let mut conn = conn;
+        for (key, token) in many.keys.iter().zip(tokens) {
+            let mut rel = redis::cmd("FLOCK.RELEASE");
+            rel.arg(key).arg(many.owner).arg(*token);
+            let _ = match conn.as_deref_mut() {
+                Some(c) => c.query::<i64>(&rel).await,
+                None => self.shared.retrying::<i64>(&rel).await.map(|(n, _)| n),
+            };
+        }
+    }
+
+    /// Wait with `BLOCK` on a connection of its own (rule 8; a bound set's own connection),
+    /// across TRYAGAIN (rule 5); a grant is confirmed at once with token-qualified RENEWs
+    /// (`renew_all`) and each lease counted from its RENEW (rule 1). A grant one of whose
+    /// keys ran out before its RENEW is released and waited for again while time is left.
     async fn wait_many(
         &self,
-        keys: &[String],
-        owner: &str,
-        ttl: u64,
+        many: &Many<'_>,
         base: &Cmd,
-        slot: Option<u16>,
         wait: Wait,
-    ) -> Result<Option<(Vec<u64>, Vec<Instant>)>> {
+        bound_conn: Option<&mut Conn>,
+    ) -> Result<Granted> {
         let until = match wait {
             Wait::For(d) => Some(Instant::now() + d),
             _ => None,
         };
-        let mut conn: Option<Conn> = None;
+        let mut bound_conn = bound_conn;
+        let mut own: Option<Conn> = None;
         let mut failures = 0u32;
         let mut moves = 0u32;
         loop {
@@ -216,14 +329,17 @@ impl Flock {
             };
             let mut cmd = base.clone();
             cmd.arg("BLOCK").arg(block_ms);
-            let c = match conn.as_mut() {
+            let c = match bound_conn.as_deref_mut() {
                 Some(c) => c,
-                None => conn.insert(self.shared.dedicated().await?),
+                None => match own.as_mut() {
+                    Some(c) => c,
+                    None => own.insert(self.shared.dedicated().await?),
+                },
             };
             // The server times the wait out; the local bound only covers a server that stops
             // answering (the connection is then dropped, and the server releases a grant made
             // to a client that went away).
-            let fut = c.query_at::<Option<Vec<u64>>>(&cmd, slot);
+            let fut = c.query_at::<Option<Vec<u64>>>(&cmd, many.slot);
             let reply = match until {
                 None => fut.await,
                 Some(u) => match tokio::time::timeout_at(u + Duration::from_millis(250), fut).await
@@ -234,8 +350,14 @@ impl Flock {
             };
             match reply {
                 Ok(Some(tokens)) => {
-                    drop(conn.take());
-                    match self.renew_all(keys, owner, ttl, &tokens).await? {
+                    many.check(tokens.clone(), Vec::new())?;
+                    if let (Some(c), Some(_)) = (own.take(), many.durable) {
+                        self.shared.give_back(c); // the durable round trip may take it
+                    }
+                    let renewed = self
+                        .renew_all(many, &tokens, bound_conn.as_deref_mut())
+                        .await?;
+                    match renewed {
                         Some(sents) => return Ok(Some((tokens, sents))),
                         None => continue,
                     }
@@ -247,35 +369,96 @@ impl Flock {
                     tokio::time::sleep(Duration::from_millis((20 * u64::from(moves)).min(500)))
                         .await;
                 }
-                Err(e) if e.is_timeout() && until.is_none_or(|u| Instant::now() < u) => {
-                    conn = None;
+                Err(e)
+                    if bound_conn.is_none()
+                        && e.is_timeout()
+                        && until.is_none_or(|u| Instant::now() < u) =>
+                {
+                    own = None;
                 }
-                Err(e) if is_transient(&e) && failures < RETRIES => {
+                Err(e) if bound_conn.is_none() && is_transient(&e) && failures < RETRIES => {
                     failures += 1;
-                    conn = None;
+                    own = None;
                     tokio::time::sleep(backoff(failures)).await;
+                }
+                Err(e) if is_connection_error(&e) && failures < RETRIES => {
+                    // A bound wait's connection failed: the server dropped that waiter. Wait
+                    // again on a new connection, which the grants will then be bound to.
+                    failures += 1;
+                    tokio::time::sleep(backoff(failures)).await;
+                    if let Some(c) = bound_conn.as_deref_mut() {
+                        *c = self.shared.dedicated().await?;
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// Rule 1 after a wait: a token-qualified RENEW of every granted key, each lease counted
-    /// from its own RENEW's send. `None` when a key's grant ran out before its RENEW: every
-    /// key is then released (all or nothing). On an error every key is released too.
+    /// Rule 1 after a wait: a token-qualified RENEW of every granted key (on the bound
+    /// connection of a bound set; pipelined with the WAIT of a durable one, rule 10), each
+    /// lease counted from its own RENEW's send. `None` when a key's grant ran out before its
+    /// RENEW: every key is then released (all or nothing). On an error every key is released
+    /// too.
     async fn renew_all(
         &self,
-        keys: &[String],
-        owner: &str,
-        ttl: u64,
+        many: &Many<'_>,
         tokens: &[u64],
+        bound_conn: Option<&mut Conn>,
     ) -> Result<Option<Vec<Instant>>> {
-        let mut sents = Vec::with_capacity(keys.len());
+        let renews: Vec<Cmd> = many
+            .keys
+            .iter()
+            .zip(tokens)
+            .map(|(key, token)| {
+                let mut renew = redis::cmd("FLOCK.RENEW");
+                renew.arg(key).arg(many.owner).arg(many.ttl).arg(*token);
+                renew
+            })
+            .collect();
+        let mut bound_conn = bound_conn;
+        if let Some(d) = many.durable {
+            let ttl = Duration::from_millis(many.ttl);
+            let r = round_trip_all(
+                &self.shared,
+                &renews,
+                d,
+                d.timeout_for(ttl),
+                true,
+                None,
+                many.slot,
+            )
+            .await;
+            return match r {
+                Ok(r) => {
+                    let all = r
+                        .reply
+                        .into_iter()
+                        .all(|v| matches!(v.extract_error(), Ok(v) if v != Value::Nil));
+                    if !all {
+                        self.release_all(many, tokens, None).await;
+                        return Ok(None);
+                    }
+                    self.settle_many(many, d, r.ack, tokens).await?;
+                    Ok(Some(vec![r.sent; tokens.len()]))
+                }
+                Err(e) => {
+                    self.release_all(many, tokens, None).await;
+                    Err(e.into())
+                }
+            };
+        }
+        let mut sents = Vec::with_capacity(tokens.len());
         let mut failed: Option<Error> = None;
-        for (key, token) in keys.iter().zip(tokens) {
-            let mut renew = redis::cmd("FLOCK.RENEW");
-            renew.arg(key).arg(owner).arg(ttl).arg(*token);
-            match self.shared.retrying::<Option<u64>>(&renew).await {
+        for renew in &renews {
+            let r = match bound_conn.as_deref_mut() {
+                Some(c) => {
+                    let sent = Instant::now();
+                    c.query::<Option<u64>>(renew).await.map(|t| (t, sent))
+                }
+                None => self.shared.retrying::<Option<u64>>(renew).await,
+            };
+            match r {
                 Ok((Some(_), sent)) => sents.push(sent),
                 Ok((None, _)) => break,
                 Err(e) => {
@@ -284,15 +467,34 @@ impl Flock {
                 }
             }
         }
-        if sents.len() == keys.len() {
+        if sents.len() == tokens.len() {
             return Ok(Some(sents));
         }
-        for (key, token) in keys.iter().zip(tokens) {
-            let mut rel = redis::cmd("FLOCK.RELEASE");
-            rel.arg(key).arg(owner).arg(*token);
-            let _ = self.shared.query::<i64>(&rel).await;
-        }
+        self.release_all(many, tokens, bound_conn).await;
         failed.map_or(Ok(None), Err)
+    }
+}
+
+/// One `lock_many`'s request, as its helpers need it.
+struct Many<'a> {
+    keys: &'a [String],
+    owner: &'a str,
+    ttl: u64,
+    slot: Option<u16>,
+    durable: Option<&'a Durable>,
+}
+
+impl Many<'_> {
+    /// The tokens of a grant, one per key, with the instants the leases count from.
+    fn check(&self, tokens: Vec<u64>, sents: Vec<Instant>) -> Result<(Vec<u64>, Vec<Instant>)> {
+        if tokens.len() != self.keys.len() {
+            return Err(invalid(format!(
+                "FLOCK.MACQUIRE answered {} tokens for {} keys",
+                tokens.len(),
+                self.keys.len()
+            )));
+        }
+        Ok((tokens, sents))
     }
 }
 
@@ -329,16 +531,11 @@ fn check_many(keys: &[String], opts: &LockOptions, cluster: bool) -> Result<()> 
             "lock_many takes exclusive locks only (Mode::Exclusive)",
         ));
     }
-    if opts.bound {
-        return Err(invalid("lock_many does not take bound leases"));
-    }
-    if opts.replicas != 0 || opts.fsync {
-        return Err(invalid(
-            "lock_many does not take durable leases (replicas, fsync)",
-        ));
-    }
     if opts.reentrant {
-        return Err(invalid("lock_many does not take reentrant leases"));
+        return Err(invalid(
+            "lock_many does not take reentrant leases: a key this Flock holds with the same \
+             owner is Error::Busy",
+        ));
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! commands with the retries each allows, and one renewal, durable or not (rule 10). The
 //! public face is in `lease`, the renewing in `watchdog`; both build on this.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue, RedisError};
@@ -85,6 +85,10 @@ pub(crate) struct State {
     /// would wait on itself), and whether it may be re-entered.
     pub(crate) task: Caller,
     pub(crate) reentrant: bool,
+    /// `lock_many` with `bound(true)`: every lease of the set, on one connection. When it
+    /// closes the server ends every grant on it, so one lease's `Closed` is every one's (a
+    /// WATCH reply names one ended grant, and the WATCH after it would tell the rest `gone`).
+    pub(crate) bound_set: OnceLock<Vec<Weak<State>>>,
 }
 
 /// What became of a command sent by [`State::send`].
@@ -116,7 +120,7 @@ impl State {
                 *r = Some(reason);
             }
         }
-        self.lost.send_if_modified(|v| {
+        let first = self.lost.send_if_modified(|v| {
             if *v {
                 false
             } else {
@@ -124,6 +128,15 @@ impl State {
                 true
             }
         });
+        if first && reason == LossReason::Closed {
+            for other in self.bound_set.get().into_iter().flatten() {
+                if let Some(o) = other.upgrade() {
+                    if !o.is_released() {
+                        o.mark_lost(LossReason::Closed);
+                    }
+                }
+            }
+        }
     }
 
     pub(crate) fn is_lost(&self) -> bool {

@@ -152,6 +152,21 @@ async fn a_durable_grant_is_acknowledged_by_the_replica_of_its_keys_master() {
         );
         lease.release().await.expect("release");
 
+        // M.3 in a cluster: lock_many's MACQUIRE names numkeys first; it and its WAIT are
+        // routed by the keys' slot to this master, whose replica holds every grant at once.
+        let tag = key.trim_end_matches(":lock");
+        let many = [format!("{tag}:a"), format!("{tag}:b")];
+        let leases = flock
+            .lock_many(&many, LockOptions::new(MS(5000)).replicas(1))
+            .await
+            .expect("durable lock_many on the cluster");
+        for l in leases.iter() {
+            let t = l.token().to_string();
+            let on_replica: i64 = q(&mut rc, &["FLOCK.CHECK", l.key(), &t]).await;
+            assert!(on_replica > 0, "the replica holds {}'s grant", l.key());
+        }
+        leases.release_all().await.expect("release_all");
+
         // Each master has one replica: two are too many, and the grant is released.
         let res = flock
             .acquire(
@@ -186,7 +201,30 @@ async fn a_durable_grant_is_acknowledged_by_the_replica_of_its_keys_master() {
                     .durable_timeout(MS(200)),
             )
             .await;
+        let many_res = flock
+            .acquire_many(
+                &many,
+                LockOptions::new(MS(5000))
+                    .replicas(1)
+                    .durable_timeout(MS(200)),
+            )
+            .await;
         replica.srv.signal("CONT");
+        assert!(
+            matches!(
+                many_res,
+                Err(Error::NotDurable {
+                    acknowledged: 0,
+                    asked: 1,
+                    ..
+                })
+            ),
+            "{many_res:?}"
+        );
+        for k in &many {
+            let exists: i64 = q(&mut mc, &["EXISTS", k]).await;
+            assert_eq!(exists, 0, "{k} released");
+        }
         assert!(
             matches!(
                 res,

@@ -251,14 +251,19 @@ async fn m1_argument_errors_send_nothing() {
             LockOptions::new(ttl).mode(Mode::Shared),
         ),
         (
-            "bound",
+            "bound with replicas",
             vec!["m:a".into()],
-            LockOptions::new(ttl).bound(true),
+            LockOptions::new(ttl).bound(true).replicas(1),
         ),
         (
-            "replicas",
+            "bound with fsync",
             vec!["m:a".into()],
-            LockOptions::new(ttl).replicas(1),
+            LockOptions::new(ttl).bound(true).fsync(true),
+        ),
+        (
+            "durable_timeout not below the ttl",
+            vec!["m:a".into()],
+            LockOptions::new(ttl).replicas(1).durable_timeout(ttl),
         ),
         (
             "reentrant",
@@ -345,7 +350,7 @@ async fn m1_in_a_cluster_one_slot_routed_to_its_master() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn m1_rule_11_own_leases_are_busy_at_once() {
+async fn m4_rule_11_own_leases_are_busy_at_once() {
     let srv = Server::start();
     let mut raw = srv.async_conn().await;
     let flock = Flock::new(srv.client());

@@ -114,6 +114,8 @@ class LeaseCore:
         self._tracker: Any = None
         #: on_lost() callbacks (None: none registered; most leases have none)
         self._callbacks: Optional[List[Callable[[Any], Any]]] = None
+        #: lock_many(bound=True): weak references to every lease of the set (one connection)
+        self._bound_set: Optional[List[Any]] = None
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "released" if self._released else "live"
@@ -186,7 +188,23 @@ class LeaseCore:
 
     def _set_lost(self, reason: str) -> None:
         with self._state:
+            first = not self._lost
             self._set_lost_locked(reason)
+        if first and reason == CLOSED and self._bound_set is not None:
+            self._lose_bound_set()
+
+    def _lose_bound_set(self) -> None:
+        """A lease of a ``lock_many(bound=True)`` set lost its connection: the server ended
+        every grant on it at that moment, so the others of the set are lost with reason
+        ``closed`` too, at once (a WATCH reply names one ended grant, and a WATCH sent after
+        it would tell the others as ``gone``)."""
+        for ref in self._bound_set or ():
+            other = ref()
+            if other is None or other is self:
+                continue
+            with other._state:
+                if not other._released:
+                    other._set_lost_locked(CLOSED)
 
     @property
     def lost(self) -> bool:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+import weakref
 from typing import Any, Optional, Sequence, Tuple
 
 from redis.exceptions import AskError, ConnectionError, MovedError
 
+from ._durable import Durability
 from ._errors import InvalidArgumentError, LockBusyError
 from ._plans import Checkout, Forget, GiveBack, Plan, Send, SendAll, Sleep, give_up_grant
 from ._rules import (
@@ -56,15 +59,24 @@ def check_keys(keys: Any) -> Tuple[Any, ...]:
 
 
 def acquire_many_command(keys: Any, ttl_ms: int, wait_ms: Optional[Number],
-                         owner: Optional[str]) -> Tuple[Tuple[Any, ...], Optional[float]]:
-    """Checks acquire_many's arguments: (FLOCK.MACQUIRE numkeys key... owner ttl, the wait in
-    seconds: None one try, math.inf no limit). The keys are ``command[2:-2]``, the owner
-    ``command[-2]`` (the given one or a new random one), the ttl ``command[-1]``."""
+                         owner: Optional[str], bound: Any = False
+                         ) -> Tuple[Tuple[Any, ...], Optional[float]]:
+    """Checks acquire_many's arguments: (FLOCK.MACQUIRE numkeys key... owner ttl [BOUND], the
+    wait in seconds: None one try, math.inf no limit). ``many_parts(command)`` names its
+    keys, owner and ttl (the owner: the given one or a new random one)."""
     ks = check_keys(keys)
     ttl = check_ttl(ttl_ms)
     wait_s = wait_seconds(wait_ms)
+    if bound is not True and bound is not False:
+        raise InvalidArgumentError(f"bound must be True or False, not {bound!r}")
     own = new_owner() if owner is None else check_owner(owner)
-    return ("FLOCK.MACQUIRE", len(ks), *ks, own, ttl), wait_s
+    return ("FLOCK.MACQUIRE", len(ks), *ks, own, ttl) + (("BOUND",) if bound else ()), wait_s
+
+
+def many_parts(command: Tuple[Any, ...]) -> Tuple[Tuple[Any, ...], str, int]:
+    """A MACQUIRE command's (keys, owner, ttl)."""
+    n = command[1]
+    return command[2:2 + n], command[2 + n], command[3 + n]
 
 
 def many_busy_error(keys: Sequence[Any], wait_ms: Optional[Number]) -> LockBusyError:
@@ -74,16 +86,22 @@ def many_busy_error(keys: Sequence[Any], wait_ms: Optional[Number]) -> LockBusyE
 
 
 def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: float,
-                      own_owner: bool) -> Plan:
+                      own_owner: bool, durable: Optional[Durability] = None) -> Plan:
     """FLOCK.MACQUIRE on a connection of its own (rule 8): one Grant per key in the order
     given, or None when not granted (within wait_s, counted from start; nothing is then
     held). The first try is without BLOCK (a free set of keys: one round trip); a wait goes on
     with BLOCK, waiting in every key's queue at once. Rule 1: a grant after a wait is confirmed
     by a token-qualified RENEW of each key, pipelined, and counted from it; when one of them
     ran out meanwhile, the others are released (token-qualified) and the wait goes on. All
-    keys are in one slot: MOVED / ASK / TRYAGAIN are followed as for one key (rule 5)."""
-    keys = command[2:-2]
-    owner, ttl = command[-2], command[-1]
+    keys are in one slot: MOVED / ASK / TRYAGAIN are followed as for one key (rule 5).
+
+    BOUND (the command ends with it): every grant lives on the connection that made it, which
+    the plan keeps (each Grant names its slot); the driver shares it among the leases.
+    durable (rule 10; never with BOUND): the WAIT / WAITAOF is pipelined after the MACQUIRE
+    (after a wait: after its RENEWs) on the same connection; too few acknowledgements, and
+    every key is released (token-qualified) and LockNotDurableError raised."""
+    keys, owner, ttl = many_parts(command)
+    bound = command[-1] == "BOUND"
     first = keys[0]
     end = math.inf if wait_s is None or math.isinf(wait_s) else start + wait_s
     addr: Addr = None
@@ -96,10 +114,18 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
         if wait_s is not None and left <= 0:
             return None
         slot = yield Checkout(first, addr)
+        keep = False
         try:
             if plain_first:
                 sent = monotonic()
-                tokens = yield Send(slot, command, None, asking)
+                if durable is None:
+                    tokens = yield Send(slot, command, None, asking)
+                else:
+                    wait_ms = durable.wait_ms(ttl)
+                    tokens, ack = yield SendAll(slot, (command, durable.command(wait_ms)),
+                                                wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S, asking)
+                    if isinstance(tokens, Exception):
+                        raise tokens  # a redirect is followed below; only a grant counts
                 if tokens is None:
                     if wait_s is None:
                         return None
@@ -112,13 +138,26 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                     return None  # the server's BLOCK timeout
                 sent = monotonic()
                 renews = tuple(("FLOCK.RENEW", k, owner, ttl, t) for k, t in zip(keys, tokens))
+                if durable is not None:
+                    wait_ms = durable.wait_ms(ttl)
+                    renews += (durable.command(wait_ms),)
                 again = yield SendAll(slot, renews, ttl / 1000.0, asking)
+                if durable is not None:
+                    ack = again.pop()
                 if any(a is None or isinstance(a, Exception) for a in again):
                     for k, t, a in zip(keys, tokens, again):
                         if a is not None and not isinstance(a, Exception):
                             yield from give_up_grant(slot, k, owner, int(t), asking)
                     continue  # one ran out before we could use it: wait again for all
-            return [(k, owner, int(t), ttl, sent, addr, None) for k, t in zip(keys, tokens)]
+            if durable is not None:
+                short = durable.shortfall(list(keys), ack, wait_ms, False)
+                if short is not None:
+                    for k, t in zip(keys, tokens):
+                        yield from give_up_grant(slot, k, owner, int(t), asking)
+                    raise short
+            keep = bound
+            return [(k, owner, int(t), ttl, sent, addr, slot if bound else None)
+                    for k, t in zip(keys, tokens)]
         except MovedError as e:
             addr, asking = (e.host, int(e.port)), False
         except AskError as e:
@@ -143,7 +182,8 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                     yield Forget(k, owner, addr)
             raise
         finally:
-            yield GiveBack(slot)
+            if not keep:
+                yield GiveBack(slot)
         redirects += 1
         if redirects > MAX_REDIRECTS and wait_s is None:
             raise ConnectionError("flock: too many redirects for FLOCK.MACQUIRE")
@@ -163,3 +203,28 @@ def raise_after_release_all(leases: Sequence[Any], failed: Optional[BaseExceptio
     for lease in leases:
         if lease._lost:
             raise lease._lost_while_held()
+
+
+class SharedPool:
+    """(sync) The pool of the one connection that the BOUND leases of one lock_many share: it
+    goes back to its pool when the last of them gives it back."""
+    __slots__ = ("pool", "left", "lock")
+
+    def __init__(self, pool: Any, n: int) -> None:
+        self.pool, self.left, self.lock = pool, n, threading.Lock()
+
+    def release(self, conn: Any) -> None:
+        with self.lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.pool.release(conn)
+
+
+def link_bound_set(leases: Sequence[Any]) -> None:
+    """The leases of one ``lock_many(bound=True)`` share one connection: one command at a time
+    on it (one I/O lock), and its loss is every one's (``_bound_set``)."""
+    refs = [weakref.ref(lease) for lease in leases]
+    for lease in leases:
+        lease._io = leases[0]._io
+        lease._bound_set = refs

@@ -78,9 +78,12 @@ from ._inspect import (
     waiters_command,
 )
 from ._many import (
+    SharedPool,
     acquire_many_command,
     acquire_many_plan,
+    link_bound_set,
     many_busy_error,
+    many_parts,
     raise_after_release_all,
 )
 from ._watch import (
@@ -812,44 +815,68 @@ class Flock:
         return lease
 
     def lock_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
-                  renew: bool = True, owner: Optional[str] = None,
+                  bound: bool = False, renew: bool = True, owner: Optional[str] = None,
+                  replicas: int = 0, fsync: bool = False,
+                  durable_timeout_ms: Optional[int] = None,
                   **unknown: NoReturn) -> "_ManyContext":
         """``with flock.lock_many(keys, ttl_ms) as leases:`` acquires every key or none
         (LockBusyError when not granted within wait_ms; nothing is then held), one Lease per
         key in the order given, and releases them all on leaving; leaving raises LockLostError
         when one was lost meanwhile, unless the block raised (its error goes on unchanged)."""
         refuse_unknown(unknown)
-        acquire_many_command(keys, ttl_ms, wait_ms, owner)  # rule 12: checked at once
-        return _ManyContext(self, (keys, ttl_ms), dict(wait_ms=wait_ms, renew=renew,
-                                                       owner=owner))
+        command, _ = acquire_many_command(keys, ttl_ms, wait_ms, owner, bound)  # rule 12
+        durability(replicas, fsync, durable_timeout_ms, many_parts(command)[2], bound)
+        return _ManyContext(self, (keys, ttl_ms), dict(
+            wait_ms=wait_ms, bound=bound, renew=renew, owner=owner, replicas=replicas,
+            fsync=fsync, durable_timeout_ms=durable_timeout_ms))
 
     def acquire_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
-                     renew: bool = True, owner: Optional[str] = None,
+                     bound: bool = False, renew: bool = True, owner: Optional[str] = None,
+                     replicas: int = 0, fsync: bool = False,
+                     durable_timeout_ms: Optional[int] = None,
                      **unknown: NoReturn) -> Optional[List[Lease]]:
         """FLOCK.MACQUIRE: a list of Leases, one per key in the order given (each an ordinary
         exclusive lease: renewed, watched, fenced, released alone), or None when they were not
         all granted within wait_ms (None or 0: one try; math.inf: no limit), and then none is
         held. A wait waits in every key's queue at once. In a cluster all keys must be in one
         slot (a hash tag). Rule 11: a key this Flock holds with the same owner raises
-        LockBusyError at once."""
+        LockBusyError at once (there is no reentrant lock_many).
+
+        bound=True: every grant lives on one connection of their own (MACQUIRE ... BOUND),
+        which goes back to its pool when the last of the leases is released.
+        replicas=n / fsync=True (rule 10, not with bound): the WAIT / WAITAOF follows the
+        MACQUIRE on its connection; too few acknowledgements, and every key is released and
+        LockNotDurableError raised."""
         if unknown:
             refuse_unknown(unknown)
         if renew is not True and renew is not False:
             check_flag("renew", renew)
-        command, wait_s = acquire_many_command(keys, ttl_ms, wait_ms, owner)
+        command, wait_s = acquire_many_command(keys, ttl_ms, wait_ms, owner, bound)
+        keys_, _, ttl = many_parts(command)
+        durable = durability(replicas, fsync, durable_timeout_ms, ttl, bound)
         ctx = threading.get_ident()
         own_key = None
-        for key in command[2:-2]:
+        for key in keys_:
             if self._track.reenter(as_bytes(key), owner, ctx, False, ())[1]:
                 own_key = key
         if own_key is not None and wait_s is not None:
             wait_s = None  # one try: a wait would wait on this thread's own lease
-        grants = self._t.run(acquire_many_plan(command, wait_s, monotonic(), owner is None))
+        if durable is not None and durable.fsync:
+            self._check_waitaof(keys_[0])
+        grants = self._t.run(acquire_many_plan(command, wait_s, monotonic(), owner is None,
+                                               durable))
         if grants is None:
             if own_key is not None and wait_ms:
                 raise busy_on_self(own_key)
             return None
-        return [self._new_lease(g, renew, None, (), ctx) for g in grants]
+        if bound:  # one connection for them all: back to its pool with the last release
+            slot = grants[0][6]
+            shared = _Slot(slot.conn, SharedPool(slot.pool, len(grants)))
+            grants = [g[:6] + (shared,) for g in grants]
+        leases = [self._new_lease(g, renew, durable, (), ctx) for g in grants]
+        if bound:
+            link_bound_set(leases)
+        return leases
 
     def _thread_owner(self) -> str:
         own = getattr(self._local, "owner", None)

@@ -93,7 +93,9 @@ from ._inspect import (
 from ._many import (
     acquire_many_command,
     acquire_many_plan,
+    link_bound_set,
     many_busy_error,
+    many_parts,
     raise_after_release_all,
 )
 from ._watch import (
@@ -203,6 +205,21 @@ class _Slot:
                 self._node._free.append(self.conn)
         else:
             await _maybe_await(self._pool.release(self.conn))
+
+
+class _SharedSlot(_Slot):
+    """The one connection that the BOUND leases of one lock_many share: given back with the
+    last of them."""
+    __slots__ = ("_left",)
+
+    def __init__(self, conn: Any, pool: Any, node: Any, n: int) -> None:
+        super().__init__(conn, pool, node)
+        self._left = n
+
+    async def give_back(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            await super().give_back()
 
 
 def _spawn(coro: Any) -> None:
@@ -780,38 +797,55 @@ class Flock:
         return lease
 
     def lock_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
-                  renew: bool = True, owner: Optional[str] = None,
+                  bound: bool = False, renew: bool = True, owner: Optional[str] = None,
+                  replicas: int = 0, fsync: bool = False,
+                  durable_timeout_ms: Optional[int] = None,
                   **unknown: NoReturn) -> "_ManyContext":
         """``async with flock.lock_many(keys, ttl_ms) as leases:`` (see the sync
         ``Flock.lock_many``)."""
         refuse_unknown(unknown)
-        acquire_many_command(keys, ttl_ms, wait_ms, owner)  # rule 12: checked at once
-        return _ManyContext(self, (keys, ttl_ms), dict(wait_ms=wait_ms, renew=renew,
-                                                       owner=owner))
+        command, _ = acquire_many_command(keys, ttl_ms, wait_ms, owner, bound)  # rule 12
+        durability(replicas, fsync, durable_timeout_ms, many_parts(command)[2], bound)
+        return _ManyContext(self, (keys, ttl_ms), dict(
+            wait_ms=wait_ms, bound=bound, renew=renew, owner=owner, replicas=replicas,
+            fsync=fsync, durable_timeout_ms=durable_timeout_ms))
 
     async def acquire_many(self, keys: Any, ttl_ms: int, *, wait_ms: Optional[Number] = None,
-                           renew: bool = True, owner: Optional[str] = None,
+                           bound: bool = False, renew: bool = True,
+                           owner: Optional[str] = None, replicas: int = 0, fsync: bool = False,
+                           durable_timeout_ms: Optional[int] = None,
                            **unknown: NoReturn) -> Optional[List[Lease]]:
         """See the sync ``Flock.acquire_many`` (rule 11 per task instead of per thread)."""
         if unknown:
             refuse_unknown(unknown)
         if renew is not True and renew is not False:
             check_flag("renew", renew)
-        command, wait_s = acquire_many_command(keys, ttl_ms, wait_ms, owner)
+        command, wait_s = acquire_many_command(keys, ttl_ms, wait_ms, owner, bound)
+        keys_, _, ttl = many_parts(command)
+        durable = durability(replicas, fsync, durable_timeout_ms, ttl, bound)
         ctx = asyncio.current_task()
         own_key = None
-        for key in command[2:-2]:
+        for key in keys_:
             if self._track.reenter(as_bytes(key), owner, ctx, False, ())[1]:
                 own_key = key
         if own_key is not None and wait_s is not None:
             wait_s = None  # one try: a wait would wait on this task's own lease
+        if durable is not None and durable.fsync:
+            await self._check_waitaof(keys_[0])
         grants = await self._t.run(acquire_many_plan(command, wait_s, monotonic(),
-                                                     owner is None))
+                                                     owner is None, durable))
         if grants is None:
             if own_key is not None and wait_ms:
                 raise busy_on_self(own_key)
             return None
-        return [self._new_lease(g, renew, None, (), ctx) for g in grants]
+        if bound:  # one connection for them all: given back with the last release
+            slot = grants[0][6]
+            shared = _SharedSlot(slot.conn, slot._pool, slot._node, len(grants))
+            grants = [g[:6] + (shared,) for g in grants]
+        leases = [self._new_lease(g, renew, durable, (), ctx) for g in grants]
+        if bound:
+            link_bound_set(leases)
+        return leases
 
     def _task_owner(self, task: Any) -> str:
         if task is None:
