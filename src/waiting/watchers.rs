@@ -60,15 +60,14 @@ struct Watcher {
     error: Option<Fixed>,
 }
 
-impl Watcher {
-    /// Take pair `i`'s answer `f` if it comes first in argument order.
-    fn offer(&mut self, i: usize, f: Fired) {
-        let current = self.answer.as_ref().map(|_| usize::from(self.answer_at));
-        if watch::first_in_order(current, i) {
-            if let Ok(at) = u8::try_from(i) {
-                self.answer_at = at;
-                self.answer = Some(f);
-            }
+/// Take pair `i`'s answer `f` if it comes first in argument order (the answer so far is for
+/// pair `at`).
+fn offer(answer: &mut Option<Fired>, at: &mut u8, i: usize, f: Fired) {
+    let current = answer.as_ref().map(|_| usize::from(*at));
+    if watch::first_in_order(current, i) {
+        if let Ok(i) = u8::try_from(i) {
+            *at = i;
+            *answer = Some(f);
         }
     }
 }
@@ -215,11 +214,11 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
         .of_key(db, name)
         .map(SmallVec::from_slice)
         .unwrap_or_default();
-    let mut fired: SmallVec<[(usize, Fired); 1]> = SmallVec::new();
     for id in ids {
         let Some(w) = reg.watchers.get_mut(&id) else {
             continue;
         };
+        let w: &mut Watcher = w;
         for (i, p) in w.pairs.iter().enumerate() {
             if p.db != db || *p.name != *name {
                 continue;
@@ -227,11 +226,8 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
             if let Some(f) =
                 watch::after_change(state, p.token, &p.owner, &ended, now, p.on_replica)
             {
-                fired.push((i, f));
+                offer(&mut w.answer, &mut w.answer_at, i, f);
             }
-        }
-        for (i, f) in fired.drain(..) {
-            w.offer(i, f);
         }
         if w.answer.is_some() {
             unblock(id, w);
