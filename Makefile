@@ -22,7 +22,7 @@ help:
 	@echo "make clean   remove build output (target/); keeps .run/ (make run's data) and .venv/"
 	@echo "make distclean  make clean, and also delete .run/ (make run's AOF and RDB) and .venv/"
 	@echo "make chaos   history checker under faults (CHAOS_SECS=300 on $(REDIS_SERVER), CHAOS_VALKEY_SECS=120 on valkey), clock-step tests"
-	@echo "make fuzz    libFuzzer on the parser and the state machine (FUZZ_SECS=180 each), NETFUZZ_CALLS=1000000 calls to a live server"
+	@echo "make fuzz    libFuzzer on the parser, the state machine and MACQUIRE BLOCK (FUZZ_SECS=180 each), NETFUZZ_CALLS=1000000 calls to a live server"
 	@echo "make leakcheck  valkey-server under valgrind through every lock path (0 bytes lost), and the G10 memory checks"
 
 deps:
@@ -123,6 +123,7 @@ fuzz: build
 	tools/adversity-deps.sh cargo-fuzz
 	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run args -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
 	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run state_machine -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
+	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run multi_block -- -max_total_time=$(FUZZ_SECS) -print_final_stats=1
 	FLOCK_MODULE=$(MODULE) FLOCK_NETFUZZ_CALLS=$(NETFUZZ_CALLS) $(CARGO_TEST) --test net_fuzz -- --nocapture
 	FLOCK_MODULE=$(MODULE) FLOCK_FUZZ_ITERS=100000 $(CARGO_TEST) --test bad_input fuzz_random -- --nocapture
 

@@ -1,6 +1,7 @@
 //! The cargo-fuzz drivers (crates/flock-fuzz) on seeded random inputs, so that `make test`
 //! runs them without libFuzzer: the argument parsers against a reference, and the lock engine
-//! (every lock kind) against a reference model with G1-G7 and G9 as assertions. `make fuzz`
+//! (every lock kind) against a reference model with G1-G7 and G9 as assertions, and MACQUIRE
+//! with BLOCK against a model of its own (G1, nobody overtakes, no deadlock). `make fuzz`
 //! runs the same drivers under libFuzzer with coverage guidance.
 //!
 //! FLOCK_FUZZ_SMOKE_ITERS sets the number of inputs per driver (default 20000 for the parsers,
@@ -63,5 +64,17 @@ fn state_machine_matches_the_model_and_keeps_g1_to_g6() {
     // step skipped, or the input misread) shows here rather than passing vacuously.
     let steps = STEPS.load(Ordering::Relaxed);
     eprintln!("state_machine: {steps} steps");
+    assert!(steps >= n * 100, "only {steps} steps in {n} inputs");
+}
+
+#[test]
+fn macquire_block_matches_its_model_without_overtaking_or_deadlock() {
+    static MB_STEPS: AtomicUsize = AtomicUsize::new(0);
+    let n = iterations(20_000);
+    run("multi_block", n, 4000, |data| {
+        MB_STEPS.fetch_add(drivers::multi_block_counted(data).0, Ordering::Relaxed);
+    });
+    let steps = MB_STEPS.load(Ordering::Relaxed);
+    eprintln!("multi_block: {steps} steps");
     assert!(steps >= n * 100, "only {steps} steps in {n} inputs");
 }

@@ -47,9 +47,10 @@ pub fn watch(ctx: Ctx<'_>, args: &[RStr<'_>]) -> Status {
                 }
             }
             AtCall::Wait { owner } => pairs.push(Pair {
-                key: (db, name.to_vec()),
-                token: *token,
+                name: Box::from(*name),
                 owner: owner.map_or_else(Box::default, Box::from),
+                token: *token,
+                db,
                 on_replica: !server::is_master(),
             }),
         }

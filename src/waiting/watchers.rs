@@ -26,11 +26,14 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-/// One watched pair: the key, the token (0: "held"), and the watched grant's owner.
+/// One watched pair: the key (database and name), the token (0: "held"), and the watched
+/// grant's owner. 48 bytes: the name is a boxed slice (no capacity kept), the database beside
+/// the flag.
 pub struct Pair {
-    pub key: KeyId,
-    pub token: u64,
+    pub name: Box<[u8]>,
     pub owner: Box<[u8]>,
+    pub token: u64,
+    pub db: c_int,
     /// The watch began on a replica (see `watch::after_change`).
     pub on_replica: bool,
 }
@@ -39,18 +42,34 @@ pub struct Pair {
 /// idle watcher costs no allocation for them.
 pub type Pairs = SmallVec<[Pair; 1]>;
 
+/// A blocked watcher: 128 bytes, kept boxed in the registry (see `Registry::watchers`).
 struct Watcher {
     /// The blocked client, until it is unblocked (then Redis asks for the reply).
     bc: Option<BlockedClient<Watching>>,
     client_id: u64,
     pairs: Pairs,
-    /// The answer so far: the firing pair first in argument order, and what it says.
-    answer: Option<(usize, Fired)>,
-    /// An error instead (TRYAGAIN, UNBLOCKED).
-    error: Option<&'static str>,
+    /// The answer so far: what the firing pair first in argument order says (its index is
+    /// `answer_at`).
+    answer: Option<Fired>,
     timer: u64,
     /// When the timeout is due on the monotonic clock (0: none); the cron checks it too.
     deadline_us: u64,
+    /// The index of the pair that `answer` is for (at most `watch::MAX_PAIRS`).
+    answer_at: u8,
+    /// An error instead (TRYAGAIN, UNBLOCKED).
+    error: Option<Fixed>,
+}
+
+/// Take pair `i`'s answer `f` if it comes first in argument order (the answer so far is for
+/// pair `at`).
+fn offer(answer: &mut Option<Fired>, at: &mut u8, i: usize, f: Fired) {
+    let current = answer.as_ref().map(|_| usize::from(*at));
+    if watch::first_in_order(current, i) {
+        if let Ok(i) = u8::try_from(i) {
+            *at = i;
+            *answer = Some(f);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -59,7 +78,10 @@ struct Registry {
     /// once per pair).
     /// Two ids inline: most watched keys have one or two watchers.
     by_key: HashMap<c_int, HashMap<Vec<u8>, SmallVec<[u64; 2]>>>,
-    watchers: HashMap<u64, Watcher>,
+    /// Boxed: a table slot is 16 bytes and the watcher one allocation of its own size, where
+    /// an unboxed slot would be the watcher's size times the table's spare room (a hash table
+    /// grows to twice what it holds).
+    watchers: HashMap<u64, Box<Watcher>>,
     by_client: HashMap<u64, u64>,
     next_id: u64,
 }
@@ -70,23 +92,23 @@ impl Registry {
     }
 
     /// Take watcher `id` out of every index; the caller owns it from now on.
-    fn remove(&mut self, id: u64) -> Option<Watcher> {
+    fn remove(&mut self, id: u64) -> Option<Box<Watcher>> {
         let w = self.watchers.remove(&id)?;
         if self.by_client.get(&w.client_id) == Some(&id) {
             self.by_client.remove(&w.client_id);
         }
         for p in &w.pairs {
-            let Some(per_db) = self.by_key.get_mut(&p.key.0) else {
+            let Some(per_db) = self.by_key.get_mut(&p.db) else {
                 continue;
             };
-            if let Some(ids) = per_db.get_mut(&p.key.1) {
+            if let Some(ids) = per_db.get_mut(&p.name[..]) {
                 ids.retain(|i| *i != id);
                 if ids.is_empty() {
-                    per_db.remove(&p.key.1);
+                    per_db.remove(&p.name[..]);
                 }
             }
             if per_db.is_empty() {
-                self.by_key.remove(&p.key.0);
+                self.by_key.remove(&p.db);
             }
         }
         Some(w)
@@ -196,15 +218,15 @@ pub fn key_changed(ctx: Ctx<'_>, key_name: RStr<'_>, key: &Key) {
         let Some(w) = reg.watchers.get_mut(&id) else {
             continue;
         };
+        let w: &mut Watcher = w;
         for (i, p) in w.pairs.iter().enumerate() {
-            if p.key.0 != db || p.key.1 != name {
+            if p.db != db || *p.name != *name {
                 continue;
             }
-            let told = watch::after_change(state, p.token, &p.owner, &ended, now, p.on_replica);
-            if let Some(f) = told {
-                if watch::first_in_order(w.answer.as_ref().map(|a| a.0), i) {
-                    w.answer = Some((i, f));
-                }
+            if let Some(f) =
+                watch::after_change(state, p.token, &p.owner, &ended, now, p.on_replica)
+            {
+                offer(&mut w.answer, &mut w.answer_at, i, f);
             }
         }
         if w.answer.is_some() {
@@ -244,7 +266,7 @@ pub fn block(ctx: Ctx<'_>, pairs: Pairs, timeout_ms: u64) -> Result<(), Refused>
     let reg = guard.get();
     let max = config::max_watchers();
     for p in &pairs {
-        let n = reg.of_key(p.key.0, &p.key.1).map_or(0, <[u64]>::len);
+        let n = reg.of_key(p.db, &p.name).map_or(0, <[u64]>::len);
         if !watch::admits(n, max) {
             return Err(Refused::TooMany);
         }
@@ -263,9 +285,9 @@ pub fn block(ctx: Ctx<'_>, pairs: Pairs, timeout_ms: u64) -> Result<(), Refused>
     };
     for p in &pairs {
         reg.by_key
-            .entry(p.key.0)
+            .entry(p.db)
             .or_default()
-            .entry(p.key.1.clone())
+            .entry(p.name.to_vec())
             .or_default()
             .push(id);
     }
@@ -280,15 +302,16 @@ pub fn block(ctx: Ctx<'_>, pairs: Pairs, timeout_ms: u64) -> Result<(), Refused>
     };
     reg.watchers.insert(
         id,
-        Watcher {
+        Box::new(Watcher {
             bc: Some(bc),
             client_id,
             pairs,
             answer: None,
-            error: None,
             timer,
             deadline_us,
-        },
+            answer_at: 0,
+            error: None,
+        }),
     );
     Ok(())
 }
@@ -301,7 +324,7 @@ pub fn fail_everyone(msg: Fixed) {
     let mut guard = registry();
     for (id, w) in guard.get().watchers.iter_mut() {
         if w.bc.is_some() && w.answer.is_none() {
-            w.error = Some(msg.as_str());
+            w.error = Some(msg);
         }
         unblock(*id, w);
     }
@@ -404,7 +427,7 @@ fn fail_key(db: c_int, name: &[u8], msg: Fixed) {
     for id in ids {
         if let Some(w) = reg.watchers.get_mut(&id) {
             if w.answer.is_none() {
-                w.error = Some(msg.as_str());
+                w.error = Some(msg);
             }
             unblock(id, w);
         }
@@ -446,7 +469,7 @@ impl ffi::Timer for WatchTimeout {
 }
 
 /// Take the calling client's watcher out of the registry.
-fn leave_by_client(ctx: Ctx<'_>) -> Option<Watcher> {
+fn leave_by_client(ctx: Ctx<'_>) -> Option<Box<Watcher>> {
     let client_id = ctx.client_id();
     let mut guard = registry();
     let reg = guard.get();
@@ -482,13 +505,13 @@ impl ffi::BlockedClientHandler for Watching {
         let Some(w) = w else {
             return ffi::reply_null(ctx);
         };
-        if let Some((i, f)) = &w.answer {
-            if let Some(p) = w.pairs.get(*i) {
-                return reply_fired(ctx, &p.key.1, f);
+        if let Some(f) = &w.answer {
+            if let Some(p) = w.pairs.get(usize::from(w.answer_at)) {
+                return reply_fired(ctx, &p.name, f);
             }
         }
         match w.error {
-            Some(msg) => ffi::reply_error_string(ctx, msg),
+            Some(msg) => ffi::reply_error_string(ctx, msg.as_str()),
             None => ffi::reply_null(ctx),
         }
     }

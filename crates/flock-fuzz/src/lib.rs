@@ -9,6 +9,9 @@
 //!   shared, permits) through the engine against a reference model written from the
 //!   contract, with G1-G4, G6, G7, G9 and G11 (BOUND grants and the bindings index) as
 //!   assertions.
+//! - [`multi_block_target`]: FLOCK.MACQUIRE with BLOCK among one-key waiters, releases and
+//!   time, through the engine as the module runs it, against a model of its own: G1 per key,
+//!   nobody overtakes an earlier waiter, no missed wake-up or deadlock.
 //!
 //! A saved failing input replays without libFuzzer:
 //! `FLOCK_FUZZ_TRACE=1 cargo run --release -p flock-fuzz --example replay -- state_machine FILE`.
@@ -19,4 +22,7 @@ mod engine;
 
 pub use args::{args_target, check_args, ref_int};
 pub use bytes::Bytes;
-pub use engine::{state_machine_counted, state_machine_run, state_machine_target, BoundSeen};
+pub use engine::{
+    multi_block_counted, multi_block_target, state_machine_counted, state_machine_run,
+    state_machine_target, BoundSeen, MultiSeen,
+};

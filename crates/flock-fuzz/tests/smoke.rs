@@ -67,3 +67,38 @@ fn state_machine_driver_on_random_inputs() {
         }
     }
 }
+
+#[test]
+fn multi_block_driver_on_random_inputs() {
+    let mut rng = Rng(0xA076_1D64_78BD_642F);
+    let mut seen = flock_fuzz::MultiSeen::default();
+    let mut steps = 0;
+    for _ in 0..iterations() {
+        let (n, s) = flock_fuzz::multi_block_counted(&rng.bytes(4000));
+        steps += n;
+        seen.add(&s);
+    }
+    eprintln!("MACQUIRE BLOCK: {steps} steps; paths: {seen:#?}");
+    assert!(steps > iterations() * 10, "the driver ran: {steps} steps");
+    // Every path is reached: granted at the call, queued, granted all together after waiting
+    // (also with a key its owner held), tried while a key was busy, timed out, left, a
+    // one-key waiter handed its key, refused by max-waiters.
+    if iterations() >= 300 {
+        for (what, n) in [
+            ("granted at the call", seen.granted_at_call),
+            ("queued", seen.queued),
+            ("granted together", seen.granted_together),
+            ("kept own", seen.kept_own),
+            ("tried busy", seen.tried_busy),
+            ("timed out", seen.timed_out),
+            ("left", seen.left),
+            ("handed single", seen.handed_single),
+            ("too many", seen.too_many),
+        ] {
+            assert!(
+                n > 0,
+                "no MACQUIRE BLOCK path {what} in {steps} steps: {seen:?}"
+            );
+        }
+    }
+}

@@ -62,6 +62,7 @@ mod bound;
 mod check;
 mod model;
 mod multi;
+mod multi_block;
 mod server;
 mod travel;
 mod watch;
@@ -70,6 +71,7 @@ use bound::{check_bindings, close_conn, copy_key, rename_key};
 use check::{assert_same, events_view, short, show, Issued};
 pub use model::BoundSeen;
 use model::{MGrant, MKey, Model, Settings};
+pub use multi_block::{multi_block_counted, multi_block_target, MultiSeen};
 use server::{Replica, Server};
 use travel::travel;
 

@@ -115,6 +115,9 @@ pub(super) struct Ran {
     pub(super) blocked: Option<u64>,
     pub(super) armed: Option<Option<u64>>,
     pub(super) events: Vec<Event>,
+    /// The waiting MACQUIRE requests the engine named first in line on the free key, to be
+    /// tried on all their keys right after (`multi_block.rs`).
+    pub(super) try_multi: Vec<u64>,
 }
 
 /// Send `snapshot` of key `key` to the replica over the wire, as the module does: written by
@@ -211,6 +214,7 @@ impl Server {
             blocked: host.blocked,
             armed: None,
             events: Vec::new(),
+            try_multi: Vec::new(),
         };
         // The effects, in order.
         let mut deleted = false;
@@ -245,8 +249,8 @@ impl Server {
                 // The module's bindings index, fed as the module feeds it.
                 Effect::Bind { client, token } => self.bindings.bind(client, k, token),
                 Effect::Unbind { client, token } => self.bindings.unbind(client, k, token),
-                // No MACQUIRE request waits in this model's queues.
-                Effect::Count(_) | Effect::ReplicateVerbatim | Effect::TryMulti { .. } => {}
+                Effect::TryMulti { waiter } => outcome.try_multi.push(waiter),
+                Effect::Count(_) | Effect::ReplicateVerbatim => {}
             }
         }
         let reply = out.reply;
