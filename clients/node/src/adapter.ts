@@ -119,11 +119,29 @@ function ioredisDown(emitter: AnyClient, events: string[]): Conn["onDown"] {
   };
 }
 
+/**
+ * Sends each of `cmds` through `send` on the ioredis connection `c` with its socket corked, so
+ * that the commands leave in one write: ioredis writes each command to the socket as it is sent,
+ * and a WAIT written apart from its ACQUIRE reaches the server in a packet of its own, to be
+ * read, and its replica asked, on another pass of the server's event loop. A connection that is
+ * not ready queues the commands in order instead (nothing to cork).
+ */
+function ioredisCorked(c: AnyClient, cmds: Arg[][], send: (args: Arg[]) => Promise<unknown>): Promise<unknown>[] {
+  const s = c.status === "ready" ? c.stream : null;
+  const cork = s && typeof s.cork === "function" && typeof s.uncork === "function";
+  if (cork) s.cork();
+  try {
+    return cmds.map(send);
+  } finally {
+    if (cork) s.uncork();
+  }
+}
+
 function ioredisConn(c: AnyClient, owned: boolean): Conn {
   return {
     call: (args) => c.call(...(args as [string, ...Arg[]])),
     // Written in one go to the one stream (or queued in order while it connects).
-    pipeline: (cmds) => Promise.allSettled(cmds.map((args) => c.call(...(args as [string, ...Arg[]])))),
+    pipeline: (cmds) => Promise.allSettled(ioredisCorked(c, cmds, (args) => c.call(...(args as [string, ...Arg[]])))),
     close: async () => {
       if (owned) c.disconnect();
     },
@@ -192,7 +210,7 @@ function ioredisClusterConn(c: AnyClient, owned: boolean): Conn {
       clusterPipeline(cmds, routeKey, call, async (key) => {
         const nodeKey = c.slots?.[keySlot(key)]?.[0];
         return nodeKey ? (c.connectionPool?.getInstanceByKey?.(nodeKey) ?? null) : null;
-      }, (node, args) => node.call(...(args as [string, ...Arg[]]))),
+      }, (node, cmds) => ioredisCorked(node, cmds, (args) => node.call(...(args as [string, ...Arg[]])))),
     close: async () => {
       if (owned) c.disconnect();
     },
@@ -210,7 +228,7 @@ async function clusterPipeline(
   routeKey: string | undefined,
   routed: (args: Arg[]) => Promise<unknown>,
   nodeOf: (key: string) => Promise<any>,
-  send: (node: any, args: Arg[]) => Promise<unknown>,
+  sendAll: (node: any, cmds: Arg[][]) => Promise<unknown>[],
 ): Promise<PromiseSettledResult<unknown>[]> {
   const key = routeKey ?? String(cmds[0][1]);
   let delay = 10;
@@ -221,7 +239,7 @@ async function clusterPipeline(
       node = await nodeOf(key);
       if (!node) throw new Error(`no connection to the master of slot ${keySlot(key)}`);
     }
-    const out = await Promise.allSettled(cmds.map((args) => send(node, args)));
+    const out = await Promise.allSettled(sendAll(node, cmds));
     const first = out[0];
     const redirected = first.status === "rejected" && /^(MOVED|ASK) /.test(String((first.reason as Error)?.message));
     if (!redirected || attempt >= 8) return out;
@@ -286,7 +304,7 @@ function nodeRedisClusterConn(c: AnyClient, owned: boolean): Conn {
       clusterPipeline(cmds, routeKey, call, async (key) => {
         const master = c.getSlotMaster(keySlot(key));
         return master ? ((await c.nodeClient(master)) ?? null) : null;
-      }, (node, args) => node.sendCommand(str(args))),
+      }, (node, cmds) => cmds.map((args) => node.sendCommand(str(args)))),
     close: async () => {
       if (owned) await nodeRedisClose(c);
     },

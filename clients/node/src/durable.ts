@@ -80,13 +80,15 @@ const IDLE_CLOSE_MS = 5000;
 
 /**
  * Flock's own connections for writes followed by a WAIT: borrowed for one pipeline, given back
- * idle, at most IDLE_MAX kept, all closed after IDLE_CLOSE_MS unused or when the caller's
- * client goes down (so none outlives it).
+ * idle, at most IDLE_MAX kept, all closed once the pool went IDLE_CLOSE_MS unused or when the
+ * caller's client goes down (so none outlives it).
  */
 export class DurablePool {
   readonly #adapter: Adapter;
   #idle: Conn[] = [];
   #timer: NodeJS.Timeout | null = null;
+  /** When a connection was last given back (performance.now()). */
+  #lastUsed = 0;
   #unDown: (() => void) | null = null;
 
   constructor(adapter: Adapter) {
@@ -135,11 +137,19 @@ export class DurablePool {
       return;
     }
     this.#idle.push(conn);
-    if (this.#timer) clearTimeout(this.#timer);
+    // One timer for the pool, not one per round trip: it looks at the last give-back when it
+    // fires, and waits again for what is left of IDLE_CLOSE_MS when the pool was used since.
+    this.#lastUsed = performance.now();
+    if (!this.#timer) this.#arm(IDLE_CLOSE_MS);
+  }
+
+  #arm(ms: number): void {
     this.#timer = setTimeout(() => {
       this.#timer = null;
-      this.closeIdle();
-    }, IDLE_CLOSE_MS);
+      const left = this.#lastUsed + IDLE_CLOSE_MS - performance.now();
+      if (left > 0 && this.#idle.length > 0) this.#arm(left);
+      else this.closeIdle();
+    }, ms);
     this.#timer.unref();
   }
 }

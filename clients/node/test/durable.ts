@@ -338,6 +338,39 @@ export function durableSuite(lib: Lib): void {
       }
     });
 
+    test("rule 10: durable round trips one after another reuse one connection of the pool, which closes once the pool went 5 s unused", async () => {
+      const own = await lib.client(master.port);
+      try {
+        const f = new Flock(own);
+        // The connections whose last command was a WAIT, by id: the durable pools' own.
+        const waiting = async () =>
+          [...String(await master.admin.call("CLIENT", "LIST")).matchAll(/^id=(\d+) .* cmd=wait /gm)].map((m) => m[1]);
+        const before = new Set(await waiting());
+        const mine = async () => (await waiting()).filter((id) => !before.has(id));
+        const once = async () => {
+          const lease = await f.acquire(key(), { ttlMs: 6000, replicas: 1, renew: false });
+          assert.ok(lease);
+          assert.equal(await lease.release(), true);
+        };
+        await once(); // opens the pool's connection
+        const [pooled, ...more] = await mine();
+        assert.ok(pooled !== undefined && more.length === 0, `one pool connection, not ${[pooled, ...more]}`);
+        for (let i = 0; i < 20; i++) await once();
+        assert.deepEqual(await mine(), [pooled], "the same connection for 21 durable locks in a row");
+        // Used every 2 s, past 5 s after the first use: still the same connection.
+        for (let i = 0; i < 4; i++) {
+          await sleep(2000);
+          await once();
+        }
+        assert.deepEqual(await mine(), [pooled], "kept while in use");
+        await sleep(4000);
+        assert.deepEqual(await mine(), [pooled], "kept until 5 s after the last use");
+        await until("the idle pool connection closed", async () => (await mine()).length === 0, 3000);
+      } finally {
+        await lib.close(own);
+      }
+    });
+
     test("rule 10: a WAIT that times out does not hold up the caller's connection", async () => {
       const k = key();
       const guard = await loneFlock.acquire(key(), { ttlMs: 600 }); // a plain lease renewing meanwhile

@@ -287,3 +287,42 @@ def test_aio_durable_grant_after_a_block_wait(replicated):
     # the holder's ACQUIRE (plain) comes first; the waiter's free-key try is the second one
     tries = [i for i, c in enumerate(cmds) if c.startswith("FLOCK.ACQUIRE a:wait")]
     assert cmds[tries[1] + 1] == "WAIT 1 3333" and cmds[renew + 1] == "WAIT 1 3333"
+
+
+@pytest.mark.parametrize("limit", ["asyncio.timeout", "wait_for"])
+def test_aio_pipelined_replies_are_read_within_one_time_limit(server, monkeypatch, limit):
+    """The pipelined write of a durable round trip (ACQUIRE + WAIT): its replies are read under
+    one time limit for all of them (asyncio.timeout, or one wait_for before Python 3.11.3). An
+    error reply stands in its place and the replies after it are read; when they do not all
+    come within the limit, the connection is dropped (a late reply is never read as the answer
+    to a later command) and TimeoutError raised."""
+    import redis_flock.aio as aio
+    from redis.exceptions import ResponseError, TimeoutError
+
+    if limit == "wait_for":
+        monkeypatch.setattr(aio, "_timeout", None)
+    elif aio._timeout is None:
+        pytest.fail("this Python has no asyncio.timeout: run the wait_for case only")
+
+    async def main():
+        r = aclient(server)
+        pool = r.connection_pool
+        conn = await pool.get_connection()
+        try:
+            out = await aio._send_all(conn, (("SET", "p:k", "v"), ("INCR", "p:k"), ("GET", "p:k")),
+                                      5.0, False)
+            assert out[0] == b"OK" and out[2] == b"v", out
+            assert isinstance(out[1], ResponseError), out
+            t = time.monotonic()
+            with pytest.raises(TimeoutError, match="no reply in time"):
+                await aio._send_all(conn, (("GET", "p:k"), ("BLPOP", "p:list", 3)), 0.3, False)
+            waited = time.monotonic() - t
+            assert 0.25 <= waited < 2.0, waited
+            assert not conn.is_connected
+            await conn.connect()  # the pool's connection is good again, and reads in step
+            assert await aio._send_all(conn, (("GET", "p:k"),), 5.0, False) == [b"v"]
+        finally:
+            await pool.release(conn)
+            await r.aclose()
+
+    run(main())

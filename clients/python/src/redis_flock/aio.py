@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import sys
 import threading
 import weakref
 from typing import Any, Dict, List, NoReturn, Optional, Set, Tuple, Union
@@ -135,6 +136,11 @@ async def _maybe_await(x: Any) -> Any:
     return x
 
 
+#: asyncio.timeout (Python 3.11.3 and later, as redis-py uses it): a time limit without a task of
+#: its own; before that, asyncio.wait_for (one task per limit)
+_timeout: Any = asyncio.timeout if sys.version_info >= (3, 11, 3) else None
+
+
 async def _read(conn: Any, timeout: Optional[float]) -> Any:
     """The reply of the command just sent (timeout as in ``_core.Send``)."""
     if timeout is None:
@@ -161,20 +167,41 @@ async def _roundtrip(conn: Any, args: Tuple[Any, ...], timeout: Optional[float],
     return await _read(conn, timeout)
 
 
+async def _read_replies(conn: Any, n: int) -> List[Any]:
+    """The replies of the n commands just sent, an error reply in its place (no time limit of
+    its own: the caller bounds it)."""
+    out: List[Any] = []
+    for _ in range(n):
+        try:
+            out.append(await conn.read_response(timeout=math.inf))
+        except ResponseError as e:
+            out.append(e)
+    return out
+
+
 async def _send_all(conn: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
                     asking: bool) -> List[Any]:
     """``_core.SendAll``: the commands in one write, their replies (an error reply in its
-    place) read within timeout in all."""
+    place) read within timeout in all: one time limit around all the reads (a durable round
+    trip's ACQUIRE and WAIT), not a task and a timer per reply."""
     if asking:
         commands = (("ASKING",),) + commands
     await conn.send_packed_command(conn.pack_commands(commands))
-    end = monotonic() + timeout
-    out: List[Any] = []
-    for _ in commands:
-        try:
-            out.append(await _read(conn, end - monotonic()))
-        except ResponseError as e:
-            out.append(e)
+    if timeout <= 0:
+        await conn.disconnect()
+        raise TimeoutError("flock: no reply in time")
+    try:
+        # a cancelled read disconnects (redis-py closes the connection on BaseException)
+        if math.isinf(timeout):
+            out = await _read_replies(conn, len(commands))
+        elif _timeout is not None:
+            async with _timeout(timeout):
+                out = await _read_replies(conn, len(commands))
+        else:
+            out = await asyncio.wait_for(_read_replies(conn, len(commands)), timeout)
+    except asyncio.TimeoutError:
+        await conn.disconnect()
+        raise TimeoutError("flock: no reply in time") from None
     if asking:
         if isinstance(out[0], Exception):
             raise out[0]
