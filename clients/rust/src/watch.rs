@@ -298,8 +298,26 @@ fn fire(lane: &Lane, pair: &Pair, event: &str) {
     }
 }
 
+/// Marks the lane stopped when its runtime drops its loop midway (a runtime shut down while
+/// the `Flock` lives on, to be used from another): the next lease starts it again.
+struct Alive(Option<Arc<Lane>>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        if let Some(lane) = self.0.take() {
+            let mut s = lock(&lane.st);
+            s.running = false;
+            s.idle = false;
+            s.arming = false;
+            s.in_flight = None;
+            s.client_id = None;
+        }
+    }
+}
+
 /// The lane's loop, on a connection of its own, until it has had nothing to watch for IDLE.
 async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
+    let mut alive = Alive(Some(lane.clone()));
     let mut conn: Option<Conn> = None;
     let mut failures = 0u32;
     let cluster = lane.slot.is_some();
@@ -319,6 +337,7 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
                 if idle_since.elapsed() >= IDLE {
                     s.running = false;
                     s.client_id = None;
+                    alive.0 = None;
                     return;
                 }
                 s.idle = true;
@@ -426,6 +445,7 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
                     let mut s = lock(&lane.st);
                     s.running = false;
                     s.leases.clear();
+                    alive.0 = None;
                     return;
                 }
                 failures += 1;

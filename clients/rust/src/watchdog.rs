@@ -115,8 +115,23 @@ impl Starter {
     }
 }
 
+/// Marks the starter stopped when its runtime drops it midway (a runtime shut down while a
+/// `Flock` lives on, to be used from another): the next lease starts a new one.
+struct Alive(Option<Arc<Starter>>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let mut q = lock(&s.q);
+            q.running = false;
+            q.idle = false;
+        }
+    }
+}
+
 /// The starter's loop: starts the tasks as they come due, until it had nothing to do for IDLE.
 async fn starter(s: Arc<Starter>) {
+    let mut alive = Alive(Some(s.clone()));
     let mut idle_since = Instant::now();
     loop {
         let now = Instant::now();
@@ -133,6 +148,7 @@ async fn starter(s: Arc<Starter>) {
                 idle_since = now;
             } else if now.duration_since(idle_since) >= IDLE {
                 q.running = false;
+                alive.0 = None;
                 return;
             } else {
                 q.idle = true;
