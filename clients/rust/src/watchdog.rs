@@ -146,11 +146,14 @@ async fn starter(s: Arc<Starter>) {
             let next = q.pending.front().map(|(_, _, at)| *at);
             if !due.is_empty() || next.is_some() {
                 idle_since = now;
-            } else if now.duration_since(idle_since) >= IDLE {
-                q.running = false;
-                alive.0 = None;
-                return;
-            } else {
+            }
+            if next.is_none() {
+                if due.is_empty() && now.duration_since(idle_since) >= IDLE {
+                    q.running = false;
+                    alive.0 = None;
+                    return;
+                }
+                // Nothing left to wait for: the next lease must wake it.
                 q.idle = true;
             }
             (due, next)

@@ -175,6 +175,26 @@ async fn watchdog_keeps_a_600ms_lease_alive_for_3s_and_stops_on_release() {
     assert!(!exists(&mut raw, "wd").await);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_of_a_lease_taken_after_the_others_started_renews_it() {
+    // 2.1: the watchdogs start a few ms after their grants; a lease taken once every earlier
+    // one's has started (nothing left to start) gets its watchdog too.
+    let srv = Server::start();
+    let mut raw = srv.async_conn().await;
+    let flock = Flock::new(srv.client());
+    let first = flock.lock("wd1", MS(10_000)).await.expect("lock");
+    tokio::time::sleep(MS(100)).await;
+    let lease = flock.lock("wd2", MS(600)).await.expect("lock");
+    let start = Instant::now();
+    while start.elapsed() < MS(1500) {
+        tokio::time::sleep(MS(100)).await;
+        assert!(!lease.is_lost(), "lost after {:?}", start.elapsed());
+        assert!(server_check(&mut raw, "wd2", lease.token()).await > 0);
+    }
+    lease.release().await.expect("release");
+    first.release().await.expect("release");
+}
+
 #[test]
 fn a_flock_used_from_a_second_runtime_still_renews_and_watches() {
     // 2.1 and 9.1 across runtimes: the runtime that ran a Flock's background tasks (the
