@@ -2,13 +2,13 @@
 //! it lost when its local deadline passes; a durable lease's renewal counts only once
 //! acknowledged (rule 10).
 //!
-//! The task is started `DEFER` after the grant, by one starter task per `Flock`, and only for
-//! a lease still held then: nothing of the watchdog is due that early (its first renewal is at
-//! a third of the ttl, its deadline later still), and a lease released within `DEFER` costs
-//! no task at all. A task spawned, aborted and awaited per lock was most of what the client
-//! added to a short scoped lock (examples/bench.rs: a median +20-40 us with it, +2-7 us
-//! without, on a loaded 2-core machine). A lease whose first renewal (or deadline) is within
-//! `2 * DEFER` gets its task at once.
+//! The task is started `DEFER` to `2 * DEFER` after the grant, by one starter task per
+//! `Flock`, and only for a lease still held then: nothing of the watchdog is due that early
+//! (its first renewal is at a third of the ttl, its deadline later still), and a lease
+//! released within `DEFER` costs no task at all. A task spawned, aborted and awaited per lock
+//! was most of what the client added to a short scoped lock (examples/bench.rs). The starter
+//! wakes at most once per `DEFER`, whatever the rate of locks, and starts every task due by
+//! then. A lease whose first renewal (or deadline) is within `4 * DEFER` gets its task at once.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
@@ -82,7 +82,7 @@ pub(crate) struct Starter {
 
 impl Starter {
     /// The watchdog of a new lease: its task now when its first renewal (or, without
-    /// renewals, its deadline) is near, else `DEFER` from now by the starter.
+    /// renewals, its deadline) is near, else `DEFER` to `2 * DEFER` from now by the starter.
     pub(crate) fn start(self: &Arc<Self>, st: &Arc<State>, renew: bool) {
         let now = Instant::now();
         let first = {
@@ -93,7 +93,7 @@ impl Starter {
                 t.deadline
             }
         };
-        if first <= now + 2 * DEFER {
+        if first <= now + 4 * DEFER {
             spawn_keeper(st, renew);
             return;
         }
@@ -164,7 +164,9 @@ async fn starter(s: Arc<Starter>) {
             }
         }
         match next {
-            Some(at) => tokio::time::sleep_until(at).await,
+            // Not sooner than DEFER after this wake: under a stream of short locks one wake
+            // per DEFER, not one per lock.
+            Some(at) => tokio::time::sleep_until(at.max(now + DEFER)).await,
             None => {
                 let _ = tokio::time::timeout_at(idle_since + IDLE, s.wake.notified()).await;
             }
