@@ -6,7 +6,9 @@
 //! "raw" is FLOCK.ACQUIRE key owner ttl + FLOCK.RELEASE key owner token on one multiplexed
 //! connection; "client" is `flock.lock(key, ttl)` + `lease.release()` (random owner, watchdog
 //! task started and stopped, token-qualified release) over the same kind of connection. Rounds
-//! of both alternate so that load from elsewhere hits both alike.
+//! of both alternate so that load from elsewhere hits both alike. With `--paired 1` it then
+//! also alternates them one by one, `--iters` pairs, and prints the median of the per-pair
+//! differences (steadier than the difference of the medians on a loaded machine).
 use std::time::{Duration, Instant};
 
 use flock_client::Flock;
@@ -97,6 +99,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             us(cm) - us(rm),
             us(c99) - us(r99)
         );
+        if arg("--paired", 0) == 1 {
+            let mut diffs = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let s = Instant::now();
+                let t: u64 = redis::cmd("FLOCK.ACQUIRE")
+                    .arg(key)
+                    .arg("raw-owner")
+                    .arg(10_000)
+                    .query_async(&mut raw)
+                    .await?;
+                let _: i64 = redis::cmd("FLOCK.RELEASE")
+                    .arg(key)
+                    .arg("raw-owner")
+                    .arg(t)
+                    .query_async(&mut raw)
+                    .await?;
+                let r = us(s.elapsed());
+                let s = Instant::now();
+                let l = flock.lock(key, Duration::from_secs(10)).await?;
+                l.release().await?;
+                diffs.push(us(s.elapsed()) - r);
+            }
+            diffs.sort_by(f64::total_cmp);
+            let mid = diffs.get(diffs.len() / 2).copied().unwrap_or(0.0);
+            println!("paired, one by one:      median of the per-pair differences {mid:8.1} us");
+        }
         Ok::<(), Box<dyn std::error::Error>>(())
     })
 }

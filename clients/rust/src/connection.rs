@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
 use crate::sync::lock;
+use crate::watchdog::Starter;
 
 /// What `Flock` connects to: a single server or a cluster.
 #[allow(clippy::large_enum_variant)]
@@ -115,6 +116,8 @@ pub(crate) struct Shared {
     /// Whether the server has WAITAOF: asked once per factory; `Some(version)` when it has
     /// not (the server's version, for the error).
     pub(crate) no_waitaof: OnceCell<Option<String>>,
+    /// Starts the watchdog tasks of the leases (rule 2) soon after their grants.
+    pub(crate) keepers: std::sync::Arc<Starter>,
 }
 
 impl Shared {
@@ -127,6 +130,7 @@ impl Shared {
             cluster: OnceCell::new(),
             durable: Mutex::new(Vec::new()),
             no_waitaof: OnceCell::new(),
+            keepers: std::sync::Arc::new(Starter::default()),
         }
     }
 

@@ -15,7 +15,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::options::{ttl_ms, Durable, LockOptions, Mode};
 use crate::state::{Caller, LeaseConn, Renewal, Sent, State, Timing};
 use crate::sync::lock;
-use crate::watchdog::keeper;
+use crate::watchdog::Keeper;
 
 /// A shareable view of a lease (what `with_lock` hands its closure): everything but
 /// `release`. Cheap to clone.
@@ -283,13 +283,12 @@ impl Lease {
             lost: lost_tx,
             reason: Mutex::new(None),
             wake: Notify::new(),
-            keeper: Mutex::new(None),
+            keeper: Mutex::new(Keeper::Pending),
             task: Caller::current(),
             reentrant: opts.reentrant,
             bound_set: OnceLock::new(),
         });
-        let keeper = tokio::spawn(keeper(state.clone(), opts.renew));
-        *lock(&state.keeper) = Some(keeper);
+        state.shared.keepers.start(&state, opts.renew);
         Lease {
             handle: LeaseHandle { st: state },
             holding: true,
@@ -337,9 +336,7 @@ impl Lease {
                 Some(e) => Err(e),
             };
         }
-        let keeper = lock(&self.handle.st.keeper).take();
-        if let Some(k) = keeper {
-            k.abort();
+        if let Some(k) = Keeper::stop(&self.handle.st.keeper) {
             let _ = k.await;
         }
         self.handle.st.release_exact().await
@@ -356,10 +353,7 @@ impl Drop for Lease {
             return;
         }
         // The last hold, forgotten: stop renewing and release in the background (rule 11).
-        let keeper = lock(&self.handle.st.keeper).take();
-        if let Some(k) = &keeper {
-            k.abort();
-        }
+        let keeper = Keeper::stop(&self.handle.st.keeper);
         let st = self.handle.st.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {

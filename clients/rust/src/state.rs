@@ -16,6 +16,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::options::{Durable, Mode};
 use crate::retry::{backoff, is_connection_error, is_transient, RETRIES};
 use crate::sync::lock;
+use crate::watchdog::Keeper;
 
 /// The connection a lease sends its commands on.
 pub(crate) enum LeaseConn {
@@ -79,8 +80,9 @@ pub(crate) struct State {
     pub(crate) reason: Mutex<Option<LossReason>>,
     /// Wakes the watchdog when its schedule changed (a manual renew, the release).
     pub(crate) wake: Notify,
-    /// The watchdog task, aborted by the last hold's release or drop.
-    pub(crate) keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The watchdog task (started soon after the grant), aborted by the last hold's release
+    /// or drop.
+    pub(crate) keeper: Mutex<Keeper>,
     /// Rule 11: the tokio task that acquired the lease (a wait of that task on its own key
     /// would wait on itself), and whether it may be re-entered.
     pub(crate) task: Caller,

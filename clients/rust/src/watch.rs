@@ -136,7 +136,18 @@ impl Watcher {
         let lane = {
             let mut lanes = lock(&self.lanes);
             let list = lanes.entry(slot).or_default();
-            match list.iter().find(|l| lock(&l.st).leases.len() < MAX_PAIRS) {
+            // A full lane may hold leases released since it last looked (a lane forgets them
+            // only when it wakes): those do not count, or a burst of short locks would start
+            // lanes for nothing.
+            let has_room = |l: &&Arc<Lane>| {
+                let mut s = lock(&l.st);
+                if s.leases.len() >= MAX_PAIRS {
+                    s.leases
+                        .retain(|_, (w, _)| w.upgrade().is_some_and(|st| !ended(&st)));
+                }
+                s.leases.len() < MAX_PAIRS
+            };
+            match list.iter().find(has_room) {
                 Some(l) => l.clone(),
                 None => {
                     let l = Arc::new(Lane {
@@ -180,15 +191,18 @@ impl Watcher {
     }
 }
 
+/// Released, or marked lost: no longer watched.
+fn ended(st: &State) -> bool {
+    st.is_released() || *st.lost.borrow()
+}
+
 /// The live leases of a lane that are due to be watched, at most MAX_PAIRS, and when the
 /// next one not yet due will be (the ended leases are forgotten). A lease released within
 /// ARM_DELAY of its grant never costs a WATCH.
 fn live(s: &mut LaneState) -> (Vec<Pair>, Option<Instant>) {
     let now = Instant::now();
-    s.leases.retain(|_, (w, _)| {
-        w.upgrade()
-            .is_some_and(|st| !st.is_released() && !*st.lost.borrow())
-    });
+    s.leases
+        .retain(|_, (w, _)| w.upgrade().is_some_and(|st| !ended(&st)));
     let mut soonest: Option<Instant> = None;
     let mut due = Vec::new();
     for (pair, (_, at)) in &s.leases {
@@ -284,8 +298,26 @@ fn fire(lane: &Lane, pair: &Pair, event: &str) {
     }
 }
 
+/// Marks the lane stopped when its runtime drops its loop midway (a runtime shut down while
+/// the `Flock` lives on, to be used from another): the next lease starts it again.
+struct Alive(Option<Arc<Lane>>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        if let Some(lane) = self.0.take() {
+            let mut s = lock(&lane.st);
+            s.running = false;
+            s.idle = false;
+            s.arming = false;
+            s.in_flight = None;
+            s.client_id = None;
+        }
+    }
+}
+
 /// The lane's loop, on a connection of its own, until it has had nothing to watch for IDLE.
 async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
+    let mut alive = Alive(Some(lane.clone()));
     let mut conn: Option<Conn> = None;
     let mut failures = 0u32;
     let cluster = lane.slot.is_some();
@@ -305,6 +337,7 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
                 if idle_since.elapsed() >= IDLE {
                     s.running = false;
                     s.client_id = None;
+                    alive.0 = None;
                     return;
                 }
                 s.idle = true;
@@ -412,6 +445,7 @@ async fn run(w: Arc<Watcher>, lane: Arc<Lane>) {
                     let mut s = lock(&lane.st);
                     s.running = false;
                     s.leases.clear();
+                    alive.0 = None;
                     return;
                 }
                 failures += 1;

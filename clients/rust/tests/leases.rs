@@ -176,6 +176,69 @@ async fn watchdog_keeps_a_600ms_lease_alive_for_3s_and_stops_on_release() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_of_a_lease_taken_after_the_others_started_renews_it() {
+    // 2.1: the watchdogs start a few ms after their grants; a lease taken once every earlier
+    // one's has started (nothing left to start) gets its watchdog too.
+    let srv = Server::start();
+    let mut raw = srv.async_conn().await;
+    let flock = Flock::new(srv.client());
+    let first = flock.lock("wd1", MS(10_000)).await.expect("lock");
+    tokio::time::sleep(MS(100)).await;
+    let lease = flock.lock("wd2", MS(600)).await.expect("lock");
+    let start = Instant::now();
+    while start.elapsed() < MS(1500) {
+        tokio::time::sleep(MS(100)).await;
+        assert!(!lease.is_lost(), "lost after {:?}", start.elapsed());
+        assert!(server_check(&mut raw, "wd2", lease.token()).await > 0);
+    }
+    lease.release().await.expect("release");
+    first.release().await.expect("release");
+}
+
+#[test]
+fn a_flock_used_from_a_second_runtime_still_renews_and_watches() {
+    // 2.1 and 9.1 across runtimes: the runtime that ran a Flock's background tasks (the
+    // watchdogs' starter, the watching lane) shut down while they waited; a lease taken from
+    // another runtime is still renewed, and a REVOKE of it is still heard.
+    let srv = Server::start();
+    let flock = Flock::new(srv.client());
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let first = runtime();
+    first.block_on(async {
+        let lease = flock.lock("rt", MS(600)).await.expect("lock");
+        // Long enough for its watchdog to start and its WATCH to be sent.
+        tokio::time::sleep(MS(300)).await;
+        assert_eq!(flock.watch_connections(), 1);
+        lease.release().await.expect("release");
+    });
+    drop(first);
+    runtime().block_on(async {
+        let mut raw = srv.async_conn().await;
+        let before = info_i64(&mut raw, "flock", "flock_renewals").await;
+        let lease = flock.lock("rt", MS(600)).await.expect("lock");
+        let start = Instant::now();
+        while start.elapsed() < MS(2000) {
+            tokio::time::sleep(MS(100)).await;
+            assert!(!lease.is_lost(), "lost after {:?}", start.elapsed());
+            assert!(server_check(&mut raw, "rt", lease.token()).await > 0);
+        }
+        let renewals = info_i64(&mut raw, "flock", "flock_renewals").await - before;
+        assert!(renewals >= 3, "only {renewals} renewals in 2 s at ttl/3");
+        let t0 = Instant::now();
+        let _: i64 = q(&mut raw, &["FLOCK.REVOKE", "rt"]).await;
+        assert!(lease.wait_lost(MS(3000)).await, "the REVOKE is heard");
+        assert!(t0.elapsed() < MS(1000), "heard after {:?}", t0.elapsed());
+        assert_eq!(lease.lost_reason(), Some(flock_client::LossReason::Revoked));
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoke_is_noticed_within_a_third_of_the_ttl() {
     let srv = Server::start();
     let mut raw = srv.async_conn().await;

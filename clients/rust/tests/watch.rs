@@ -189,6 +189,48 @@ async fn s9_4_many_leases_one_watching_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_4_more_than_64_leases_take_a_second_watching_connection() {
+    // 9.4 past one WATCH's most pairs (64): the 65th lease on the node opens a second lane,
+    // which hears its leases' losses as the first does, and both lanes end once idle.
+    let srv = Server::start();
+    let mut raw = srv.async_conn().await;
+    let flock = Flock::new(srv.client());
+    let mut leases = Vec::new();
+    for i in 0..70 {
+        leases.push(flock.lock(format!("w{i}"), TTL).await.expect("lock"));
+    }
+    watching(&raw, 2).await;
+    assert_eq!(flock.watch_connections(), 2);
+    // w69 is in the second lane (w0-w63 fill the first).
+    let t0 = Instant::now();
+    let n: i64 = q(&mut raw, &["FLOCK.REVOKE", "w69"]).await;
+    assert_eq!(n, 1);
+    let took = heard(&leases[69].handle(), t0).await;
+    assert!(took < HEARD, "heard after {took:?}");
+    assert_eq!(leases[69].lost_reason(), Some(LossReason::Revoked));
+    for (i, l) in leases.iter().enumerate() {
+        assert_eq!(l.is_lost(), i == 69, "w{i}");
+    }
+    // Releasing them all: no loss among the others, and after the lanes' idle time (2 s) no
+    // watching connection is left, on either side.
+    for (i, l) in leases.into_iter().enumerate() {
+        let r = l.release().await;
+        if i == 69 {
+            assert!(matches!(r, Err(Error::Lost(LossReason::Revoked))), "{r:?}");
+        } else {
+            r.expect("release");
+        }
+    }
+    assert_eq!(flock.watch_connections(), 2, "the lanes linger while idle");
+    wait_until("both lanes ended", MS(6000), || async {
+        flock.watch_connections() == 0
+    })
+    .await;
+    watching(&raw, 0).await;
+    assert_eq!(flock.watch_disabled(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s9_5_own_release_is_no_loss_and_renewals_go_on_while_watching() {
     let srv = Server::start();
     let raw = srv.async_conn().await;
