@@ -52,11 +52,12 @@ unit-test: deps
 integration-test: build
 	FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --test '*' -- --test-threads=4
 
-# The clients (clients/*), each in its own test runner, against servers with the module.
+# The clients (clients/*), each in its own test runner, against servers with the module, all at
+# once (they mostly wait): Rust, Node.js (every library), Python on the newest redis-py and on
+# redis-py 5. Lines prefixed [rust], [node], [python], [python-redis5]; logs and a summary line
+# per suite (scripts/client-tests.sh); fails when any suite failed.
 client-test: build
-	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
-	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
-	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash clients/python/test.sh
+	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash scripts/client-tests.sh
 
 test: unit-test integration-test client-test
 
