@@ -49,14 +49,18 @@ run: build
 unit-test: deps
 	$(CARGO_TEST) -p flock-core -p flock-fuzz
 
+# Every binary of tests/, three binaries at a time, each with --test-threads=4 (a binary's time
+# is its longest tests, which mostly wait): scripts/integration-tests.sh prints each binary's
+# output whole when it ends and fails when any failed. INTEGRATION_JOBS=1: one at a time.
 integration-test: build
-	FLOCK_MODULE=$(MODULE) $(CARGO_TEST) --test '*' -- --test-threads=4
+	FLOCK_MODULE=$(MODULE) TEST_PROFILE=$(TEST_PROFILE) bash scripts/integration-tests.sh
 
-# The clients (clients/*), each in its own test runner, against servers with the module.
+# The clients (clients/*), each in its own test runner, against servers with the module, all at
+# once (they mostly wait): Rust, Node.js (every library), Python on the newest redis-py and on
+# redis-py 5. Lines prefixed [rust], [node], [python], [python-redis5]; logs and a summary line
+# per suite (scripts/client-tests.sh); fails when any suite failed.
 client-test: build
-	FLOCK_MODULE=$(MODULE) cargo test -p flock-client
-	FLOCK_MODULE=$(MODULE) bash clients/node/test.sh
-	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash clients/python/test.sh
+	PY=$(CURDIR)/.venv/bin/python FLOCK_MODULE=$(MODULE) bash scripts/client-tests.sh
 
 test: unit-test integration-test client-test
 

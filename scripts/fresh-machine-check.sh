@@ -36,10 +36,12 @@ make test >"$work/make-test.log" 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))
 echo "== per test binary"
-awk '/Running (unittests|tests\/)/{f=$2} /^test result:/{print "   " f ": " $0}' "$work/make-test.log"
-passed=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^passed/) n+=$i} END{print n+0}' "$work/make-test.log")
-failed=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^failed/) n+=$i} END{print n+0}' "$work/make-test.log")
-ignored=$(awk '/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^ignored/) n+=$i} END{print n+0}' "$work/make-test.log")
+# make client-test prefixes each suite's lines with its name ("[rust] "): taken off first.
+unprefix='{sub(/^\[[a-z0-9-]+\] /, "")}'
+awk "$unprefix"'/Running (unittests|tests\/)/{f=$2} /^test result:/{print "   " f ": " $0}' "$work/make-test.log"
+passed=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^passed/) n+=$i} END{print n+0}' "$work/make-test.log")
+failed=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^failed/) n+=$i} END{print n+0}' "$work/make-test.log")
+ignored=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^ignored/) n+=$i} END{print n+0}' "$work/make-test.log")
 skips=$(grep -cE 'SKIPPED|\.\.\. ignored' "$work/make-test.log")
 echo "== installed by make test"
 grep '^deps:' "$work/make-test.log" | sed 's/^/   /'

@@ -23,12 +23,40 @@ npx tsc -p tsconfig.test.json
 TAP=build/results.tap
 start=$(date +%s)
 set +e
-node --test --test-concurrency=3 --test-timeout=120000 \
+# Every test file at once (one per client library, and peer-bugs): the tests mostly wait on
+# servers and timers, so the files' wall times overlap instead of adding up.
+# NODE_TEST_CONCURRENCY=N: at most N files at a time.
+files=(build/test/*.test.js)
+node --test --test-concurrency="${NODE_TEST_CONCURRENCY:-${#files[@]}}" --test-timeout=120000 \
   --test-reporter=spec --test-reporter-destination=stdout \
   --test-reporter=tap --test-reporter-destination="$TAP" \
-  build/test/*.test.js
+  "${files[@]}"
 rc=$?
 set -e
+# Per library (the last " on ..." of each top-level suite's name): tests passed and failed, and
+# which failed. A result whose YAML says type: 'suite' is a describe(), not a test.
+awk '
+  function flush() {
+    if (pend == "") return
+    if (!suite) { if (pend == "ok") pass[lib]++; else { fail[lib]++; names[lib] = names[lib] "\n    " pname } }
+    pend = ""
+  }
+  /^# Subtest: / { flush(); top = substr($0, 13); n = split(top, p, " on "); lib = p[n]; if (!(lib in seen)) { seen[lib] = 1; order[++libs] = lib } next }
+  /^ *(not )?ok [0-9]+ - / {
+    flush(); line = $0; sub(/^ */, "", line); pend = (line ~ /^not ok/) ? "not ok" : "ok"
+    pname = line; sub(/^(not )?ok [0-9]+ - /, "", pname); suite = 0
+    if (line ~ /# (SKIP|TODO)/) { pend = "not ok"; pname = pname " (skipped or todo)" }
+    next
+  }
+  /^ *type: .suite./ { suite = 1; next }
+  /^ *[.][.][.]$/ { flush(); next }
+  END {
+    flush()
+    for (i = 1; i <= libs; i++) {
+      l = order[i]
+      printf "node client on %s: %d passed, %d failed%s\n", l, pass[l] + 0, fail[l] + 0, (fail[l] ? ":" names[l] : "")
+    }
+  }' "$TAP"
 count() { sed -n "s/^# $1 \([0-9]*\)$/\1/p" "$TAP" | tail -1; }
 tests=$(count tests); pass=$(count pass); fail=$(count fail)
 cancelled=$(count cancelled); skipped=$(count skipped); todo=$(count todo)

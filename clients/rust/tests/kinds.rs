@@ -333,6 +333,20 @@ async fn other_clients(admin: &mut MultiplexedConnection) -> Vec<String> {
         .collect()
 }
 
+/// The ids of the connections other than `admin`'s whose last command was FLOCK.ACQUIRE or
+/// FLOCK.RENEW: a bound lease's own connection, and not the one rule 9's watch (FLOCK.WATCH)
+/// may have opened meanwhile.
+async fn lease_clients(admin: &mut MultiplexedConnection) -> Vec<String> {
+    let mut ids = Vec::new();
+    for id in other_clients(admin).await {
+        let cmd = last_cmd(admin, &id).await;
+        if matches!(cmd.as_deref(), Some("flock.acquire" | "flock.renew")) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
 async fn last_cmd(admin: &mut MultiplexedConnection, id: &str) -> Option<String> {
     let list: String = q(admin, &["CLIENT", "LIST", "ID", id]).await;
     list.split_whitespace()
@@ -354,8 +368,8 @@ async fn a_bound_lease_whose_connection_is_killed_is_lost_and_frees_the_lock() {
             let srv_client = srv.client();
             let mut raw = raw.clone();
             async move {
-                // The lease's own connection is the flock's only one so far.
-                let mine = other_clients(&mut raw).await;
+                // The lease's own connection is the flock's only one that locked so far.
+                let mine = lease_clients(&mut raw).await;
                 assert_eq!(mine.len(), 1, "{mine:?}");
                 let id = mine[0].clone();
                 wait_until("a renewal on the bound connection", MS(10_000), || {
@@ -426,7 +440,7 @@ async fn a_bound_lease_renews_on_its_own_connection_and_is_lost_when_it_fails() 
         .await
         .expect("lock");
     assert_eq!(info_i64(&mut raw, "flock", "flock_bound_grants").await, 1);
-    let mine = other_clients(&mut raw).await;
+    let mine = lease_clients(&mut raw).await;
     assert_eq!(mine.len(), 1, "{mine:?}");
     lease.renew(None).await.expect("renew");
     assert_eq!(
@@ -621,7 +635,7 @@ async fn a_bound_lease_whose_connection_dies_during_its_release_is_lost_at_once(
         .await
         .expect("lock");
     let token = lease.token();
-    let mine = other_clients(&mut raw).await;
+    let mine = lease_clients(&mut raw).await;
     assert_eq!(mine.len(), 1, "{mine:?}");
     let id = mine[0].clone();
     // The RELEASE waits in the server while writes are paused; its connection is killed.
