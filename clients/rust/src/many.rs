@@ -17,7 +17,8 @@ use crate::flock::Flock;
 use crate::held::Reentry;
 use crate::lease::Lease;
 use crate::options::{check_key, check_owner, ttl_ms, Durable, LockOptions, Mode, Wait};
-use crate::retry::{backoff, is_connection_error, is_transient, is_tryagain, RETRIES};
+use crate::queue::WaitRetry;
+use crate::retry::{backoff, is_transient, RETRIES};
 use crate::state::LeaseConn;
 use crate::watch::slot_of;
 
@@ -314,8 +315,7 @@ impl Flock {
         };
         let mut bound_conn = bound_conn;
         let mut own: Option<Conn> = None;
-        let mut failures = 0u32;
-        let mut moves = 0u32;
+        let mut retry = WaitRetry::default();
         loop {
             let block_ms = match until {
                 None => 0u64,
@@ -363,34 +363,11 @@ impl Flock {
                     }
                 }
                 Ok(None) => return Ok(None),
-                Err(e) if is_tryagain(&e) => {
-                    // The slot moved while we waited: ask again at its new owner.
-                    moves += 1;
-                    tokio::time::sleep(Duration::from_millis((20 * u64::from(moves)).min(500)))
-                        .await;
+                Err(e) => {
+                    retry
+                        .after(e, &self.shared, &mut own, bound_conn.as_deref_mut(), until)
+                        .await?
                 }
-                Err(e)
-                    if bound_conn.is_none()
-                        && e.is_timeout()
-                        && until.is_none_or(|u| Instant::now() < u) =>
-                {
-                    own = None;
-                }
-                Err(e) if bound_conn.is_none() && is_transient(&e) && failures < RETRIES => {
-                    failures += 1;
-                    own = None;
-                    tokio::time::sleep(backoff(failures)).await;
-                }
-                Err(e) if is_connection_error(&e) && failures < RETRIES => {
-                    // A bound wait's connection failed: the server dropped that waiter. Wait
-                    // again on a new connection, which the grants will then be bound to.
-                    failures += 1;
-                    tokio::time::sleep(backoff(failures)).await;
-                    if let Some(c) = bound_conn.as_deref_mut() {
-                        *c = self.shared.dedicated().await?;
-                    }
-                }
-                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -13,6 +13,7 @@ use crate::durable::{round_trip, settle};
 use crate::error::Result;
 use crate::options::{Durable, Wait};
 use crate::retry::{backoff, is_connection_error, is_transient, is_tryagain, RETRIES};
+use redis::RedisError;
 
 /// Wait in the server's queue with BLOCK on a dedicated connection (rule 8), across
 /// TRYAGAIN (rule 5); a grant is renewed at once with a token-qualified RENEW and counted
@@ -38,8 +39,7 @@ pub(crate) async fn wait_for(
     };
     let mut own: Option<Conn> = None;
     let mut bound_conn = bound_conn;
-    let mut failures = 0u32;
-    let mut moves = 0u32;
+    let mut retry = WaitRetry::default();
     loop {
         let block_ms = match until {
             None => 0u64,
@@ -137,38 +137,62 @@ pub(crate) async fn wait_for(
                 }
             }
             Ok(None) => return Ok(None),
-            Err(e) if is_tryagain(&e) => {
-                // The key moved to another node while we waited: ask again; the cluster
-                // connection follows the ASK/MOVED to the new owner of the slot.
-                moves += 1;
-                tokio::time::sleep(Duration::from_millis((20 * u64::from(moves)).min(500))).await;
+            Err(e) => {
+                retry
+                    .after(e, shared, &mut own, bound_conn.as_deref_mut(), until)
+                    .await?
             }
-            Err(e)
-                if bound_conn.is_none()
-                    && e.is_timeout()
-                    && until.is_none_or(|u| Instant::now() < u) =>
-            {
-                // A response timeout of the caller's cluster client cut the wait short:
-                // a new connection (the server drops the old waiter with the old one)
-                // and the rest of the wait.
-                own = None;
-            }
-            Err(e) if bound_conn.is_none() && is_transient(&e) && failures < RETRIES => {
-                failures += 1;
-                own = None;
-                tokio::time::sleep(backoff(failures)).await;
-            }
-            Err(e) if is_connection_error(&e) && failures < RETRIES => {
-                // A bound wait's connection failed: the server dropped that waiter (and
-                // would end a grant made to it). Wait again on a new connection, which the
-                // grant will then be bound to.
-                failures += 1;
-                tokio::time::sleep(backoff(failures)).await;
-                if let Some(c) = bound_conn.as_deref_mut() {
-                    *c = shared.dedicated().await?;
-                }
-            }
-            Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// What a BLOCK wait (one key's, or several keys' at once) does when its call failed: the
+/// one policy of both. `Ok(())`: wait again (after the pause this takes); `Err`: give up.
+#[derive(Default)]
+pub(crate) struct WaitRetry {
+    failures: u32,
+    moves: u32,
+}
+
+impl WaitRetry {
+    /// `own`: the wait's own connection (dropped when a new one is needed); `bound_conn`: a
+    /// bound wait's connection (replaced after a connection error); `until`: the wait's end.
+    pub(crate) async fn after(
+        &mut self,
+        e: RedisError,
+        shared: &Shared,
+        own: &mut Option<Conn>,
+        bound_conn: Option<&mut Conn>,
+        until: Option<Instant>,
+    ) -> Result<()> {
+        let bound = bound_conn.is_some();
+        if is_tryagain(&e) {
+            // The key moved to another node while we waited: ask again; the cluster
+            // connection follows the ASK/MOVED to the new owner of the slot.
+            self.moves += 1;
+            let pause = (20 * u64::from(self.moves)).min(500);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        } else if !bound && e.is_timeout() && until.is_none_or(|u| Instant::now() < u) {
+            // A response timeout of the caller's cluster client cut the wait short: a new
+            // connection (the server drops the old waiter with the old one) and the rest of
+            // the wait.
+            *own = None;
+        } else if !bound && is_transient(&e) && self.failures < RETRIES {
+            self.failures += 1;
+            *own = None;
+            tokio::time::sleep(backoff(self.failures)).await;
+        } else if is_connection_error(&e) && self.failures < RETRIES {
+            // A bound wait's connection failed: the server dropped that waiter (and would end
+            // a grant made to it). Wait again on a new connection, which the grant will then
+            // be bound to.
+            self.failures += 1;
+            tokio::time::sleep(backoff(self.failures)).await;
+            if let Some(c) = bound_conn {
+                *c = shared.dedicated().await?;
+            }
+        } else {
+            return Err(e.into());
+        }
+        Ok(())
     }
 }
