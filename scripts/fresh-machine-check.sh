@@ -43,6 +43,11 @@ passed=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^passed/)
 failed=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^failed/) n+=$i} END{print n+0}' "$work/make-test.log")
 ignored=$(awk "$unprefix"'/^test result:/{for(i=1;i<=NF;i++) if($(i+1)~/^ignored/) n+=$i} END{print n+0}' "$work/make-test.log")
 skips=$(grep -cE 'SKIPPED|\.\.\. ignored' "$work/make-test.log")
+# The Python (pytest's last line) and Node.js (the suite's summary line) suites' counts too.
+read -r cpassed cfailed < <(awk "$unprefix"'/^[0-9]+ (passed|failed)[ ,]/ || /^node client: [0-9]+ tests,/ {
+  for (i = 1; i < NF; i++) { w = $(i+1); gsub(/,/, "", w); if (w == "passed") p += $i; if (w == "failed") f += $i } }
+  END { print p+0, f+0 }' "$work/make-test.log")
+passed=$((passed + cpassed)); failed=$((failed + cfailed))
 echo "== installed by make test"
 grep '^deps:' "$work/make-test.log" | sed 's/^/   /'
 echo "== fresh-machine-check: make test exit $rc in ${secs}s; $passed passed, $failed failed, $ignored ignored; lines mentioning a skip: $skips"
