@@ -13,7 +13,8 @@ from redis.exceptions import AskError, ConnectionError, MovedError
 
 from ._durable import Durability
 from ._errors import InvalidArgumentError, LockBusyError
-from ._plans import Checkout, Forget, GiveBack, Plan, Send, SendAll, Sleep, give_up_grant
+from ._plans import (Checkout, Forget, GiveBack, Plan, Send, SendAll, Sleep, give_up_grant,
+                     send_with_ack)
 from ._rules import (
     BLOCK_REPLY_MARGIN_S,
     MAX_REDIRECTS,
@@ -118,14 +119,7 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
         try:
             if plain_first:
                 sent = monotonic()
-                if durable is None:
-                    tokens = yield Send(slot, command, None, asking)
-                else:
-                    wait_ms = durable.wait_ms(ttl)
-                    tokens, ack = yield SendAll(slot, (command, durable.command(wait_ms)),
-                                                wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S, asking)
-                    if isinstance(tokens, Exception):
-                        raise tokens  # a redirect is followed below; only a grant counts
+                tokens, ack = yield from send_with_ack(slot, command, durable, ttl, None, asking)
                 if tokens is None:
                     if wait_s is None:
                         return None
@@ -139,8 +133,7 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                 sent = monotonic()
                 renews = tuple(("FLOCK.RENEW", k, owner, ttl, t) for k, t in zip(keys, tokens))
                 if durable is not None:
-                    wait_ms = durable.wait_ms(ttl)
-                    renews += (durable.command(wait_ms),)
+                    renews += (durable.command(durable.wait_ms(ttl)),)
                 again = yield SendAll(slot, renews, ttl / 1000.0, asking)
                 if durable is not None:
                     ack = again.pop()
@@ -150,7 +143,7 @@ def acquire_many_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                             yield from give_up_grant(slot, k, owner, int(t), asking)
                     continue  # one ran out before we could use it: wait again for all
             if durable is not None:
-                short = durable.shortfall(list(keys), ack, wait_ms, False)
+                short = durable.shortfall(list(keys), ack, durable.wait_ms(ttl), False)
                 if short is not None:
                     for k, t in zip(keys, tokens):
                         yield from give_up_grant(slot, k, owner, int(t), asking)

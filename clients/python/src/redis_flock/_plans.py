@@ -170,6 +170,24 @@ def routed_all(key: Any, commands: Tuple[Tuple[Any, ...], ...], timeout: float,
             raise ConnectionError(f"flock: too many redirects for {commands[0][0]}")
 
 
+def send_with_ack(slot: Any, command: Tuple[Any, ...], durable: Optional[Durability], ttl: int,
+                  timeout: Optional[float], asking: bool) -> Plan:
+    """``command`` on ``slot``, and for a durable lease (rule 10) its WAIT/WAITAOF in the same
+    write, within ``timeout`` (a durable one's default: the server's wait plus a margin).
+    Result: ``(reply, ack)``, ``ack`` None when not durable; an error reply of the command is
+    raised (a redirect is then followed by the caller: only a grant counts)."""
+    if durable is None:
+        reply = yield Send(slot, command, timeout, asking)
+        return reply, None
+    wait_ms = durable.wait_ms(ttl)
+    if timeout is None:
+        timeout = wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S
+    reply, ack = yield SendAll(slot, (command, durable.command(wait_ms)), timeout, asking)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply, ack
+
+
 def give_up_grant(slot: Any, key: Any, owner: str, token: int, asking: bool) -> Plan:
     """RELEASE key owner token of a grant that is not durable, on the connection that got it
     (token-qualified: a newer grant of the same owner is never ended). A failure is only
@@ -272,14 +290,7 @@ def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
         try:
             if wait_s is None or plain_first:
                 sent = monotonic()
-                if durable is None:
-                    token = yield Send(slot, command, None, asking)
-                else:
-                    wait_ms = durable.wait_ms(ttl)
-                    token, ack = yield SendAll(slot, (command, durable.command(wait_ms)),
-                                               wait_ms / 1000.0 + BLOCK_REPLY_MARGIN_S, asking)
-                    if isinstance(token, Exception):
-                        raise token  # a redirect is followed below; only a grant counts
+                token, ack = yield from send_with_ack(slot, command, durable, ttl, None, asking)
                 if token is None:
                     if wait_s is None:
                         return None
@@ -294,18 +305,12 @@ def acquire_wait_plan(command: Tuple[Any, ...], wait_s: Optional[float], start: 
                 # and count from this RENEW.
                 sent = monotonic()
                 renew = ("FLOCK.RENEW", key, owner, ttl, token)
-                if durable is None:
-                    again = yield Send(slot, renew, ttl / 1000.0, asking)
-                else:
-                    wait_ms = durable.wait_ms(ttl)
-                    again, ack = yield SendAll(slot, (renew, durable.command(wait_ms)),
-                                               ttl / 1000.0, asking)
-                    if isinstance(again, Exception):
-                        raise again
+                again, ack = yield from send_with_ack(slot, renew, durable, ttl, ttl / 1000.0,
+                                                      asking)
                 if again is None:
                     continue  # expired before we could use it: wait again
             if durable is not None:
-                short = durable.shortfall(key, ack, wait_ms, False)
+                short = durable.shortfall(key, ack, durable.wait_ms(ttl), False)
                 if short is not None:
                     yield from give_up_grant(slot, key, owner, int(token), asking)
                     raise short
