@@ -72,7 +72,7 @@ use check::{assert_same, events_view, short, show, Issued};
 pub use model::BoundSeen;
 use model::{MGrant, MKey, Model, Settings};
 pub use multi_block::{multi_block_counted, multi_block_target, MultiSeen};
-use server::{Replica, Server};
+use server::Server;
 use travel::travel;
 
 /// The kind an ACQUIRE asks for: each key has a usual LIMIT, and now and then another one
@@ -152,18 +152,7 @@ pub fn state_machine_counted(data: &[u8]) -> (usize, BoundSeen) {
         max_holders: MAX_HOLDERS[r.below(3)],
         max_waiters: [2, 3, 100, 100][r.below(4)],
     };
-    let mut real = Server {
-        states: vec![None; KEYS],
-        queues: vec![WaitQueue::default(); KEYS],
-        tokens: TokenIssuer::new(),
-        replica: Replica {
-            keys: vec![None; KEYS],
-            tokens: TokenIssuer::new(),
-        },
-        vanished: Vec::new(),
-        next_waiter: 0,
-        bindings: bound::Bindings::default(),
-    };
+    let mut real = Server::empty();
     let mut model = Model {
         keys: vec![MKey::default(); KEYS],
         high_water: 0,

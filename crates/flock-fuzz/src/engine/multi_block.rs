@@ -21,15 +21,14 @@
 //! when no key has a live grant, nobody waits), tokens grow (G3), and no key is kept with
 //! neither grant nor waiter (G10).
 
-use super::bound::Bindings;
 use super::model::Settings;
-use super::server::{Ran, Replica, Server};
+use super::server::{Ran, Server};
 use super::{KEYS, KEY_NAMES, MAX_TTL_MS, WALL0_US};
 use crate::bytes::Bytes;
 use flock_core::engine::{self, Reply, ReplyError};
 use flock_core::multi::{self, Decision, KeyLook};
 use flock_core::state::Mode;
-use flock_core::{queue, LockState, Now, TokenIssuer, WaitQueue, Waiter};
+use flock_core::{queue, LockState, Now, Waiter};
 use std::collections::{BTreeMap, VecDeque};
 
 const OWNERS: usize = 6;
@@ -420,18 +419,7 @@ pub fn multi_block_counted(data: &[u8]) -> (usize, MultiSeen) {
         max_waiters: [2, 3, 100, 100][r.below(4)],
     };
     let mut h = Host {
-        server: Server {
-            states: vec![None; KEYS],
-            queues: vec![WaitQueue::default(); KEYS],
-            tokens: TokenIssuer::new(),
-            replica: Replica {
-                keys: vec![None; KEYS],
-                tokens: TokenIssuer::new(),
-            },
-            vanished: Vec::new(),
-            next_waiter: 0,
-            bindings: Bindings::default(),
-        },
+        server: Server::empty(),
         set,
         reqs: BTreeMap::new(),
         jobs: VecDeque::new(),

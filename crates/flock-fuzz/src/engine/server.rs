@@ -3,7 +3,7 @@
 
 use super::bound::Bindings;
 use super::model::Settings;
-use super::KEY_NAMES;
+use super::{KEYS, KEY_NAMES};
 use flock_core::apply;
 use flock_core::args::{self, AcquireArgs};
 use flock_core::engine::{
@@ -164,6 +164,22 @@ fn replicate(
 }
 
 impl Server {
+    /// A server with no key, no waiter and a fresh token mark (and its replica's).
+    pub(super) fn empty() -> Self {
+        Server {
+            states: vec![None; KEYS],
+            queues: vec![WaitQueue::default(); KEYS],
+            tokens: TokenIssuer::new(),
+            replica: Replica {
+                keys: vec![None; KEYS],
+                tokens: TokenIssuer::new(),
+            },
+            vanished: Vec::new(),
+            next_waiter: 0,
+            bindings: Bindings::default(),
+        }
+    }
+
     /// Run `op` on key `k` the way the module's executor does: on the key as its store holds
     /// it (its one grant read in place when that is all it is and nobody waits: the compact
     /// form; else its whole state; `Free` when there is none, which only `create` runs on),
