@@ -35,7 +35,7 @@ mkdir -p "$(dirname "$out")"
   echo "# Client cost per scoped lock"
   echo
   echo "Measured by \`make bench\` (scripts/bench-clients.sh) on $(date -u '+%Y-%m-%d %H:%M UTC'), $iters iterations each,"
-  echo "raw commands and client calls in alternating rounds, one redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') on loopback."
+  echo "raw commands and client calls alternating (Rust in rounds, Python and Node.js lock by lock), one redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') on loopback."
   echo
   echo "## Rust (flock-client)"
   echo '```'
@@ -60,7 +60,7 @@ mkdir -p "$(dirname "$out")"
   fi
 
   # Durable grants (client rule 10): the same server with one replica, each client's lease with
-  # replicas=1 (ACQUIRE + WAIT 1 pipelined) against its plain lease, in alternating rounds.
+  # replicas=1 (ACQUIRE + WAIT 1 pipelined) against its plain lease, alternating.
   # 10,000 each (QUICK=1 and other counts under 5,000: that count): a p99 of 2,000 samples is the
   # 20th worst and moved by several hundred us from run to run on a 2-core machine.
   diters=$(( iters < 5000 ? iters : 10000 ))

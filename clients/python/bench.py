@@ -5,8 +5,8 @@
     python clients/python/bench.py --port 6379 [--host 127.0.0.1] [--iterations 5000]
     python clients/python/bench.py --port 6379 --replicas 1 [--iterations 2000]
 
-Needs a server with the flock module. Rounds of each variant alternate (raw, renew=False,
-watchdog), so that drift of a loaded machine hits them alike; prints per-lock median and p99
+Needs a server with the flock module. The variants alternate lock by lock (raw, renew=False,
+watchdog, then the other way round), so that a burst of load on the machine hits them alike; prints per-lock median and p99
 of each and the client's added latency (variant minus raw). Target: under 150 us per lock.
 
 --replicas n: the cost of a durable grant (rule 10) instead: the server must be a master with
@@ -33,9 +33,6 @@ import redis
 import redis.asyncio
 import redis_flock.aio
 from redis_flock import Flock
-
-ROUND = 10
-
 
 def pct(xs, q):
     xs = sorted(xs)
@@ -102,14 +99,10 @@ def main() -> int:
     for fn in variants.values():  # warm-up
         for _ in range(200):
             fn()
-    done = 0
-    while done < args.iterations:
-        n = min(ROUND, args.iterations - done)
-        for name, fn in variants.items():
-            out = times[name]
-            for _ in range(n):
-                out.append(fn())
-        done += n
+    order = list(variants.items())
+    for i in range(args.iterations):
+        for name, fn in (order if i % 2 == 0 else reversed(order)):
+            times[name].append(fn())
     if r.exists(key):
         print("FAILED: the lock key is still there after the last release", file=sys.stderr)
         return 1
@@ -189,13 +182,10 @@ async def bench_aio(host, port, key, ttl, owner, iterations, replicas=0):
     for fn in variants.values():
         for _ in range(200):
             await fn()
-    done = 0
-    while done < iterations:
-        n = min(ROUND, iterations - done)
-        for name, fn in variants.items():
-            for _ in range(n):
-                times[name].append(await fn())
-        done += n
+    order = list(variants.items())
+    for i in range(iterations):
+        for name, fn in (order if i % 2 == 0 else reversed(order)):
+            times[name].append(await fn())
     await r.aclose()
     return times
 
