@@ -563,3 +563,46 @@ fn a_bound_lock_deleted_or_migrated_away_leaves_no_binding() {
     );
     assert_eq!(flock_stat(&mut c, "bound_grants"), 0);
 }
+
+/// A bound grant that ends and takes its key with it (RELEASE, REVOKE, expiry: a key whose
+/// one grant it was) leaves its connection's other bound grants bound. The key's departure
+/// once unbound the ended grant a second time, and that dropped the connection's older bound
+/// grant from the bindings index: the older grant then outlived a CLIENT KILL of its
+/// connection until its lease ran out (chaos G11, a read/write key's grant listed by
+/// FLOCK.HOLDERS after the kill).
+#[test]
+fn a_bound_key_that_ends_leaves_the_connections_other_bound_grants_bound() {
+    let srv = Server::start();
+    let mut c = srv.conn();
+    for how in ["RELEASE", "REVOKE", "expiry"] {
+        let mut holder = srv.conn();
+        let id = call(&mut holder, &["CLIENT", "ID"])
+            .int()
+            .expect("CLIENT ID");
+        let (older, newer) = (format!("older-{how}"), format!("newer-{how}"));
+        let t_old = bound(&mut holder, &older, "h", 60_000);
+        let ttl = if how == "expiry" { 50 } else { 60_000 };
+        bound(&mut holder, &newer, "h", ttl);
+        assert_eq!(flock_stat(&mut c, "bound_grants"), 2, "{how}");
+        match how {
+            "RELEASE" => assert_eq!(release(&mut holder, &newer, "h"), 1),
+            "REVOKE" => assert_eq!(call(&mut c, &["FLOCK.REVOKE", &newer]).int(), Some(1)),
+            _ => wait_until("the short lease ends", || exists(&mut c, &newer) == 0),
+        }
+        assert_eq!(exists(&mut c, &newer), 0, "{how}: nothing left of it (G10)");
+        assert_eq!(
+            flock_stat(&mut c, "bound_grants"),
+            1,
+            "{how}: the older grant is still bound to its connection"
+        );
+        assert!(check(&mut c, &older, t_old) > 0, "{how}");
+        let killed = call(&mut c, &["CLIENT", "KILL", "ID", &id.to_string()]);
+        assert_eq!(killed.int(), Some(1), "{killed:?}");
+        wait_until(
+            "the older bound grant ends with its connection (G11)",
+            || check(&mut c, &older, t_old) == 0,
+        );
+        assert!(holders(&mut c, &older).is_empty(), "{how}");
+        assert_eq!(flock_stat(&mut c, "bound_grants"), 0, "{how}");
+    }
+}

@@ -289,6 +289,8 @@ fn run_here(
         Opened::Nothing => run_free(ctx, key_name, key, op),
         Opened::Other => run_full(ctx, key_name, key, op),
         Opened::Lone(b, lone) => {
+            // The operation works on a decoded copy: the block keeps the grant as it was.
+            let was_bound = lone.tie_word != 0;
             let mut class = b.class();
             let mut watched = None;
             let mut out = Outcome::keep(Reply::Null);
@@ -303,6 +305,14 @@ fn run_here(
             );
             let (next, delete) = carry_out(ctx, key_name, &out, None, &mut class);
             if delete {
+                if was_bound {
+                    // The key's departure (`events::key_left`) unbinds the bound grants its
+                    // block still holds: emptied first, so that it does not unbind a second
+                    // time the grant whose end the effects just unbound. (A second unbind of
+                    // an entry no longer listed was noted as gone and could drop the
+                    // connection's other bound grants from the index: G11.)
+                    block::put(key, LockRecord::default());
+                }
                 key.delete();
                 return Ok(out.reply);
             }
