@@ -75,13 +75,27 @@ static NAME_HASH: std::hash::BuildHasherDefault<std::collections::hash_map::Defa
 
 impl Bound {
     /// Live entries (the engine unbinds only what it bound, so `gone` is a subset of the
-    /// entries listed; saturating all the same).
+    /// entries listed; saturating, and checked by [`Bound::settle_empty`] before a connection
+    /// is forgotten, in case a grant was unbound twice).
     fn live(&self) -> usize {
         self.grants.len().saturating_sub(self.gone.len())
     }
 
     fn is_gone(&self, token: u64, db: c_int, key: &[u8]) -> bool {
         !self.gone.is_empty() && self.gone.contains_key(&Gone::of(token, db, key))
+    }
+
+    /// Whether the connection really holds no bound grant, once [`Bound::live`] says so. An
+    /// unbind of an entry no longer listed (a grant unbound twice) leaves a gone mark that
+    /// matches nothing, and `live` then counts one too few: the connection's other bound
+    /// grants must not be forgotten for it (G11: they would outlive the connection). So the
+    /// list is compacted here and only an empty one counts. Cheap: with `live` at 0 the gone
+    /// marks are as many as the entries, at most 16 past the last compaction.
+    fn settle_empty(&mut self) -> bool {
+        let gone = std::mem::take(&mut self.gone);
+        self.grants
+            .retain(|(t, db, name)| !gone.contains_key(&Gone::of(*t, *db, name.bytes())));
+        self.grants.is_empty()
     }
 
     fn compact_if_sparse(&mut self) {
@@ -125,7 +139,7 @@ impl BindingIndex {
             b.gone.insert(Gone::of(token, db, key), ());
             b.compact_if_sparse();
         }
-        if b.live() == 0 {
+        if b.live() == 0 && b.settle_empty() {
             self.by_client.remove(&client);
         }
     }

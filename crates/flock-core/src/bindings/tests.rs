@@ -62,6 +62,16 @@ cases! {
     unbinding_everything_forgets_the_client:
         [Bind(1, 10, 0, "a"), Bind(1, 11, 0, "b"), Unbind(1, 10, 0, "a"), Unbind(1, 11, 0, "b")]
         => count 0, close 1 => [];
+    a_grant_unbound_twice_leaves_the_older_grant_listed:
+        // The newest entry popped, then unbound again (the key's departure read a stale
+        // copy): the second unbind names an entry no longer listed, and must not make the
+        // connection forget its older bound grant (G11).
+        [Bind(1, 10, 0, "a"), Bind(1, 11, 0, "b"), Unbind(1, 11, 0, "b"), Unbind(1, 11, 0, "b")]
+        => count 1, close 1 => [(0, "a")];
+    a_grant_unbound_twice_out_of_order_is_gone_once:
+        [Bind(1, 10, 0, "a"), Bind(1, 11, 0, "b"), Bind(1, 12, 0, "c"),
+         Unbind(1, 10, 0, "a"), Unbind(1, 10, 0, "a")]
+        => count 2, close 1 => [(0, "b"), (0, "c")];
     unbinding_one_copy_twin_leaves_the_other:
         [Bind(1, 10, 0, "a"), Bind(1, 10, 0, "b"), Unbind(1, 10, 0, "a")]
         => count 1, close 1 => [(0, "b")];
