@@ -12,7 +12,8 @@
 //!   and the times are packed into 16 bytes of the head ([`Narrow`]: exact, or not used); a
 //!   grant that does not pack so (a lease or a holding longer than 12.7 days, a clock stepped
 //!   by more than 32 s since the module started, a loaded or replicated grant more than 8 s
-//!   old), a name over 255 bytes or a database past 255 make a **wide** block, whose head is
+//!   old; tokens running ahead of the clock after a raised mark are measured from an anchor
+//!   instead: [`anchors`]), a name over 255 bytes or a database past 255 make a **wide** block, whose head is
 //!   followed by a 16-byte [`Ext`] (48 bytes in all, as every head was before). With a
 //!   36-byte owner and a 12-byte name a held lock is one 80-byte allocation (96 when bound).
 //! - **empty**: no grant (a key about to be deleted).
@@ -188,14 +189,16 @@ fn wall_delta(d: Deadline) -> Option<i32> {
 
 /// The token a grant that started at `since_mono_us` would have if it was issued then, on
 /// this server, from the wall clock (`token = max(high water + 1, wall clock in us)`): the
-/// start time moved to the wall clock by the offset its deadline keeps. A grant made here is
-/// within a millisecond of it (or ahead by as much as tokens ran ahead of the clock); one that
-/// arrived (loaded, replicated) is behind it by its age. `None`: out of range.
+/// start time moved to the wall clock by the offset its deadline keeps, or the token anchor
+/// of that start time when tokens ran ahead of the clock then ([`anchors`]). A grant made here
+/// is within a millisecond of it (or a few grants past its anchor); one that arrived (loaded,
+/// replicated) is behind it by its age. `None`: out of range.
 fn token_guess(since_mono_us: u64, wall_delta: i32) -> Option<i64> {
     let offset_ms = wall_base().checked_add(i64::from(wall_delta))?;
-    i64::try_from(since_mono_us)
+    let clock = i64::try_from(since_mono_us)
         .ok()?
-        .checked_add(offset_ms.checked_mul(1000)?)
+        .checked_add(offset_ms.checked_mul(1000)?)?;
+    Some(clock.max(i64::try_from(anchors::base_for(since_mono_us)).ok()?))
 }
 
 /// A compact grant's token and times, as a block keeps them.
@@ -226,6 +229,11 @@ impl Times {
         let token_d = i64::try_from(self.token)
             .ok()?
             .checked_sub(token_guess(self.since_mono_us, self.wall_delta)?)?;
+        if token_d >= TOKEN_SPAN {
+            // Tokens run ahead of the clock (a raised mark): the grants after this one are
+            // measured from it.
+            anchors::ahead(self.token);
+        }
         if deadline >> DEADLINE_BITS != 0
             || since_d >> SINCE_BITS != 0
             || !(-TOKEN_SPAN..TOKEN_SPAN).contains(&token_d)
@@ -256,11 +264,13 @@ impl Narrow {
         let wall_delta = i32::from((self.w0 >> DEADLINE_BITS) as u16 as i16);
         let since_mono_us = deadline_mono_us.wrapping_sub(self.w1 & ((1 << SINCE_BITS) - 1));
         let token_d = (self.w1 as i64) >> SINCE_BITS;
-        let guess = (since_mono_us as i64).wrapping_add(
+        let clock = (since_mono_us as i64).wrapping_add(
             wall_base()
                 .wrapping_add(i64::from(wall_delta))
                 .wrapping_mul(1000),
         );
+        // As `token_guess` (the packing checked that the anchor fits an i64).
+        let guess = clock.max(anchors::base_for(since_mono_us) as i64);
         Times {
             token: guess.wrapping_add(token_d) as u64,
             deadline_mono_us,
@@ -944,5 +954,6 @@ impl Deref for StateRef<'_> {
     }
 }
 
+mod anchors;
 mod open;
 pub use open::*;
