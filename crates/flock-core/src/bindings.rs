@@ -168,7 +168,7 @@ impl BindingIndex {
             entry.1 = to.0;
             entry.2 = KeyName::new(to.1);
         }
-        if b.live() == 0 {
+        if b.live() == 0 && b.settle_empty() {
             self.by_client.remove(&client);
         }
     }

@@ -96,6 +96,13 @@ cases! {
     a_move_changes_the_database_only:
         [Bind(1, 10, 0, "a"), Bind(1, 10, 1, "a"), Moved(1, 10, (0, "a"), (2, "a"))]
         => count 2, close 1 => [(1, "a"), (2, "a")];
+    a_rename_over_a_twin_after_a_grant_unbound_twice_keeps_the_moved_grant_listed:
+        // The stale gone mark of the second unbind (c's) makes `live` count 0 once the move
+        // drops b's twin: the move must compact before it forgets the connection, as unbind
+        // does (G11).
+        [Bind(1, 10, 0, "a"), Bind(1, 10, 0, "b"), Bind(1, 12, 0, "c"), Unbind(1, 12, 0, "c"),
+         Unbind(1, 12, 0, "c"), Moved(1, 10, (0, "a"), (0, "b"))]
+        => count 1, close 1 => [(0, "b")];
     moving_an_entry_the_index_lacks_changes_nothing:
         [Bind(1, 10, 0, "a"), Moved(1, 11, (0, "a"), (0, "c")), Moved(2, 10, (0, "a"), (0, "c")),
          Moved(1, 10, (0, "z"), (0, "c"))]
