@@ -19,6 +19,8 @@ mod hold;
 mod multi;
 mod operator;
 mod round;
+#[cfg(test)]
+mod selftest_stop;
 mod watch;
 
 pub(crate) use operator::operator;
@@ -45,6 +47,14 @@ pub(crate) struct Client {
     /// A durable client: plain acquires only (no BLOCK, no BOUND, as rule 10 has it), each
     /// ACQUIRE and RENEW followed by `WAIT 1` on the same connection (clients/durable.rs).
     pub(crate) durable: bool,
+}
+
+/// A client whose thread ends at the run's stop closes its connection here, and records it:
+/// the watchers still running then may be told "closed" for its bound grants.
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.drop_conn();
+    }
 }
 
 pub(crate) enum Call {
@@ -89,16 +99,19 @@ impl Client {
     }
 
     /// Drop the lock connection (its bound grants end on the server): recorded as the moment
-    /// it may have closed.
+    /// it may have closed. The moment is read before the socket closes: read after, the server
+    /// could already have ended a bound grant (and told a watcher "closed") before it.
     pub(crate) fn drop_conn(&mut self) {
-        if self.conn.take().is_some() {
-            let now = self.sh.now();
-            self.sh
-                .hist()
-                .closed
-                .entry((self.id, self.gen))
-                .or_insert(now);
-        }
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        let now = self.sh.now();
+        self.sh
+            .hist()
+            .closed
+            .entry((self.id, self.gen))
+            .or_insert(now);
+        drop(conn);
     }
 
     /// Whether the injector's CLIENT KILL killed connection generation `gen` of this client.
