@@ -10,8 +10,9 @@ iters="${BENCH_CLIENT_ITERS:-5000}"
 module="$(pwd)/target/release/libredis_flock.so"
 dir="$(mktemp -d /tmp/flock-bench-clients.XXXXXX)"
 port=0
-rport=0
-trap 'for p in "$rport" "$port"; do if [ "$p" != 0 ]; then redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; fi; done; rm -rf "$dir"' EXIT
+# The replica is started inside the { ... } | tee below, a subshell: the ports it was tried on
+# reach this trap through $dir/replica.ports (a variable set there would not).
+trap 'for p in $(cat "$dir/replica.ports" 2>/dev/null) "$port"; do if [ "$p" != 0 ]; then redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; fi; done; rm -rf "$dir"' EXIT
 # A random port can be taken (another server of the bench, closing down): try a few, and go
 # on only with a server that answers.
 for _ in 1 2 3 4 5; do
@@ -64,6 +65,7 @@ mkdir -p "$(dirname "$out")"
   # 10,000 each (QUICK=1 and other counts under 5,000: that count): a p99 of 2,000 samples is the
   # 20th worst and moved by several hundred us from run to run on a 2-core machine.
   diters=$(( iters < 5000 ? iters : 10000 ))
+  rport=0
   for _ in 1 2 3 4 5; do
     try=$(( 20000 + RANDOM % 20000 ))
     [ "$try" = "$port" ] && continue
@@ -71,6 +73,7 @@ mkdir -p "$(dirname "$out")"
     "${REDIS_SERVER:-redis-server}" --port "$try" --bind 127.0.0.1 --dir "$dir/replica" --save '' \
       --appendonly no --loadmodule "$module" --logfile "$dir/replica.log" --daemonize yes \
       --replicaof 127.0.0.1 "$port" || continue
+    echo "$try" >> "$dir/replica.ports"
     for _ in $(seq 50); do
       if redis-cli -p "$try" ping 2>/dev/null | grep -q PONG; then rport=$try; break; fi
       sleep 0.1
