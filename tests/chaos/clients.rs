@@ -64,6 +64,25 @@ pub(crate) enum Call {
 }
 
 impl Client {
+    /// Client `id` (its slot in `sh`'s connections), not connected yet.
+    pub(crate) fn new(id: usize, sh: Arc<Shared>, rng: Rng, durable: bool) -> Client {
+        Client {
+            id,
+            sh,
+            rng,
+            conn: None,
+            conn_id: None,
+            side: None,
+            side_id: None,
+            sent_epoch: 0,
+            n: 0,
+            seq: 0,
+            gen: 0,
+            holding: 0,
+            durable,
+        }
+    }
+
     pub(crate) fn connect(&mut self) -> bool {
         if self.conn.is_some() {
             return true;

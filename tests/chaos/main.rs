@@ -213,22 +213,8 @@ fn history_checker_under_faults() {
     for id in 0..clients {
         let sh = sh.clone();
         threads.push(std::thread::spawn(move || {
-            let mut c = Client {
-                id,
-                sh,
-                rng: Rng::new(seed.wrapping_add(id as u64 + 1)),
-                conn: None,
-                conn_id: None,
-                side: None,
-                side_id: None,
-                sent_epoch: 0,
-                n: 0,
-                seq: 0,
-                gen: 0,
-                holding: 0,
-                durable: id % 4 == 3,
-            };
-            c.run();
+            let rng = Rng::new(seed.wrapping_add(id as u64 + 1));
+            Client::new(id, sh, rng, id % 4 == 3).run();
         }));
     }
     {
@@ -239,22 +225,8 @@ fn history_checker_under_faults() {
         let sh = sh.clone();
         let id = clients + 1 + j;
         threads.push(std::thread::spawn(move || {
-            let mut c = Client {
-                id,
-                sh,
-                rng: Rng::new(seed.wrapping_add(0x3AC0 + id as u64)),
-                conn: None,
-                conn_id: None,
-                side: None,
-                side_id: None,
-                sent_epoch: 0,
-                n: 0,
-                seq: 0,
-                gen: 0,
-                holding: 0,
-                durable: false,
-            };
-            c.run_multi();
+            let rng = Rng::new(seed.wrapping_add(0x3AC0 + id as u64));
+            Client::new(id, sh, rng, false).run_multi();
         }));
     }
     for j in 0..watchers {

@@ -12,21 +12,7 @@ use std::time::Duration;
 fn a_client_that_stops_records_the_close_of_its_connection_before_the_server_ends_its_grant() {
     let srv = Server::start();
     let sh = Arc::new(Shared::new(srv.port(), 1, 1));
-    let mut c = Client {
-        id: 0,
-        sh: sh.clone(),
-        rng: Rng::new(7),
-        conn: None,
-        conn_id: None,
-        side: None,
-        side_id: None,
-        sent_epoch: 0,
-        n: 0,
-        seq: 0,
-        gen: 0,
-        holding: 0,
-        durable: false,
-    };
+    let mut c = Client::new(0, sh.clone(), Rng::new(7), false);
     assert!(c.connect(), "connect to the server");
     let key = sh.lock_key(0);
     let args: Vec<String> = ["FLOCK.ACQUIRE", &key, "stopper", "60000", "BOUND"]
