@@ -8,7 +8,8 @@
 // and of the difference (target: under 150 us per lock).
 // --replicas R: the cost of durable grants instead. The server must be a master with at least
 // R replicas; "plain" is flock.acquire() + release(), "durable" the same with { replicas: R }
-// (ACQUIRE + WAIT R pipelined on a connection of Flock's pool), interleaved.
+// (ACQUIRE + WAIT R pipelined on a connection of Flock's pool), "raw" and "raw+WAIT" the
+// commands by hand without the client (the floor), interleaved.
 // --loss N: rule 9's measurement instead: N REVOKEs of a watched lease (ttl 30 s) and N
 // CLIENT KILLs of a BOUND lease's connection (ttl 30 s), each timed from the moment the REVOKE or
 // KILL is sent to the lease's AbortSignal firing; p50/p99/max per library. 10 other leases are
@@ -69,7 +70,7 @@ async function bench(name, raw, client) {
   return pct(f, 50) - pct(r, 50);
 }
 
-async function benchDurable(name, client) {
+async function benchDurable(name, raw, client) {
   const flock = new Flock(client);
   const key = `bench:${name}:${randomBytes(4).toString("hex")}`;
   const once = async (opts) => {
@@ -78,22 +79,40 @@ async function benchDurable(name, client) {
   };
   const plainOnce = () => once({});
   const durableOnce = () => once({ replicas });
-  for (let i = 0; i < 500; i++) {
-    await plainOnce();
-    await durableOnce();
-  }
-  const p = [], d = [];
-  for (let i = 0; i < iterations; i++) {
-    if (i & 1) {
-      let t0 = performance.now(); await plainOnce(); p.push(performance.now() - t0);
-      t0 = performance.now(); await durableOnce(); d.push(performance.now() - t0);
+  // The floor: the raw pair, and the same with WAIT sent right behind the ACQUIRE (both in
+  // flight at once), without the client: what the WAIT costs any durable lock on this machine.
+  const rawKey = `${key}:raw`;
+  const rawOnce = async (wait) => {
+    const owner = randomBytes(16).toString("hex");
+    const acquire = raw(["FLOCK.ACQUIRE", rawKey, owner, "30000"]);
+    let t;
+    if (wait) {
+      const [token, acked] = await Promise.all([acquire, raw(["WAIT", String(replicas), "1000"])]);
+      if (Number(acked) < replicas) throw new Error(`WAIT ${replicas}: ${acked} acknowledged`);
+      t = token;
     } else {
-      let t0 = performance.now(); await durableOnce(); d.push(performance.now() - t0);
-      t0 = performance.now(); await plainOnce(); p.push(performance.now() - t0);
+      t = await acquire;
+    }
+    await raw(["FLOCK.RELEASE", rawKey, owner, String(t)]);
+  };
+  const variants = [plainOnce, durableOnce, () => rawOnce(false), () => rawOnce(true)];
+  for (let i = 0; i < 500; i++) for (const v of variants) await v();
+  const times = variants.map(() => []);
+  for (let i = 0; i < iterations; i++) {
+    // Every other iteration in reverse order, so that no variant always runs first.
+    const order = i & 1 ? [3, 2, 1, 0] : [0, 1, 2, 3];
+    for (const j of order) {
+      const t0 = performance.now();
+      await variants[j]();
+      times[j].push(performance.now() - t0);
     }
   }
+  const [p, d, r, w] = times;
   console.log(
     `${name.padEnd(14)} plain p50 ${us(pct(p, 50))} us  p99 ${us(pct(p, 99))} us | replicas:${replicas} p50 ${us(pct(d, 50))} us  p99 ${us(pct(d, 99))} us | added p50 ${us(pct(d, 50) - pct(p, 50))} us  p99 ${us(pct(d, 99) - pct(p, 99))} us`,
+  );
+  console.log(
+    `${name.padEnd(14)} raw   p50 ${us(pct(r, 50))} us  p99 ${us(pct(r, 99))} us | raw+WAIT   p50 ${us(pct(w, 50))} us  p99 ${us(pct(w, 99))} us | added p50 ${us(pct(w, 50) - pct(r, 50))} us  p99 ${us(pct(w, 99) - pct(r, 99))} us  (the floor: no client)`,
   );
 }
 
@@ -178,7 +197,7 @@ if (replicas > 0) {
   if (which === "all" || which === "ioredis") {
     const c = new Redis({ port, host: "127.0.0.1" });
     await c.ping();
-    await benchDurable("ioredis", c);
+    await benchDurable("ioredis", (a) => c.call(...a), c);
     c.disconnect();
   }
   if (which === "all" || which === "node-redis") {
@@ -186,7 +205,7 @@ if (replicas > 0) {
     const c = createClient({ socket: { port, host: "127.0.0.1" } });
     c.on("error", () => {});
     await c.connect();
-    await benchDurable("node-redis", c);
+    await benchDurable("node-redis", (a) => c.sendCommand(a), c);
     c.destroy();
   }
   process.exit(0);

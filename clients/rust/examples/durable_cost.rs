@@ -27,6 +27,48 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// One raw FLOCK.ACQUIRE + FLOCK.RELEASE, with `WAIT 1 1000` pipelined behind the ACQUIRE
+/// when `wait` (what a durable grant sends, without the client around it).
+async fn raw_once(
+    c: &mut redis::aio::MultiplexedConnection,
+    wait: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (key, owner) = ("durable_cost:raw", "durable-cost-raw-owner");
+    let token: i64 = if wait {
+        let (token, acked): (i64, i64) = redis::pipe()
+            .cmd("FLOCK.ACQUIRE")
+            .arg(key)
+            .arg(owner)
+            .arg(10_000)
+            .cmd("WAIT")
+            .arg(1)
+            .arg(1000)
+            .query_async(c)
+            .await?;
+        if acked < 1 {
+            return Err("WAIT 1: the replica did not acknowledge within 1 s".into());
+        }
+        token
+    } else {
+        redis::cmd("FLOCK.ACQUIRE")
+            .arg(key)
+            .arg(owner)
+            .arg(10_000)
+            .query_async(c)
+            .await?
+    };
+    let released: i64 = redis::cmd("FLOCK.RELEASE")
+        .arg(key)
+        .arg(owner)
+        .arg(token)
+        .query_async(c)
+        .await?;
+    if released != 1 {
+        return Err(format!("FLOCK.RELEASE answered {released}").into());
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iters = arg("--iters", 2000).max(100) as usize;
     let threads = arg("--threads", 2) as usize;
@@ -78,10 +120,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let per = iters.div_ceil(rounds);
         let mut plain_t = Vec::with_capacity(per * rounds);
         let mut durable_t = Vec::with_capacity(per * rounds);
-        // Warm up both paths (connections, the durable pool, allocator, caches).
+        // The floor: the same pair of raw commands without the client, plain and with the
+        // WAIT pipelined behind the ACQUIRE. What the WAIT adds there is what any WAIT-based
+        // durable lock pays on this machine.
+        let mut raw_t = Vec::with_capacity(per * rounds);
+        let mut raw_wait_t = Vec::with_capacity(per * rounds);
+        let mut raw = admin.clone();
+        // Warm up every path (connections, the durable pool, allocator, caches).
         for _ in 0..200 {
             flock.lock(key, plain.clone()).await?.release().await?;
             flock.lock(key, durable.clone()).await?.release().await?;
+            raw_once(&mut raw, false).await?;
+            raw_once(&mut raw, true).await?;
         }
         for _ in 0..rounds {
             for _ in 0..per {
@@ -96,12 +146,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 l.release().await?;
                 durable_t.push(s.elapsed());
             }
+            for _ in 0..per {
+                let s = Instant::now();
+                raw_once(&mut raw, false).await?;
+                raw_t.push(s.elapsed());
+            }
+            for _ in 0..per {
+                let s = Instant::now();
+                raw_once(&mut raw, true).await?;
+                raw_wait_t.push(s.elapsed());
+            }
         }
         plain_t.sort();
         durable_t.sort();
+        raw_t.sort();
+        raw_wait_t.sort();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let (p50, p99) = (pct(&plain_t, 0.5), pct(&plain_t, 0.99));
         let (d50, d99) = (pct(&durable_t, 0.5), pct(&durable_t, 0.99));
+        let (r50, r99) = (pct(&raw_t, 0.5), pct(&raw_t, 0.99));
+        let (w50, w99) = (pct(&raw_wait_t, 0.5), pct(&raw_wait_t, 0.99));
         println!(
             "iterations: {} each, {threads} runtime threads, master port {port}, one replica",
             plain_t.len()
@@ -120,6 +184,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "added by the WAIT:             p50 {:8.1} us   p99 {:8.1} us",
             us(d50) - us(p50),
             us(d99) - us(p99)
+        );
+        println!(
+            "raw ACQUIRE+RELEASE:           p50 {:8.1} us   p99 {:8.1} us",
+            us(r50),
+            us(r99)
+        );
+        println!(
+            "raw ACQUIRE+WAIT 1, RELEASE:   p50 {:8.1} us   p99 {:8.1} us",
+            us(w50),
+            us(w99)
+        );
+        println!(
+            "added by the WAIT alone (raw): p50 {:8.1} us   p99 {:8.1} us   (the floor, no client)",
+            us(w50) - us(r50),
+            us(w99) - us(r99)
         );
         Ok::<(), Box<dyn std::error::Error>>(())
     })?;
