@@ -382,6 +382,7 @@ class Monitor:
         self._monitor = self._client.monitor()
         self._monitor.__enter__()
         self.commands: List[str] = []
+        self._markers = 0
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -397,6 +398,16 @@ class Monitor:
 
     def count(self, prefix: str) -> int:
         return sum(1 for c in list(self.commands) if c.startswith(prefix))
+
+    def settle(self) -> None:
+        """Returns once every command the server ran before this call has been read: MONITOR
+        streams in the server's order, so a marker sent now comes after them. A count taken
+        right after a reply can otherwise miss a command whose line is still on its way."""
+        self._markers += 1
+        marker = f"flock-tests-monitor-settled-{self._markers}"
+        with redis.Redis(host="127.0.0.1", port=self._port) as c:
+            c.echo(marker)
+        wait_until(lambda: any(marker in c for c in list(self.commands)), "the monitor's marker")
 
     def index(self, prefix: str) -> int:
         return next(i for i, c in enumerate(list(self.commands)) if c.startswith(prefix))

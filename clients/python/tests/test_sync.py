@@ -215,6 +215,7 @@ def test_release_waits_no_longer_than_the_socket_timeout_for_a_stuck_renewal(ser
         wait_until(lambda: replies, "the late RENEW's reply")
         wait_until(lambda: not lease._io.locked(), "the renewal's end")
         assert replies == [None]  # the grant was gone: nil
+        mon.settle()
         assert mon.count("FLOCK.RENEW rs") == 1
         assert not lease.lost, lease.lost_reason
         assert lease.wait_lost(0) is False
