@@ -27,6 +27,18 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The median and p99 of `times` in microseconds (sorts them).
+fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
+    times.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    (us(pct(times, 0.5)), us(pct(times, 0.99)))
+}
+
+/// One line of the report: `label`, then the median and p99 in microseconds.
+fn row(label: &str, (p50, p99): (f64, f64), note: &str) {
+    println!("{label:<30} p50 {p50:8.1} us   p99 {p99:8.1} us{note}");
+}
+
 /// One raw FLOCK.ACQUIRE + FLOCK.RELEASE, with `WAIT 1 1000` pipelined behind the ACQUIRE
 /// when `wait` (what a durable grant sends, without the client around it).
 async fn raw_once(
@@ -157,48 +169,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 raw_wait_t.push(s.elapsed());
             }
         }
-        plain_t.sort();
-        durable_t.sort();
-        raw_t.sort();
-        raw_wait_t.sort();
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        let (p50, p99) = (pct(&plain_t, 0.5), pct(&plain_t, 0.99));
-        let (d50, d99) = (pct(&durable_t, 0.5), pct(&durable_t, 0.99));
-        let (r50, r99) = (pct(&raw_t, 0.5), pct(&raw_t, 0.99));
-        let (w50, w99) = (pct(&raw_wait_t, 0.5), pct(&raw_wait_t, 0.99));
+        let plain = p50_p99(&mut plain_t);
+        let durable = p50_p99(&mut durable_t);
+        let raw = p50_p99(&mut raw_t);
+        let raw_wait = p50_p99(&mut raw_wait_t);
+        let added =
+            |with: (f64, f64), without: (f64, f64)| (with.0 - without.0, with.1 - without.1);
         println!(
             "iterations: {} each, {threads} runtime threads, master port {port}, one replica",
             plain_t.len()
         );
-        println!(
-            "plain        lock()+release(): p50 {:8.1} us   p99 {:8.1} us",
-            us(p50),
-            us(p99)
-        );
-        println!(
-            "replicas(1)  lock()+release(): p50 {:8.1} us   p99 {:8.1} us",
-            us(d50),
-            us(d99)
-        );
-        println!(
-            "added by the WAIT:             p50 {:8.1} us   p99 {:8.1} us",
-            us(d50) - us(p50),
-            us(d99) - us(p99)
-        );
-        println!(
-            "raw ACQUIRE+RELEASE:           p50 {:8.1} us   p99 {:8.1} us",
-            us(r50),
-            us(r99)
-        );
-        println!(
-            "raw ACQUIRE+WAIT 1, RELEASE:   p50 {:8.1} us   p99 {:8.1} us",
-            us(w50),
-            us(w99)
-        );
-        println!(
-            "added by the WAIT alone (raw): p50 {:8.1} us   p99 {:8.1} us   (the floor, no client)",
-            us(w50) - us(r50),
-            us(w99) - us(r99)
+        row("plain        lock()+release():", plain, "");
+        row("replicas(1)  lock()+release():", durable, "");
+        row("added by the WAIT:", added(durable, plain), "");
+        row("raw ACQUIRE+RELEASE:", raw, "");
+        row("raw ACQUIRE+WAIT 1, RELEASE:", raw_wait, "");
+        row(
+            "added by the WAIT alone (raw):",
+            added(raw_wait, raw),
+            "   (the floor, no client)",
         );
         Ok::<(), Box<dyn std::error::Error>>(())
     })?;
